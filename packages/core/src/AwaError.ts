@@ -1,0 +1,77 @@
+/**
+ * Errors shared across Awa packages. Every error is a `Schema.TaggedError` whose fields locate the
+ * fault, so callers can match on `_tag` and operators can read the message without a stack trace.
+ * Errors raised by a single service live in that service's module instead.
+ */
+import { Schema } from "effect"
+
+/** A per-call option or argument was rejected before anything was written. */
+export class ValidationError extends Schema.TaggedError<ValidationError>()("ValidationError", {
+  field: Schema.String,
+  reason: Schema.String
+}) {
+  override get message(): string {
+    return `invalid ${this.field}: ${this.reason}`
+  }
+}
+
+/** Runtime configuration was rejected while a layer was being built; `issues` names every field. */
+export class AwaConfigError extends Schema.TaggedError<AwaConfigError>()("AwaConfigError", {
+  issues: Schema.Array(Schema.Struct({ path: Schema.String, reason: Schema.String }))
+}) {
+  override get message(): string {
+    return `invalid configuration: ${this.issues.map((i) => `${i.path}: ${i.reason}`).join("; ")}`
+  }
+}
+
+/** The database schema was migrated by newer code than this process knows (ADR-041 fence). */
+export class SchemaTooNew extends Schema.TaggedError<SchemaTooNew>()("SchemaTooNew", {
+  schema: Schema.String,
+  found: Schema.Number,
+  known: Schema.Number
+}) {
+  override get message(): string {
+    return `schema "${this.schema}" is at version ${this.found}, newer than this code knows (${this.known}); upgrade the code before starting it`
+  }
+}
+
+/** The database schema is older than this code needs and migrating on start is off. */
+export class SchemaNotMigrated extends Schema.TaggedError<SchemaNotMigrated>()("SchemaNotMigrated", {
+  schema: Schema.String,
+  found: Schema.Number,
+  required: Schema.Number
+}) {
+  override get message(): string {
+    return `schema "${this.schema}" is at version ${this.found} but this code needs ${this.required}; run "awa migrate" or set migrateOnStart`
+  }
+}
+
+/** No job with this id is visible in any state. */
+export class JobNotFound extends Schema.TaggedError<JobNotFound>()("JobNotFound", {
+  jobId: Schema.BigInt
+}) {
+  override get message(): string {
+    return `job ${this.jobId} not found`
+  }
+}
+
+/** A unique job's key is already held by a live job (capability 4). */
+export class UniqueConflict extends Schema.TaggedError<UniqueConflict>()("UniqueConflict", {
+  key: Schema.String,
+  existingJobId: Schema.BigInt
+}) {
+  override get message(): string {
+    return `unique key ${this.key} is held by job ${this.existingJobId}`
+  }
+}
+
+/** An operator action does not apply to the job's current state. */
+export class InvalidTransition extends Schema.TaggedError<InvalidTransition>()("InvalidTransition", {
+  jobId: Schema.BigInt,
+  from: Schema.String,
+  action: Schema.String
+}) {
+  override get message(): string {
+    return `cannot ${this.action} job ${this.jobId} in state ${this.from}`
+  }
+}

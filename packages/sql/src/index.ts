@@ -1,0 +1,2 @@
+export * as Migrations from "./Migrations.ts"
+export * as SqlText from "./SqlText.ts"

@@ -1,0 +1,2 @@
+export * as EmbeddedPostgres from "./EmbeddedPostgres.ts"
+export * as TestDatabase from "./TestDatabase.ts"

@@ -1,0 +1,46 @@
+/**
+ * Vitest global setup: one Postgres for the whole run and one migrated template database.
+ *
+ * Uses `DATABASE_URL` when set (the role needs CREATEDB); otherwise starts a temporary embedded
+ * PostgreSQL 17 that is stopped and deleted at teardown, or by its reaper if this process dies.
+ * The template gets a unique name so two runs can share one server.
+ */
+import { randomBytes } from "node:crypto"
+import { Migrations } from "@awa/sql"
+import { PgClient } from "@effect/sql-pg"
+import { Effect, Redacted } from "effect"
+import type { TestProject } from "vitest/node"
+import { resolve, startTemporary, withDatabase } from "../../packages/testing/src/EmbeddedPostgres.ts"
+import { withAdmin } from "../../packages/testing/src/TestDatabase.ts"
+
+export default async function setup(project: TestProject) {
+  const server = await resolve(process.env, startTemporary)
+  const adminUrl = server.url
+  const template = `awa_template_${randomBytes(4).toString("hex")}`
+  const dropTemplate = () =>
+    Effect.runPromise(
+      withAdmin(adminUrl, (sql) => sql.unsafe(`DROP DATABASE IF EXISTS ${template} WITH (FORCE)`).unprepared)
+    )
+  try {
+    await Effect.runPromise(
+      withAdmin(adminUrl, (sql) => sql.unsafe(`CREATE DATABASE ${template}`).unprepared)
+    )
+    await Effect.runPromise(
+      Migrations.migrate().pipe(
+        Effect.provide(
+          PgClient.layer({ url: Redacted.make(withDatabase(adminUrl, template)), maxConnections: 1 })
+        )
+      )
+    )
+  } catch (error) {
+    await dropTemplate().catch(() => {})
+    await server.stop()
+    throw error
+  }
+  project.provide("awaAdminUrl", adminUrl)
+  project.provide("awaTemplateDb", template)
+  return async () => {
+    await dropTemplate().catch(() => {})
+    await server.stop()
+  }
+}
