@@ -1,1 +1,6 @@
 export * from "./AwaError.ts"
+export * as Backoff from "./Backoff.ts"
+export * as CanonicalJson from "./CanonicalJson.ts"
+export * from "./JobState.ts"
+export * from "./NewJob.ts"
+export * as UniqueKey from "./UniqueKey.ts"

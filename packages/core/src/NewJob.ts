@@ -1,0 +1,200 @@
+/**
+ * A job to enqueue, and the checks every insert path runs before any SQL (capabilities.md §1).
+ * Both storage layers call `checkNewJob`, so the Postgres and simulation layers reject exactly the
+ * same input with the same `ValidationError`.
+ */
+import { Effect } from "effect"
+import { ValidationError } from "./AwaError.ts"
+import { canonicalJson, JsonError } from "./CanonicalJson.ts"
+import { defaultUniqueStates, type JobState, jobStates, stateMask } from "./JobState.ts"
+import { periodBucket, toHex, uniqueKey } from "./UniqueKey.ts"
+
+export const limits = {
+  nameMaxLength: 200,
+  minPriority: 1,
+  maxPriority: 4,
+  defaultPriority: 2,
+  minMaxAttempts: 1,
+  maxMaxAttempts: 1000,
+  defaultMaxAttempts: 25,
+  maxTags: 20,
+  tagMaxLength: 100,
+  /** Default `maxArgsBytes`: encoded args larger than this are rejected. */
+  defaultMaxArgsBytes: 1024 * 1024
+} as const
+
+export interface UniqueOptions {
+  /** Include the queue in the key. Default false. */
+  readonly byQueue?: boolean | undefined
+  /** Include the canonical JSON of the args. Default true. */
+  readonly byArgs?: boolean | undefined
+  /** Include the period bucket `floor(runAt or now / period)`, in milliseconds (1 s – 366 days). */
+  readonly byPeriodMs?: number | undefined
+  /** States in which the key is held. Default: scheduled, available, running, waiting_external, retryable, completed. */
+  readonly states?: ReadonlyArray<JobState> | undefined
+}
+
+export interface NewJob {
+  readonly kind: string
+  /** Default `"default"`. 1–200 characters, no NUL, no leading or trailing whitespace. */
+  readonly queue?: string | undefined
+  /** 1 (highest) – 4. Default 2. */
+  readonly priority?: number | undefined
+  /** Already Schema-encoded args: any JSON value. */
+  readonly args: unknown
+  readonly metadata?: Readonly<Record<string, unknown>> | undefined
+  readonly tags?: ReadonlyArray<string> | undefined
+  /** 1–1000. Default 25. */
+  readonly maxAttempts?: number | undefined
+  /** None or at/before the database's now ⇒ available; later ⇒ scheduled. */
+  readonly runAt?: Date | undefined
+  readonly unique?: UniqueOptions | undefined
+}
+
+/** A job that passed every check, with its JSON already rendered. */
+export interface CheckedJob {
+  readonly kind: string
+  readonly queue: string
+  readonly priority: number
+  readonly args: unknown
+  readonly argsJson: string
+  readonly metadataJson: string
+  readonly tags: ReadonlyArray<string>
+  readonly maxAttempts: number
+  readonly runAt: Date | undefined
+  readonly uniqueKey: Uint8Array | undefined
+  readonly uniqueStates: number
+}
+
+export interface CheckOptions {
+  readonly maxArgsBytes?: number | undefined
+  /** Producer clock in epoch milliseconds, for `byPeriodMs` buckets without a `runAt`. */
+  readonly nowMillis: number
+}
+
+const fail = (field: string, reason: string) => new ValidationError({ field, reason })
+
+const checkName = (field: string, value: unknown, trimmed: boolean): ValidationError | undefined => {
+  if (typeof value !== "string") return fail(field, "must be a string")
+  if (value.length < 1 || value.length > limits.nameMaxLength) {
+    return fail(field, `must be 1–${limits.nameMaxLength} characters (got ${value.length})`)
+  }
+  if (value.includes("\u0000")) return fail(field, "must not contain NUL")
+  if (trimmed && value.trim() !== value) return fail(field, "must not start or end with whitespace")
+  return undefined
+}
+
+/** Checks a queue name by the documented rules. */
+export const checkQueueName = (queue: unknown): Effect.Effect<string, ValidationError> => {
+  const error = checkName("queue", queue, true)
+  return error ? Effect.fail(error) : Effect.succeed(queue as string)
+}
+
+const checkInt = (field: string, value: number, min: number, max: number) =>
+  Number.isInteger(value) && value >= min && value <= max
+    ? undefined
+    : fail(field, `must be an integer ${min}–${max} (got ${value})`)
+
+const json = (value: unknown, field: string): string | ValidationError => {
+  try {
+    return canonicalJson(value, field)
+  } catch (error) {
+    if (error instanceof JsonError) return fail(error.path, error.message.slice(error.path.length + 2))
+    throw error
+  }
+}
+
+const checkSync = (job: NewJob, options: CheckOptions): CheckedJob | ValidationError => {
+  const kindError = checkName("kind", job.kind, false)
+  if (kindError) return kindError
+  const queue = job.queue ?? "default"
+  const queueError = checkName("queue", queue, true)
+  if (queueError) return queueError
+  const priority = job.priority ?? limits.defaultPriority
+  const maxAttempts = job.maxAttempts ?? limits.defaultMaxAttempts
+  const rangeError =
+    checkInt("priority", priority, limits.minPriority, limits.maxPriority) ??
+    checkInt("maxAttempts", maxAttempts, limits.minMaxAttempts, limits.maxMaxAttempts)
+  if (rangeError) return rangeError
+  if (job.runAt !== undefined && (!(job.runAt instanceof Date) || Number.isNaN(job.runAt.getTime()))) {
+    return fail("runAt", "must be a valid Date")
+  }
+  const argsJson = json(job.args, "args")
+  if (argsJson instanceof ValidationError) return argsJson
+  const maxArgsBytes = options.maxArgsBytes ?? limits.defaultMaxArgsBytes
+  const argsBytes = Buffer.byteLength(argsJson)
+  if (argsBytes > maxArgsBytes)
+    return fail("args", `encoded args are ${argsBytes} bytes, over the ${maxArgsBytes}-byte limit`)
+  const metadata = job.metadata ?? {}
+  if (typeof metadata !== "object" || metadata === null || Array.isArray(metadata)) {
+    return fail("metadata", "must be a JSON object")
+  }
+  for (const key of Object.keys(metadata)) {
+    if (key.startsWith("awa:") && key !== "awa:traceparent")
+      return fail(`metadata.${key}`, 'the "awa:" prefix is reserved')
+  }
+  const metadataJson = json(metadata, "metadata")
+  if (metadataJson instanceof ValidationError) return metadataJson
+  const tags = job.tags ?? []
+  if (!Array.isArray(tags) || tags.length > limits.maxTags)
+    return fail("tags", `at most ${limits.maxTags} tags`)
+  for (const [i, tag] of tags.entries()) {
+    if (
+      typeof tag !== "string" ||
+      tag.length < 1 ||
+      tag.length > limits.tagMaxLength ||
+      tag.includes("\u0000")
+    ) {
+      return fail(`tags[${i}]`, `each tag must be 1–${limits.tagMaxLength} characters without NUL`)
+    }
+  }
+  let key: Uint8Array | undefined
+  let uniqueStates = 0
+  if (job.unique !== undefined) {
+    const u = job.unique
+    if (
+      u.byPeriodMs !== undefined &&
+      !(Number.isInteger(u.byPeriodMs) && u.byPeriodMs >= 1000 && u.byPeriodMs <= 366 * 86_400_000)
+    ) {
+      return fail("unique.byPeriodMs", "must be an integer number of milliseconds between 1 s and 366 days")
+    }
+    const states = u.states ?? defaultUniqueStates
+    for (const state of states) {
+      if (!jobStates.includes(state)) return fail("unique.states", `unknown state ${String(state)}`)
+    }
+    if (states.length === 0) return fail("unique.states", "must name at least one state")
+    uniqueStates = stateMask(states)
+    key = uniqueKey({
+      kind: job.kind,
+      queue: u.byQueue ? queue : undefined,
+      args: u.byArgs === false ? undefined : JSON.parse(argsJson),
+      periodBucket:
+        u.byPeriodMs === undefined
+          ? undefined
+          : periodBucket(job.runAt?.getTime() ?? options.nowMillis, u.byPeriodMs)
+    })
+  }
+  return {
+    kind: job.kind,
+    queue,
+    priority,
+    args: job.args,
+    argsJson,
+    metadataJson,
+    tags: [...tags],
+    maxAttempts,
+    runAt: job.runAt,
+    uniqueKey: key,
+    uniqueStates
+  }
+}
+
+/** Runs every check of capabilities.md §1 on a job; nothing is written by anyone before this passes. */
+export const checkNewJob = (job: NewJob, options: CheckOptions): Effect.Effect<CheckedJob, ValidationError> =>
+  Effect.suspend(() => {
+    const result = checkSync(job, options)
+    return result instanceof ValidationError ? Effect.fail(result) : Effect.succeed(result)
+  })
+
+export const uniqueKeyHex = (job: CheckedJob): string | undefined =>
+  job.uniqueKey ? toHex(job.uniqueKey) : undefined

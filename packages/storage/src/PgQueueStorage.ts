@@ -1,0 +1,421 @@
+/**
+ * `QueueStorage` on Postgres: the append-only ring engine of storage-engine.md, as installed by
+ * `@awa/sql` migrations 0002–0003. This module is the only TypeScript that touches job tables;
+ * each method is one round trip to one SQL function whose header comment (in the migration)
+ * states its locks, guard and writes.
+ *
+ * **Guarantees** see `QueueStorage`. `enqueueMany` uses whatever connection the current fiber
+ * holds, so inside `sql.withTransaction` it joins that transaction; batches larger than
+ * `enqueueChunkSize` are split into several calls inside one (nested) transaction, so any size
+ * is all-or-nothing with no parameter-count ceiling (rows travel as one jsonb document).
+ *
+ * **Gotchas** Timestamps come from the database clock (`now()` of the transaction); the worker
+ * sends durations. `int8` ids are `bigint` throughout.
+ */
+import {
+  checkNewJob,
+  checkQueueName,
+  InvalidTransition,
+  JobNotFound,
+  type JobState,
+  type NewJob,
+  UniqueConflict,
+  UniqueKey,
+  ValidationError
+} from "@awa/core"
+import { Migrations } from "@awa/sql"
+import { Clock, Effect, Layer } from "effect"
+import { SqlClient, SqlError } from "effect/sql"
+import {
+  type AttemptToken,
+  type ClaimedJob,
+  type ClaimParams,
+  type EnqueuedJob,
+  type FinalizeItem,
+  type FinalizeResult,
+  type HeartbeatItem,
+  type JobView,
+  type ListFilter,
+  type PruneOutcome,
+  type QueueStateCount,
+  QueueStorage,
+  type RescuedAttempt,
+  type RetentionParams,
+  type RotateOutcome
+} from "./QueueStorage.ts"
+
+export interface PgQueueStorageOptions {
+  /** Schema Awa is installed in. Default `"awa"`. */
+  readonly schema?: string | undefined
+  /** Largest encoded args accepted at enqueue. Default 1 MiB. */
+  readonly maxArgsBytes?: number | undefined
+  /** Rows per enqueue call; larger batches are split inside one transaction. Default 5,000. */
+  readonly enqueueChunkSize?: number | undefined
+  /** `lock_timeout` of prune's `ACCESS EXCLUSIVE` request. Default 10 ms (1–1000). */
+  readonly pruneLockTimeoutMs?: number | undefined
+}
+
+/** Largest delay an outcome may ask for (capabilities.md §3: 0 ms – 30 days). */
+export const maxDelayMs = 30 * 24 * 60 * 60 * 1000
+const maxErrorMessageLength = 4096
+
+// SQLSTATE raised by the SQL functions for a unique conflict (DETAIL = key, HINT = holder).
+const uniqueConflictCode = "AWU01"
+
+interface JobRow {
+  readonly job_id: bigint
+  readonly state: JobState
+  readonly kind: string
+  readonly queue: string
+  readonly priority: number
+  readonly args: unknown
+  readonly metadata: Record<string, unknown>
+  readonly tags: ReadonlyArray<string>
+  readonly errors: ReadonlyArray<any>
+  readonly progress: unknown
+  readonly attempt: number
+  readonly max_attempts: number
+  readonly run_lease: bigint
+  readonly run_at: Date
+  readonly created_at: Date
+  readonly finalized_at: Date | null
+}
+
+const toView = (row: JobRow): JobView => ({
+  id: row.job_id,
+  kind: row.kind,
+  queue: row.queue,
+  priority: row.priority,
+  state: row.state,
+  attempt: row.attempt,
+  maxAttempts: row.max_attempts,
+  runLease: row.run_lease,
+  args: row.args,
+  metadata: row.metadata,
+  tags: row.tags,
+  errors: row.errors,
+  progress: row.progress ?? null,
+  runAt: row.run_at,
+  createdAt: row.created_at,
+  finalizedAt: row.finalized_at
+})
+
+const pgErrorField = (error: SqlError.SqlError, field: "code" | "detail" | "hint"): string | undefined => {
+  const cause = (error.reason as { cause?: Record<string, unknown> }).cause
+  const value = cause?.[field]
+  return typeof value === "string" ? value : undefined
+}
+
+/** Maps the SQL functions' unique-conflict SQLSTATE to the typed error; other errors pass through. */
+const mapUniqueConflict = <A, E, R>(
+  effect: Effect.Effect<A, E, R>
+): Effect.Effect<A, E | UniqueConflict, R> =>
+  Effect.catch(
+    effect,
+    (error): Effect.Effect<never, E | UniqueConflict> =>
+      SqlError.isSqlError(error) && pgErrorField(error, "code") === uniqueConflictCode
+        ? Effect.fail(
+            new UniqueConflict({
+              key: pgErrorField(error, "detail") ?? "",
+              existingJobId: BigInt(pgErrorField(error, "hint") ?? "0")
+            })
+          )
+        : Effect.fail(error)
+  )
+
+const checkCount = (field: string, value: number, min: number, max: number) =>
+  Number.isInteger(value) && value >= min && value <= max
+    ? Effect.void
+    : Effect.fail(new ValidationError({ field, reason: `must be an integer ${min}–${max} (got ${value})` }))
+
+const outcomeJson = (item: FinalizeItem): string => {
+  const o = item.outcome
+  const base = `"job_id":${item.jobId},"run_lease":${item.runLease}`
+  switch (o._tag) {
+    case "Complete":
+      return `{${base},"outcome":"complete"}`
+    case "Retry":
+      return `{${base},"outcome":"retry","delay_ms":${o.delayMs},"message":${JSON.stringify(o.error.slice(0, maxErrorMessageLength))}}`
+    case "Snooze":
+      return `{${base},"outcome":"snooze","delay_ms":${o.delayMs}}`
+    case "Cancel":
+      return `{${base},"outcome":"cancel","message":${JSON.stringify(o.reason.slice(0, maxErrorMessageLength))}}`
+    case "Fail":
+      return `{${base},"outcome":"fail","message":${JSON.stringify(o.error.slice(0, maxErrorMessageLength))}}`
+  }
+}
+
+/** Checks finalization items before any SQL: delays must be 0 ms – 30 days. */
+export const checkFinalizeItems = (
+  items: ReadonlyArray<FinalizeItem>
+): Effect.Effect<void, ValidationError> =>
+  Effect.forEach(
+    items,
+    (item, i) => {
+      const o = item.outcome
+      if (o._tag !== "Retry" && o._tag !== "Snooze") return Effect.void
+      return Number.isInteger(o.delayMs) && o.delayMs >= 0 && o.delayMs <= maxDelayMs
+        ? Effect.void
+        : Effect.fail(
+            new ValidationError({
+              field: `items[${i}].delayMs`,
+              reason: `must be 0–${maxDelayMs} ms (got ${o.delayMs})`
+            })
+          )
+    },
+    { discard: true }
+  )
+
+export const checkListLimit = (filter: ListFilter) => checkCount("limit", filter.limit ?? 100, 1, 1000)
+
+const pruneOutcome = (
+  row: { outcome: string; generation: bigint | null; carried: number } | undefined
+): PruneOutcome => {
+  if (row === undefined || row.outcome === "Noop") return { _tag: "Noop" }
+  if (row.outcome === "Pruned")
+    return { _tag: "Pruned", generation: row.generation ?? 0n, carried: row.carried }
+  const reason = row.outcome.slice("Blocked:".length)
+  return { _tag: "Blocked", reason: reason as Extract<PruneOutcome, { _tag: "Blocked" }>["reason"] }
+}
+
+export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions = {}) {
+  const sql = yield* SqlClient.SqlClient
+  const schema = yield* Migrations.checkSchemaName(options.schema ?? Migrations.defaultSchema)
+  const s = sql(schema)
+  const chunkSize = options.enqueueChunkSize ?? 5000
+  const lockTimeoutMs = options.pruneLockTimeoutMs ?? 10
+
+  const enqueueChunk = (rows: ReadonlyArray<string>) =>
+    sql<{ ord: number; job_id: bigint; state: "available" | "scheduled" }>`
+      SELECT * FROM ${s}.enqueue(${`[${rows.join(",")}]`}::jsonb)`
+
+  const enqueueMany = (jobs: ReadonlyArray<NewJob>) =>
+    Effect.gen(function* () {
+      if (jobs.length === 0) return []
+      const nowMillis = yield* Clock.currentTimeMillis
+      const checked = yield* Effect.forEach(jobs, (job) =>
+        checkNewJob(job, { nowMillis, maxArgsBytes: options.maxArgsBytes })
+      )
+      const rows = checked.map(
+        (job) =>
+          `{"kind":${JSON.stringify(job.kind)},"queue":${JSON.stringify(job.queue)},"priority":${job.priority},` +
+          `"args":${job.argsJson},"metadata":${job.metadataJson},"tags":${JSON.stringify(job.tags)},` +
+          `"max_attempts":${job.maxAttempts},"run_at":${job.runAt ? JSON.stringify(job.runAt.toISOString()) : "null"},` +
+          `"unique_key":${job.uniqueKey ? `"${UniqueKey.toHex(job.uniqueKey)}"` : "null"},"unique_states":${job.uniqueStates}}`
+      )
+      const chunks: Array<ReadonlyArray<string>> = []
+      for (let i = 0; i < rows.length; i += chunkSize) chunks.push(rows.slice(i, i + chunkSize))
+      const results =
+        chunks.length === 1
+          ? yield* enqueueChunk(chunks[0]!)
+          : (yield* sql.withTransaction(Effect.forEach(chunks, enqueueChunk))).flat()
+      return results.map(
+        (row, i): EnqueuedJob => ({ id: row.job_id, state: row.state, queue: checked[i]!.queue })
+      )
+    }).pipe(
+      mapUniqueConflict,
+      Effect.withSpan("QueueStorage.enqueueMany", { attributes: { count: jobs.length } })
+    )
+
+  const claim = (params: ClaimParams) =>
+    Effect.gen(function* () {
+      yield* checkQueueName(params.queue)
+      yield* checkCount("max", params.max, 0, 100_000)
+      const rows = yield* sql<{
+        job_id: bigint
+        run_lease: bigint
+        attempt: number
+        max_attempts: number
+        kind: string
+        queue: string
+        priority: number
+        args: unknown
+        metadata: Record<string, unknown>
+        tags: Array<string>
+        errors: Array<any>
+        run_at: Date
+        created_at: Date
+        claimed_at: Date
+        deadline_at: Date | null
+      }>`SELECT * FROM ${s}.claim(${params.queue}, ${params.max}, ${params.deadlineMs}::bigint, ${params.agingIntervalMs}::bigint)`
+      return rows.map(
+        (r): ClaimedJob => ({
+          jobId: r.job_id,
+          runLease: r.run_lease,
+          kind: r.kind,
+          queue: r.queue,
+          priority: r.priority,
+          attempt: r.attempt,
+          maxAttempts: r.max_attempts,
+          args: r.args,
+          metadata: r.metadata,
+          tags: r.tags,
+          errors: r.errors,
+          runAt: r.run_at,
+          createdAt: r.created_at,
+          claimedAt: r.claimed_at,
+          deadlineAt: r.deadline_at
+        })
+      )
+    })
+
+  const finalizeMany = (items: ReadonlyArray<FinalizeItem>) =>
+    Effect.gen(function* () {
+      if (items.length === 0) return []
+      yield* checkFinalizeItems(items)
+      const rows = yield* sql<{ ord: number; applied: boolean; state: JobState | null }>`
+        SELECT * FROM ${s}.finalize(${`[${items.map(outcomeJson).join(",")}]`}::jsonb)`
+      return rows.map(
+        (row): FinalizeResult =>
+          row.applied && row.state ? { _tag: "Applied", state: row.state } : { _tag: "Stale" }
+      )
+    })
+
+  const heartbeatMany = (items: ReadonlyArray<HeartbeatItem>) =>
+    Effect.gen(function* () {
+      if (items.length === 0) return []
+      const json = items.map(
+        (i) =>
+          `{"job_id":${i.jobId},"run_lease":${i.runLease}${i.progress === undefined ? "" : `,"progress":${JSON.stringify(i.progress)}`}}`
+      )
+      const rows = yield* sql<{ job_id: bigint; run_lease: bigint }>`
+        SELECT * FROM ${s}.heartbeat(${`[${json.join(",")}]`}::jsonb)`
+      return rows.map((r): AttemptToken => ({ jobId: r.job_id, runLease: r.run_lease }))
+    })
+
+  const promoteDue = (limit: number) =>
+    Effect.map(sql<{ n: number }>`SELECT ${s}.promote(${limit}) AS n`, (rows) => rows[0]?.n ?? 0)
+
+  const rescue = (kind: "stale" | "deadline", stalenessMs: number, limit: number) =>
+    Effect.map(
+      sql<{ job_id: bigint; run_lease: bigint; state: JobState }>`
+        SELECT * FROM ${s}.rescue(${kind}, ${stalenessMs}::bigint, ${limit})`,
+      (rows) =>
+        rows.map(
+          (r): RescuedAttempt => ({
+            jobId: r.job_id,
+            runLease: r.run_lease,
+            state: r.state,
+            reason: kind === "stale" ? "stale_heartbeat" : "deadline_exceeded"
+          })
+        )
+    )
+
+  const rotateRing = (ring: "queue" | "history", minAgeMs: number) =>
+    Effect.map(
+      sql<{ outcome: RotateOutcome }>`SELECT ${s}.rotate(${ring}, ${minAgeMs}::bigint) AS outcome`,
+      (rows) => rows[0]!.outcome
+    )
+
+  const pruneRing = (fn: "prune_queue" | "prune_history", r: RetentionParams) =>
+    Effect.map(
+      sql<{ outcome: string; generation: bigint | null; carried: number }>`
+        SELECT * FROM ${s}.${sql(fn)}(${lockTimeoutMs}, ${r.completedMs}::bigint, ${r.failedMs}::bigint, ${r.cancelledMs}::bigint)`,
+      (rows) => pruneOutcome(rows[0])
+    )
+
+  const getJob = (id: bigint) =>
+    Effect.gen(function* () {
+      const rows = yield* sql<JobRow>`SELECT * FROM ${s}.jobs WHERE job_id = ${id}`
+      if (rows.length === 0) return yield* new JobNotFound({ jobId: id })
+      return toView(rows[0]!)
+    })
+
+  const listJobs = (filter: ListFilter) =>
+    Effect.gen(function* () {
+      yield* checkListLimit(filter)
+      const conditions = [
+        filter.queue === undefined ? undefined : sql`queue = ${filter.queue}`,
+        filter.kind === undefined ? undefined : sql`kind = ${filter.kind}`,
+        filter.state === undefined ? undefined : sql`state = ${filter.state}`,
+        filter.tag === undefined ? undefined : sql`${filter.tag} = ANY (tags)`,
+        filter.before === undefined ? undefined : sql`job_id < ${filter.before}`
+      ].filter((c) => c !== undefined)
+      const rows = yield* sql<JobRow>`
+        SELECT * FROM ${s}.jobs ${conditions.length > 0 ? sql`WHERE ${sql.and(conditions)}` : sql``}
+        ORDER BY job_id DESC LIMIT ${filter.limit ?? 100}`
+      return rows.map(toView)
+    })
+
+  const countByQueueState = Effect.map(
+    sql<{ queue: string; state: JobState; count: bigint }>`
+      SELECT queue, state, count(*) AS count FROM ${s}.jobs GROUP BY queue, state ORDER BY queue, state`,
+    (rows) => rows.map((r): QueueStateCount => ({ queue: r.queue, state: r.state, count: Number(r.count) }))
+  )
+
+  const cancelJob = (id: bigint, reason: string) =>
+    Effect.gen(function* () {
+      const [row] = yield* sql<{
+        result: string | null
+      }>`SELECT ${s}.cancel_job(${id}, ${reason.slice(0, maxErrorMessageLength)}) AS result`
+      if (row?.result == null) return yield* new JobNotFound({ jobId: id })
+      if (row.result.startsWith("terminal:")) {
+        return yield* new InvalidTransition({
+          jobId: id,
+          from: row.result.slice("terminal:".length),
+          action: "cancel"
+        })
+      }
+      return yield* getJob(id)
+    })
+
+  const retryJob = (id: bigint) =>
+    Effect.gen(function* () {
+      const [row] = yield* sql<{ result: string | null }>`SELECT ${s}.retry_job(${id}) AS result`
+      if (row?.result == null) return yield* new JobNotFound({ jobId: id })
+      if (row.result !== "available")
+        return yield* new InvalidTransition({ jobId: id, from: row.result, action: "retry" })
+      return yield* getJob(id)
+    }).pipe(mapUniqueConflict)
+
+  const setPaused = (queue: string, paused: boolean) =>
+    Effect.gen(function* () {
+      yield* checkQueueName(queue)
+      yield* sql`
+        INSERT INTO ${s}.queue_meta (queue, paused) VALUES (${queue}, ${paused})
+        ON CONFLICT (queue) DO UPDATE SET paused = excluded.paused, updated_at = now()`
+    })
+
+  const status = Effect.map(
+    sql<{ generation: bigint; slot: number; oldest: bigint | null; history_generation: bigint }>`
+      SELECT q.generation, q.slot, h.generation AS history_generation,
+             (SELECT min(r.generation) FROM ${s}.ring_rotations r
+              WHERE r.ring = 'queue' AND r.generation < q.generation
+                AND NOT EXISTS (SELECT 1 FROM ${s}.ring_prunes p WHERE p.ring = 'queue' AND p.generation = r.generation)) AS oldest
+      FROM ${s}.ring_current('queue') q, ${s}.ring_current('history') h`,
+    (rows) => {
+      const r = rows[0]!
+      return {
+        generation: r.generation,
+        slot: r.slot,
+        oldestUnpruned: r.oldest,
+        historyGeneration: r.history_generation
+      }
+    }
+  )
+
+  return QueueStorage.of({
+    enqueueMany,
+    claim,
+    finalizeMany,
+    heartbeatMany,
+    promoteDue,
+    rescueStale: (p) => rescue("stale", p.stalenessMs, p.limit),
+    rescueDeadlines: (limit) => rescue("deadline", 0, limit),
+    rotate: rotateRing("queue", 0),
+    prune: (r) => pruneRing("prune_queue", r),
+    rotateHistory: (intervalMs) => rotateRing("history", intervalMs),
+    pruneHistory: (r) => pruneRing("prune_history", r),
+    getJob,
+    listJobs,
+    countByQueueState,
+    cancelJob,
+    retryJob,
+    pauseQueue: (queue) => setPaused(queue, true),
+    resumeQueue: (queue) => setPaused(queue, false),
+    status
+  })
+})
+
+/** The Postgres storage layer; needs the application's `SqlClient` (`@effect/sql-pg`). */
+export const layer = (options: PgQueueStorageOptions = {}) => Layer.effect(QueueStorage, make(options))

@@ -1,0 +1,217 @@
+/**
+ * `QueueStorage`: every read and write of job tables goes through this service (capability 2,
+ * storage-engine.md). Two layers implement it with the same observable semantics:
+ * `PgQueueStorage` (the append-only ring engine on Postgres) and `SimQueueStorage` (in memory,
+ * deterministic under `TestClock`). One contract suite (`test/contract/QueueStorageContract.ts`)
+ * runs unchanged against both.
+ *
+ * **Guarantees**
+ * - `enqueueMany` is all-or-nothing and joins the caller's open `@effect/sql` transaction.
+ * - Strict FIFO per lane `(queue, priority, shard)`; lanes are served by effective priority
+ *   (claim-time aging), then head `runAt`, then stored priority.
+ * - Every claim increments `runLease`; each `(jobId, runLease)` is handed out once. Every later
+ *   attempt-scoped write is guarded by it: a write for an attempt that is no longer open changes
+ *   nothing and is reported as `"stale"` (a value, not an error).
+ */
+import type {
+  InvalidTransition,
+  JobNotFound,
+  JobState,
+  NewJob,
+  UniqueConflict,
+  ValidationError
+} from "@awa/core"
+import { Context, type Effect } from "effect"
+import type { SqlError } from "effect/sql"
+
+export type JobId = bigint
+
+/** Identity of one attempt; every attempt-scoped write requires it. */
+export interface AttemptToken {
+  readonly jobId: JobId
+  readonly runLease: bigint
+}
+
+export interface EnqueuedJob {
+  readonly id: JobId
+  readonly state: "available" | "scheduled"
+  readonly queue: string
+}
+
+export interface ErrorEntry {
+  readonly error: string
+  readonly attempt: number
+  readonly at: string
+  readonly terminal?: boolean | undefined
+}
+
+/** An immutable snapshot handed to the worker at claim; the completion path needs nothing else. */
+export interface ClaimedJob extends AttemptToken {
+  readonly kind: string
+  readonly queue: string
+  readonly priority: number
+  readonly attempt: number
+  readonly maxAttempts: number
+  readonly args: unknown
+  readonly metadata: Readonly<Record<string, unknown>>
+  readonly tags: ReadonlyArray<string>
+  readonly errors: ReadonlyArray<ErrorEntry>
+  readonly runAt: Date
+  readonly createdAt: Date
+  readonly claimedAt: Date
+  readonly deadlineAt: Date | null
+}
+
+export interface ClaimParams {
+  readonly queue: string
+  readonly max: number
+  /** Hard deadline stamped on each claim; 0 = none. */
+  readonly deadlineMs: number
+  /** Priority aging interval; 0 disables aging. */
+  readonly agingIntervalMs: number
+}
+
+/** What the handler's attempt came to. Delays are durations: storage adds them to its own clock. */
+export type Outcome =
+  | { readonly _tag: "Complete" }
+  /** A failure: backoff then retry, or `failed` once `attempt >= maxAttempts`. */
+  | { readonly _tag: "Retry"; readonly delayMs: number; readonly error: string }
+  /** Not a failure: the attempt is not counted. */
+  | { readonly _tag: "Snooze"; readonly delayMs: number }
+  | { readonly _tag: "Cancel"; readonly reason: string }
+  /** Terminal failure: no retry whatever attempts remain. */
+  | { readonly _tag: "Fail"; readonly error: string }
+
+export interface FinalizeItem extends AttemptToken {
+  readonly outcome: Outcome
+}
+
+export type FinalizeResult =
+  | { readonly _tag: "Applied"; readonly state: JobState }
+  | { readonly _tag: "Stale" }
+
+export interface HeartbeatItem extends AttemptToken {
+  /** Replaces the attempt's progress snapshot when given (a JSON object). */
+  readonly progress?: Readonly<Record<string, unknown>> | undefined
+}
+
+export interface RescueParams {
+  /** Attempts whose last sign of life is older than this are rescued (stale-heartbeat sweep). */
+  readonly stalenessMs: number
+  readonly limit: number
+}
+
+export interface RescuedAttempt extends AttemptToken {
+  readonly reason: "stale_heartbeat" | "deadline_exceeded"
+  readonly state: JobState
+}
+
+export type RotateOutcome = "Rotated" | "SkippedIdle" | "SkippedBusy" | "SkippedLocked"
+
+export type PruneOutcome =
+  | { readonly _tag: "Pruned"; readonly generation: bigint; readonly carried: number }
+  | { readonly _tag: "Noop" }
+  | { readonly _tag: "Blocked"; readonly reason: "unclaimed" | "lock" | "locked_attempt" | "busy" }
+
+export interface RetentionParams {
+  readonly completedMs: number
+  readonly failedMs: number
+  readonly cancelledMs: number
+}
+
+/** A job as readers see it, in whatever representation currently holds it. */
+export interface JobView {
+  readonly id: JobId
+  readonly kind: string
+  readonly queue: string
+  readonly priority: number
+  readonly state: JobState
+  readonly attempt: number
+  readonly maxAttempts: number
+  readonly runLease: bigint
+  readonly args: unknown
+  readonly metadata: Readonly<Record<string, unknown>>
+  readonly tags: ReadonlyArray<string>
+  readonly errors: ReadonlyArray<ErrorEntry>
+  readonly progress: unknown
+  readonly runAt: Date
+  readonly createdAt: Date
+  readonly finalizedAt: Date | null
+}
+
+export interface ListFilter {
+  readonly queue?: string | undefined
+  readonly kind?: string | undefined
+  readonly state?: JobState | undefined
+  readonly tag?: string | undefined
+  /** Keyset pagination: only ids strictly below this (results are newest first). */
+  readonly before?: JobId | undefined
+  /** 1–1000, default 100. */
+  readonly limit?: number | undefined
+}
+
+export interface QueueStateCount {
+  readonly queue: string
+  readonly state: JobState
+  readonly count: number
+}
+
+export interface StorageStatus {
+  readonly generation: bigint
+  readonly slot: number
+  readonly oldestUnpruned: bigint | null
+  readonly historyGeneration: bigint
+}
+
+export type EnqueueError = ValidationError | UniqueConflict | SqlError.SqlError
+
+export class QueueStorage extends Context.Service<
+  QueueStorage,
+  {
+    /** Enqueues jobs all-or-nothing, inside the caller's transaction when there is one. */
+    readonly enqueueMany: (
+      jobs: ReadonlyArray<NewJob>
+    ) => Effect.Effect<ReadonlyArray<EnqueuedJob>, EnqueueError>
+    /** Claims up to `max` jobs of one queue in one round trip; empty when paused or idle. */
+    readonly claim: (
+      params: ClaimParams
+    ) => Effect.Effect<ReadonlyArray<ClaimedJob>, ValidationError | SqlError.SqlError>
+    /** Finalizes attempts in one transaction; one result per item, in order. */
+    readonly finalizeMany: (
+      items: ReadonlyArray<FinalizeItem>
+    ) => Effect.Effect<ReadonlyArray<FinalizeResult>, ValidationError | SqlError.SqlError>
+    /** Records liveness (and progress) for open attempts; returns the tokens that are no longer open. */
+    readonly heartbeatMany: (
+      items: ReadonlyArray<HeartbeatItem>
+    ) => Effect.Effect<ReadonlyArray<AttemptToken>, SqlError.SqlError>
+    /** Moves due scheduled/retryable jobs to their lanes; returns how many moved. */
+    readonly promoteDue: (limit: number) => Effect.Effect<number, SqlError.SqlError>
+    readonly rescueStale: (
+      params: RescueParams
+    ) => Effect.Effect<ReadonlyArray<RescuedAttempt>, SqlError.SqlError>
+    readonly rescueDeadlines: (
+      limit: number
+    ) => Effect.Effect<ReadonlyArray<RescuedAttempt>, SqlError.SqlError>
+    readonly rotate: Effect.Effect<RotateOutcome, SqlError.SqlError>
+    readonly prune: (retention: RetentionParams) => Effect.Effect<PruneOutcome, SqlError.SqlError>
+    readonly rotateHistory: (intervalMs: number) => Effect.Effect<RotateOutcome, SqlError.SqlError>
+    readonly pruneHistory: (retention: RetentionParams) => Effect.Effect<PruneOutcome, SqlError.SqlError>
+    readonly getJob: (id: JobId) => Effect.Effect<JobView, JobNotFound | SqlError.SqlError>
+    readonly listJobs: (
+      filter: ListFilter
+    ) => Effect.Effect<ReadonlyArray<JobView>, ValidationError | SqlError.SqlError>
+    readonly countByQueueState: Effect.Effect<ReadonlyArray<QueueStateCount>, SqlError.SqlError>
+    /** Cancels a job that is not terminal: unclaimed, deferred or running (its attempt closes as cancelled). */
+    readonly cancelJob: (
+      id: JobId,
+      reason: string
+    ) => Effect.Effect<JobView, JobNotFound | InvalidTransition | SqlError.SqlError>
+    /** Makes a failed or cancelled job available again (attempt 0, run lease unchanged). */
+    readonly retryJob: (
+      id: JobId
+    ) => Effect.Effect<JobView, JobNotFound | InvalidTransition | UniqueConflict | SqlError.SqlError>
+    readonly pauseQueue: (queue: string) => Effect.Effect<void, ValidationError | SqlError.SqlError>
+    readonly resumeQueue: (queue: string) => Effect.Effect<void, ValidationError | SqlError.SqlError>
+    readonly status: Effect.Effect<StorageStatus, SqlError.SqlError>
+  }
+>()("@awa/storage/QueueStorage") {}

@@ -1,0 +1,2 @@
+export * as PgQueueStorage from "./PgQueueStorage.ts"
+export * from "./QueueStorage.ts"
