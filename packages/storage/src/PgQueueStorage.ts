@@ -20,8 +20,7 @@ import {
   type JobState,
   type NewJob,
   UniqueConflict,
-  UniqueKey,
-  ValidationError
+  UniqueKey
 } from "@awa/core"
 import { Migrations } from "@awa/sql"
 import { Clock, Effect, Layer } from "effect"
@@ -43,6 +42,13 @@ import {
   type RetentionParams,
   type RotateOutcome
 } from "./QueueStorage.ts"
+import {
+  checkFinalizeItems,
+  checkInteger,
+  checkListLimit,
+  maxClaimBatch,
+  maxErrorMessageLength
+} from "./StorageChecks.ts"
 
 export interface PgQueueStorageOptions {
   /** Schema Awa is installed in. Default `"awa"`. */
@@ -54,10 +60,6 @@ export interface PgQueueStorageOptions {
   /** `lock_timeout` of prune's `ACCESS EXCLUSIVE` request. Default 10 ms (1–1000). */
   readonly pruneLockTimeoutMs?: number | undefined
 }
-
-/** Largest delay an outcome may ask for (capabilities.md §3: 0 ms – 30 days). */
-export const maxDelayMs = 30 * 24 * 60 * 60 * 1000
-const maxErrorMessageLength = 4096
 
 // SQLSTATE raised by the SQL functions for a unique conflict (DETAIL = key, HINT = holder).
 const uniqueConflictCode = "AWU01"
@@ -123,11 +125,6 @@ const mapUniqueConflict = <A, E, R>(
         : Effect.fail(error)
   )
 
-const checkCount = (field: string, value: number, min: number, max: number) =>
-  Number.isInteger(value) && value >= min && value <= max
-    ? Effect.void
-    : Effect.fail(new ValidationError({ field, reason: `must be an integer ${min}–${max} (got ${value})` }))
-
 const outcomeJson = (item: FinalizeItem): string => {
   const o = item.outcome
   const base = `"job_id":${item.jobId},"run_lease":${item.runLease}`
@@ -144,29 +141,6 @@ const outcomeJson = (item: FinalizeItem): string => {
       return `{${base},"outcome":"fail","message":${JSON.stringify(o.error.slice(0, maxErrorMessageLength))}}`
   }
 }
-
-/** Checks finalization items before any SQL: delays must be 0 ms – 30 days. */
-export const checkFinalizeItems = (
-  items: ReadonlyArray<FinalizeItem>
-): Effect.Effect<void, ValidationError> =>
-  Effect.forEach(
-    items,
-    (item, i) => {
-      const o = item.outcome
-      if (o._tag !== "Retry" && o._tag !== "Snooze") return Effect.void
-      return Number.isInteger(o.delayMs) && o.delayMs >= 0 && o.delayMs <= maxDelayMs
-        ? Effect.void
-        : Effect.fail(
-            new ValidationError({
-              field: `items[${i}].delayMs`,
-              reason: `must be 0–${maxDelayMs} ms (got ${o.delayMs})`
-            })
-          )
-    },
-    { discard: true }
-  )
-
-export const checkListLimit = (filter: ListFilter) => checkCount("limit", filter.limit ?? 100, 1, 1000)
 
 const pruneOutcome = (
   row: { outcome: string; generation: bigint | null; carried: number } | undefined
@@ -220,7 +194,7 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
   const claim = (params: ClaimParams) =>
     Effect.gen(function* () {
       yield* checkQueueName(params.queue)
-      yield* checkCount("max", params.max, 0, 100_000)
+      yield* checkInteger("max", params.max, 0, maxClaimBatch)
       const rows = yield* sql<{
         job_id: bigint
         run_lease: bigint

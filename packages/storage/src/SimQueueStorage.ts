@@ -1,0 +1,624 @@
+/**
+ * `SimQueueStorage`: an in-memory, deterministic implementation of `QueueStorage` (capability 30).
+ * Swap it in for `PgQueueStorage` in tests and drive time with `TestClock`: nothing here reads the
+ * wall clock or `Math.random` directly.
+ *
+ * **Guarantees**
+ * - Same observable semantics as the Postgres layer for every operation of `QueueStorage`: strict
+ *   FIFO per lane `(queue, priority, shard 0)`; lanes served by effective priority (claim-time aging),
+ *   then head `runAt`, then stored priority; `runLease` guards every attempt-scoped write (a write for
+ *   an attempt that is no longer open is `Stale` and changes nothing); unique keys held per state mask.
+ * - Each operation is atomic: validation runs first, then the whole read-modify-write runs
+ *   synchronously in one step no other fiber can interleave with. A call that fails (validation,
+ *   unique conflict) changes nothing.
+ * - Time comes only from `Clock.currentTimeMillis` (so `TestClock` drives due times, deadlines,
+ *   heartbeat staleness, aging and retention); rescue backoff jitter comes only from Effect's
+ *   `Random` service, read at call time.
+ * - State lives in the layer instance: every `make`/`layer` build starts empty.
+ * - A transition that re-enters a job's unique mask while a newer job holds its key (retry, snooze,
+ *   rescue, promotion or claim of a job whose mask omits the state it leaves) cancels the
+ *   re-entering job with `cancelled: superseded by duplicate <id>` (capabilities.md §4); operator
+ *   `retryJob` fails with `UniqueConflict` instead and changes nothing.
+ *
+ * **Gotchas** (differences from Postgres)
+ * - No transactions: `enqueueMany` does not join the caller's `@effect/sql` transaction, and a
+ *   rollback of that transaction does not undo it. Each call is atomic on its own.
+ * - Jitter is deterministic only under a seeded `Random` (`Random.withSeed`); Effect's default
+ *   `Random` (also under `it.effect`) wraps `Math.random`.
+ * - Times are whole milliseconds of the Effect `Clock` (Postgres: the database's `now()`, in
+ *   microseconds). Under `TestClock` time stands still until adjusted, so jobs enqueued together share
+ *   one `runAt`/`createdAt`, and a zero delay is due immediately.
+ * - No rings: `rotate` and `rotateHistory` return `"SkippedIdle"`, `prune` is a `Noop`, `status` is
+ *   all zeros. Terminal jobs stay visible until `pruneHistory`, which deletes each one as soon as it
+ *   is older than its retention (Postgres reclaims whole history partitions, so jobs may outlive
+ *   their retention there) and reports a plain counter as `generation`.
+ * - Ids are gap-free: a rejected `enqueueMany` consumes none (a Postgres sequence can leave gaps).
+ * - No locks or contention: concurrent claimers are served one after the other, never skipping a
+ *   lane another claimer holds; there is no LISTEN/NOTIFY. One shard per lane (shard 0).
+ * - Args and metadata are stored as their canonical JSON and parsed on every read, so callers never
+ *   share objects with the store; object key order is canonical, not jsonb's. Heartbeat progress is
+ *   stored as `JSON.stringify` text: a value that is not JSON is a defect, and NUL characters, which
+ *   jsonb rejects, are accepted.
+ * - `countByQueueState` orders queue names by UTF-8 bytes (Postgres's `C` collation); a database
+ *   with a linguistic collation may order them differently.
+ * - Pause state and everything else is lost when the layer's scope closes.
+ * - `waiting_external` and `waiting_on` are never produced (no callbacks, no dependencies).
+ */
+import {
+  Backoff,
+  CanonicalJson,
+  type CheckedJob,
+  checkNewJob,
+  checkQueueName,
+  InvalidTransition,
+  isTerminal,
+  JobNotFound,
+  type JobState,
+  maskHas,
+  type NewJob,
+  UniqueConflict,
+  UniqueKey
+} from "@awa/core"
+import { Clock, Effect, Layer, Random } from "effect"
+import {
+  type AttemptToken,
+  type ClaimedJob,
+  type ClaimParams,
+  type EnqueuedJob,
+  type ErrorEntry,
+  type FinalizeItem,
+  type FinalizeResult,
+  type HeartbeatItem,
+  type JobId,
+  type JobView,
+  type ListFilter,
+  type Outcome,
+  type PruneOutcome,
+  type QueueStateCount,
+  QueueStorage,
+  type RescuedAttempt,
+  type RescueParams,
+  type RetentionParams,
+  type StorageStatus
+} from "./QueueStorage.ts"
+import {
+  checkFinalizeItems,
+  checkInteger,
+  checkListLimit,
+  defaultListLimit,
+  maxClaimBatch
+} from "./StorageChecks.ts"
+
+/** Newest error entries kept per job. */
+const maxErrorEntries = 100
+
+/** One job, mutable in place; only this module sees it. */
+interface SimJob {
+  readonly id: JobId
+  readonly kind: string
+  readonly queue: string
+  readonly priority: number
+  readonly maxAttempts: number
+  readonly argsJson: string
+  readonly metadataJson: string
+  readonly tags: ReadonlyArray<string>
+  readonly createdAt: number
+  /** Hex of the unique key, if the job is unique. */
+  readonly uniqueKey: string | undefined
+  readonly uniqueStates: number
+  state: JobState
+  attempt: number
+  runLease: bigint
+  runAt: number
+  errors: Array<ErrorEntry>
+  progressJson: string | null
+  claimedAt: number | null
+  deadlineAt: number | null
+  heartbeatAt: number | null
+  finalizedAt: number | null
+}
+
+const iso = (millis: number): string => new Date(millis).toISOString()
+
+const retentionOf = (retention: RetentionParams, state: JobState): number | undefined => {
+  switch (state) {
+    case "completed":
+      return retention.completedMs
+    case "failed":
+      return retention.failedMs
+    case "cancelled":
+      return retention.cancelledMs
+    default:
+      return undefined
+  }
+}
+
+const rescuedError = {
+  stale_heartbeat: "heartbeat stale: worker presumed dead",
+  deadline_exceeded: "hard deadline exceeded"
+} as const
+
+export const make: Effect.Effect<QueueStorage["Service"]> = Effect.gen(function* () {
+  /** Every stored job by id; insertion order is id order (ids only grow, jobs are never re-inserted). */
+  const jobs = new Map<JobId, SimJob>()
+  /** Available jobs per queue, then per priority (one lane each, shard 0), in position order. */
+  const lanes = new Map<string, Map<number, Array<SimJob>>>()
+  /** Unique key (hex) → the job holding it. */
+  const keys = new Map<string, SimJob>()
+  const paused = new Set<string>()
+  let nextId = 1n
+  let historyGeneration = 0n
+
+  // ---------------------------------------------------------------------------------------------
+  // State bookkeeping (synchronous; callers run it inside one Effect.sync/suspend step)
+
+  const laneOf = (job: SimJob): Array<SimJob> => {
+    let queueLanes = lanes.get(job.queue)
+    if (queueLanes === undefined) {
+      queueLanes = new Map()
+      lanes.set(job.queue, queueLanes)
+    }
+    let lane = queueLanes.get(job.priority)
+    if (lane === undefined) {
+      lane = []
+      queueLanes.set(job.priority, lane)
+    }
+    return lane
+  }
+
+  /**
+   * Positions come from one global increasing counter, so appending keeps a lane in position order:
+   * entering a lane is taking the next position.
+   */
+  const enterLane = (job: SimJob) => {
+    laneOf(job).push(job)
+  }
+
+  const leaveLane = (job: SimJob) => {
+    const lane = laneOf(job)
+    const index = lane.indexOf(job)
+    if (index >= 0) lane.splice(index, 1)
+  }
+
+  /** Makes the unique key follow the job's state: held while the state is in the mask. */
+  const syncKey = (job: SimJob) => {
+    const key = job.uniqueKey
+    if (key === undefined) return
+    if (maskHas(job.uniqueStates, job.state)) {
+      if (!keys.has(key)) keys.set(key, job)
+    } else if (keys.get(key) === job) {
+      keys.delete(key)
+    }
+  }
+
+  /** Another job holding the key `job` would need in state `to`, if any. */
+  const blocker = (job: SimJob, to: JobState): SimJob | undefined => {
+    if (job.uniqueKey === undefined || !maskHas(job.uniqueStates, to)) return undefined
+    const holder = keys.get(job.uniqueKey)
+    return holder !== undefined && holder !== job ? holder : undefined
+  }
+
+  /** Moves a job to `to`; lane membership and its unique key follow. Callers check `blocker` first. */
+  const transition = (job: SimJob, to: JobState) => {
+    if (job.state === "available") leaveLane(job)
+    job.state = to
+    if (to === "available") enterLane(job)
+    syncKey(job)
+  }
+
+  const appendError = (job: SimJob, entry: ErrorEntry) => {
+    job.errors.push(entry)
+    if (job.errors.length > maxErrorEntries) job.errors.splice(0, job.errors.length - maxErrorEntries)
+  }
+
+  const closeAttempt = (job: SimJob) => {
+    job.claimedAt = null
+    job.deadlineAt = null
+    job.heartbeatAt = null
+  }
+
+  const finish = (job: SimJob, to: "completed" | "failed" | "cancelled", now: number): JobState => {
+    if (job.state === "running") closeAttempt(job)
+    job.finalizedAt = now
+    transition(job, to)
+    return to
+  }
+
+  const cancel = (job: SimJob, reason: string, now: number): JobState => {
+    appendError(job, { error: `cancelled: ${reason}`, attempt: job.attempt, at: iso(now) })
+    return finish(job, "cancelled", now)
+  }
+
+  /** A job re-entering its mask while a newer job holds the key gives way (capabilities.md §4). */
+  const supersede = (job: SimJob, holder: SimJob, now: number): JobState =>
+    cancel(job, `superseded by duplicate ${holder.id}`, now)
+
+  /** Sends a job to `scheduled`/`retryable` at `runAt`, unless that would take a held key. */
+  const defer = (job: SimJob, to: "scheduled" | "retryable", runAt: number, now: number): JobState => {
+    const holder = blocker(job, to)
+    if (holder !== undefined) return supersede(job, holder, now)
+    if (to === "scheduled") job.attempt -= 1
+    closeAttempt(job)
+    job.runAt = runAt
+    transition(job, to)
+    return to
+  }
+
+  /** Applies an outcome to an open attempt; returns the job's new state. */
+  const applyOutcome = (job: SimJob, outcome: Outcome, now: number): JobState => {
+    switch (outcome._tag) {
+      case "Complete":
+        job.progressJson = null
+        return finish(job, "completed", now)
+      case "Cancel":
+        return cancel(job, outcome.reason, now)
+      case "Fail":
+        appendError(job, { error: outcome.error, attempt: job.attempt, at: iso(now), terminal: true })
+        return finish(job, "failed", now)
+      case "Retry":
+        // the entry that exhausts the attempts is marked terminal, as in Postgres
+        appendError(job, {
+          error: outcome.error,
+          attempt: job.attempt,
+          at: iso(now),
+          ...(job.attempt >= job.maxAttempts ? { terminal: true } : {})
+        })
+        return job.attempt >= job.maxAttempts
+          ? finish(job, "failed", now)
+          : defer(job, "retryable", now + outcome.delayMs, now)
+      case "Snooze":
+        return defer(job, "scheduled", now + outcome.delayMs, now)
+    }
+  }
+
+  /** The job whose attempt `token` names, if that attempt is still open. */
+  const openAttempt = (token: AttemptToken): SimJob | undefined => {
+    const job = jobs.get(token.jobId)
+    return job !== undefined && job.state === "running" && job.runLease === token.runLease ? job : undefined
+  }
+
+  const errorsOf = (job: SimJob): ReadonlyArray<ErrorEntry> => job.errors.map((entry) => ({ ...entry }))
+
+  const view = (job: SimJob): JobView => ({
+    id: job.id,
+    kind: job.kind,
+    queue: job.queue,
+    priority: job.priority,
+    state: job.state,
+    attempt: job.attempt,
+    maxAttempts: job.maxAttempts,
+    runLease: job.runLease,
+    args: JSON.parse(job.argsJson),
+    metadata: JSON.parse(job.metadataJson),
+    tags: [...job.tags],
+    errors: errorsOf(job),
+    progress: job.progressJson === null ? null : JSON.parse(job.progressJson),
+    runAt: new Date(job.runAt),
+    createdAt: new Date(job.createdAt),
+    finalizedAt: isTerminal(job.state) && job.finalizedAt !== null ? new Date(job.finalizedAt) : null
+  })
+
+  const claimed = (job: SimJob, now: number): ClaimedJob => ({
+    jobId: job.id,
+    runLease: job.runLease,
+    kind: job.kind,
+    queue: job.queue,
+    priority: job.priority,
+    attempt: job.attempt,
+    maxAttempts: job.maxAttempts,
+    args: JSON.parse(job.argsJson),
+    metadata: JSON.parse(job.metadataJson),
+    tags: [...job.tags],
+    errors: errorsOf(job),
+    runAt: new Date(job.runAt),
+    createdAt: new Date(job.createdAt),
+    claimedAt: new Date(now),
+    deadlineAt: job.deadlineAt === null ? null : new Date(job.deadlineAt)
+  })
+
+  const notFound = (jobId: JobId) => Effect.fail(new JobNotFound({ jobId }))
+
+  // ---------------------------------------------------------------------------------------------
+  // Operations
+
+  const enqueueMany = Effect.fnUntraced(function* (newJobs: ReadonlyArray<NewJob>) {
+    const now = yield* Clock.currentTimeMillis
+    const checked: Array<CheckedJob> = []
+    for (const job of newJobs) checked.push(yield* checkNewJob(job, { nowMillis: now }))
+    return yield* Effect.suspend(() => {
+      const planned = checked.map((job, i): SimJob => {
+        const runAt = job.runAt?.getTime() ?? now
+        return {
+          id: nextId + BigInt(i),
+          kind: job.kind,
+          queue: job.queue,
+          priority: job.priority,
+          maxAttempts: job.maxAttempts,
+          argsJson: job.argsJson,
+          metadataJson: job.metadataJson,
+          tags: [...job.tags],
+          createdAt: now,
+          uniqueKey: job.uniqueKey === undefined ? undefined : UniqueKey.toHex(job.uniqueKey),
+          uniqueStates: job.uniqueStates,
+          state: runAt > now ? "scheduled" : "available",
+          attempt: 0,
+          runLease: 0n,
+          runAt,
+          errors: [],
+          progressJson: null,
+          claimedAt: null,
+          deadlineAt: null,
+          heartbeatAt: null,
+          finalizedAt: null
+        }
+      })
+      const batchKeys = new Map<string, SimJob>()
+      for (const job of planned) {
+        if (job.uniqueKey === undefined || !maskHas(job.uniqueStates, job.state)) continue
+        const holder = keys.get(job.uniqueKey) ?? batchKeys.get(job.uniqueKey)
+        if (holder !== undefined) {
+          return Effect.fail(new UniqueConflict({ key: job.uniqueKey, existingJobId: holder.id }))
+        }
+        batchKeys.set(job.uniqueKey, job)
+      }
+      nextId += BigInt(planned.length)
+      for (const job of planned) {
+        jobs.set(job.id, job)
+        if (job.state === "available") enterLane(job)
+        syncKey(job)
+      }
+      return Effect.succeed(
+        planned.map(
+          (job): EnqueuedJob => ({ id: job.id, state: job.state as EnqueuedJob["state"], queue: job.queue })
+        )
+      )
+    })
+  })
+
+  const claim = Effect.fnUntraced(function* (params: ClaimParams) {
+    const queue = yield* checkQueueName(params.queue)
+    yield* checkInteger("max", params.max, 0, maxClaimBatch)
+    const max = params.max
+    const now = yield* Clock.currentTimeMillis
+    return yield* Effect.sync((): ReadonlyArray<ClaimedJob> => {
+      const queueLanes = lanes.get(queue)
+      if (max === 0 || paused.has(queue) || queueLanes === undefined) return []
+      const order = [...queueLanes.entries()]
+        .filter(([, lane]) => lane.length > 0)
+        .map(([priority, lane]) => ({
+          priority,
+          lane,
+          headRunAt: lane[0]!.runAt,
+          effective: Backoff.effectivePriority(priority, now - lane[0]!.runAt, params.agingIntervalMs)
+        }))
+        .sort((a, b) => a.effective - b.effective || a.headRunAt - b.headRunAt || a.priority - b.priority)
+      const out: Array<ClaimedJob> = []
+      for (const { lane } of order) {
+        while (out.length < max && lane.length > 0) {
+          const job = lane[0]!
+          const holder = blocker(job, "running")
+          if (holder !== undefined) {
+            supersede(job, holder, now)
+            continue
+          }
+          job.runLease += 1n
+          job.attempt += 1
+          job.claimedAt = now
+          job.deadlineAt = params.deadlineMs > 0 ? now + params.deadlineMs : null
+          job.heartbeatAt = null
+          transition(job, "running")
+          out.push(claimed(job, now))
+        }
+        if (out.length >= max) break
+      }
+      return out
+    })
+  })
+
+  const finalizeMany = Effect.fnUntraced(function* (items: ReadonlyArray<FinalizeItem>) {
+    yield* checkFinalizeItems(items)
+    const now = yield* Clock.currentTimeMillis
+    return yield* Effect.sync(() =>
+      items.map((item): FinalizeResult => {
+        const job = openAttempt(item)
+        return job === undefined
+          ? { _tag: "Stale" }
+          : { _tag: "Applied", state: applyOutcome(job, item.outcome, now) }
+      })
+    )
+  })
+
+  const heartbeatMany = Effect.fnUntraced(function* (items: ReadonlyArray<HeartbeatItem>) {
+    const now = yield* Clock.currentTimeMillis
+    return yield* Effect.sync(() => {
+      const notOpen: Array<AttemptToken> = []
+      for (const item of items) {
+        const job = openAttempt(item)
+        if (job === undefined) {
+          notOpen.push({ jobId: item.jobId, runLease: item.runLease })
+          continue
+        }
+        job.heartbeatAt = now
+        if (item.progress !== undefined) job.progressJson = JSON.stringify(item.progress)
+      }
+      return notOpen as ReadonlyArray<AttemptToken>
+    })
+  })
+
+  const promoteDue = Effect.fnUntraced(function* (limit: number) {
+    const now = yield* Clock.currentTimeMillis
+    return yield* Effect.sync(() => {
+      const due = [...jobs.values()]
+        .filter((job) => (job.state === "scheduled" || job.state === "retryable") && job.runAt <= now)
+        .sort((a, b) => a.runAt - b.runAt || (a.id < b.id ? -1 : 1))
+        .slice(0, Math.max(0, Math.floor(limit)))
+      for (const job of due) {
+        const holder = blocker(job, "available")
+        if (holder !== undefined) supersede(job, holder, now)
+        else transition(job, "available")
+      }
+      return due.length
+    })
+  })
+
+  const rescue = (
+    reason: RescuedAttempt["reason"],
+    isDue: (job: SimJob, now: number) => boolean,
+    sortKey: (job: SimJob) => number,
+    limit: number
+  ) =>
+    Effect.gen(function* () {
+      const now = yield* Clock.currentTimeMillis
+      const random = yield* Random.Random
+      return yield* Effect.sync(() =>
+        [...jobs.values()]
+          .filter((job) => job.state === "running" && isDue(job, now))
+          .sort((a, b) => sortKey(a) - sortKey(b) || (a.id < b.id ? -1 : 1))
+          .slice(0, Math.max(0, Math.floor(limit)))
+          .map((job): RescuedAttempt => {
+            const token = { jobId: job.id, runLease: job.runLease }
+            const delayMs = Backoff.defaultBackoffMs(job.attempt, random.nextDoubleUnsafe())
+            const state = applyOutcome(job, { _tag: "Retry", delayMs, error: rescuedError[reason] }, now)
+            return { ...token, reason, state }
+          })
+      )
+    })
+
+  const rescueStale = (params: RescueParams) =>
+    rescue(
+      "stale_heartbeat",
+      (job, now) => Math.max(job.claimedAt!, job.heartbeatAt ?? job.claimedAt!) < now - params.stalenessMs,
+      (job) => job.claimedAt!,
+      params.limit
+    )
+
+  const rescueDeadlines = (limit: number) =>
+    rescue(
+      "deadline_exceeded",
+      (job, now) => job.deadlineAt !== null && job.deadlineAt < now,
+      (job) => job.deadlineAt!,
+      limit
+    )
+
+  const pruneHistory = Effect.fnUntraced(function* (retention: RetentionParams) {
+    const now = yield* Clock.currentTimeMillis
+    return yield* Effect.sync((): PruneOutcome => {
+      let deleted = 0
+      for (const job of jobs.values()) {
+        const keepMs = retentionOf(retention, job.state)
+        if (keepMs === undefined || job.finalizedAt === null || job.finalizedAt >= now - keepMs) continue
+        jobs.delete(job.id)
+        if (job.uniqueKey !== undefined && keys.get(job.uniqueKey) === job) keys.delete(job.uniqueKey)
+        deleted++
+      }
+      if (deleted === 0) return { _tag: "Noop" }
+      historyGeneration += 1n
+      return { _tag: "Pruned", generation: historyGeneration, carried: 0 }
+    })
+  })
+
+  const getJob = (id: JobId) =>
+    Effect.suspend(() => {
+      const job = jobs.get(id)
+      return job === undefined ? notFound(id) : Effect.succeed(view(job))
+    })
+
+  const listJobs = Effect.fnUntraced(function* (filter: ListFilter) {
+    yield* checkListLimit(filter)
+    const limit = filter.limit ?? defaultListLimit
+    return yield* Effect.sync(() => {
+      const out: Array<JobView> = []
+      for (const job of [...jobs.values()].reverse()) {
+        if (out.length >= limit) break
+        if (filter.before !== undefined && job.id >= filter.before) continue
+        if (filter.queue !== undefined && job.queue !== filter.queue) continue
+        if (filter.kind !== undefined && job.kind !== filter.kind) continue
+        if (filter.state !== undefined && job.state !== filter.state) continue
+        if (filter.tag !== undefined && !job.tags.includes(filter.tag)) continue
+        out.push(view(job))
+      }
+      return out as ReadonlyArray<JobView>
+    })
+  })
+
+  const countByQueueState = Effect.sync((): ReadonlyArray<QueueStateCount> => {
+    const counts = new Map<string, { queue: string; state: JobState; count: number }>()
+    for (const job of jobs.values()) {
+      const key = `${job.queue}\u0000${job.state}`
+      const entry = counts.get(key)
+      if (entry === undefined) counts.set(key, { queue: job.queue, state: job.state, count: 1 })
+      else entry.count++
+    }
+    return [...counts.values()].sort(
+      (a, b) =>
+        CanonicalJson.compareUtf8(a.queue, b.queue) || (a.state < b.state ? -1 : a.state > b.state ? 1 : 0)
+    )
+  })
+
+  const cancelJob = (id: JobId, reason: string) =>
+    Effect.flatMap(Clock.currentTimeMillis, (now) =>
+      Effect.suspend((): Effect.Effect<JobView, JobNotFound | InvalidTransition> => {
+        const job = jobs.get(id)
+        if (job === undefined) return notFound(id)
+        if (isTerminal(job.state)) {
+          return Effect.fail(new InvalidTransition({ jobId: id, from: job.state, action: "cancel" }))
+        }
+        // Unclaimed, deferred or running alike: a running attempt closes exactly like a `Cancel` outcome.
+        cancel(job, reason, now)
+        return Effect.succeed(view(job))
+      })
+    )
+
+  const retryJob = (id: JobId) =>
+    Effect.flatMap(Clock.currentTimeMillis, (now) =>
+      Effect.suspend((): Effect.Effect<JobView, JobNotFound | InvalidTransition | UniqueConflict> => {
+        const job = jobs.get(id)
+        if (job === undefined) return notFound(id)
+        if (job.state !== "failed" && job.state !== "cancelled") {
+          return Effect.fail(new InvalidTransition({ jobId: id, from: job.state, action: "retry" }))
+        }
+        const holder = blocker(job, "available")
+        if (holder !== undefined) {
+          return Effect.fail(new UniqueConflict({ key: job.uniqueKey!, existingJobId: holder.id }))
+        }
+        job.attempt = 0
+        job.runAt = now
+        job.finalizedAt = null
+        transition(job, "available")
+        return Effect.succeed(view(job))
+      })
+    )
+
+  const pauseQueue = (queue: string) =>
+    Effect.flatMap(checkQueueName(queue), (name) => Effect.sync(() => void paused.add(name)))
+
+  const resumeQueue = (queue: string) =>
+    Effect.flatMap(checkQueueName(queue), (name) => Effect.sync(() => void paused.delete(name)))
+
+  const status: StorageStatus = { generation: 0n, slot: 0, oldestUnpruned: null, historyGeneration: 0n }
+
+  return QueueStorage.of({
+    enqueueMany,
+    claim,
+    finalizeMany,
+    heartbeatMany,
+    promoteDue,
+    rescueStale,
+    rescueDeadlines,
+    rotate: Effect.succeed("SkippedIdle"),
+    prune: () => Effect.succeed({ _tag: "Noop" }),
+    rotateHistory: () => Effect.succeed("SkippedIdle"),
+    pruneHistory,
+    getJob,
+    listJobs,
+    countByQueueState,
+    cancelJob,
+    retryJob,
+    pauseQueue,
+    resumeQueue,
+    status: Effect.succeed(status)
+  })
+})
+
+/** `QueueStorage` in memory; each build of the layer starts with an empty store. */
+export const layer: Layer.Layer<QueueStorage> = Layer.effect(QueueStorage, make)

@@ -1,0 +1,42 @@
+/**
+ * Checks both storage layers run on their inputs before touching state, so Postgres and the
+ * simulation reject exactly the same calls with the same `ValidationError`.
+ */
+import { ValidationError } from "@awa/core"
+import { Effect } from "effect"
+import type { FinalizeItem, ListFilter } from "./QueueStorage.ts"
+
+/** Largest delay an outcome may ask for (capabilities.md §3: 0 ms – 30 days). */
+export const maxDelayMs = 30 * 24 * 60 * 60 * 1000
+
+/** Longest error message or cancel reason stored (capabilities.md §3: 4 KiB). */
+export const maxErrorMessageLength = 4096
+
+/** Largest claim batch. */
+export const maxClaimBatch = 100_000
+
+export const defaultListLimit = 100
+export const maxListLimit = 1000
+
+export const checkInteger = (field: string, value: number, min: number, max: number) =>
+  Number.isInteger(value) && value >= min && value <= max
+    ? Effect.void
+    : Effect.fail(new ValidationError({ field, reason: `must be an integer ${min}–${max} (got ${value})` }))
+
+/** Delays of retry and snooze outcomes must be whole milliseconds, 0 – 30 days. */
+export const checkFinalizeItems = (
+  items: ReadonlyArray<FinalizeItem>
+): Effect.Effect<void, ValidationError> =>
+  Effect.forEach(
+    items,
+    (item, i) => {
+      const o = item.outcome
+      return o._tag === "Retry" || o._tag === "Snooze"
+        ? checkInteger(`items[${i}].delayMs`, o.delayMs, 0, maxDelayMs)
+        : Effect.void
+    },
+    { discard: true }
+  )
+
+export const checkListLimit = (filter: ListFilter) =>
+  checkInteger("limit", filter.limit ?? defaultListLimit, 1, maxListLimit)
