@@ -1,6 +1,8 @@
 export * from "./AwaError.ts"
 export * as Backoff from "./Backoff.ts"
 export * as CanonicalJson from "./CanonicalJson.ts"
+export * as Job from "./Job.ts"
 export * from "./JobState.ts"
 export * from "./NewJob.ts"
+export * as Traceparent from "./Traceparent.ts"
 export * as UniqueKey from "./UniqueKey.ts"

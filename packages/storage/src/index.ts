@@ -1,4 +1,6 @@
+export * as LeaderLock from "./LeaderLock.ts"
 export * as PgQueueStorage from "./PgQueueStorage.ts"
 export * from "./QueueStorage.ts"
 export * as SimQueueStorage from "./SimQueueStorage.ts"
 export * as StorageChecks from "./StorageChecks.ts"
+export * as StorageSignals from "./StorageSignals.ts"

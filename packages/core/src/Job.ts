@@ -1,0 +1,93 @@
+/**
+ * Job definitions, handler results and handler errors (capability 3).
+ *
+ * A job is declared once with a kind and an `effect/Schema` for its args; the same definition
+ * types the producer (`AwaClient.insert`) and the handler. Args are stored in their *encoded*
+ * form, so a Schema with transformations round-trips through the database.
+ */
+import { type Duration, Schema } from "effect"
+import type { UniqueOptions } from "./NewJob.ts"
+
+/** Per-insert options; a job definition's `defaults` use the same shape. */
+export interface InsertOptions {
+  /** Default: the definition's queue, else `"default"`. */
+  readonly queue?: string | undefined
+  /** 1 (highest) – 4. Default 2. */
+  readonly priority?: number | undefined
+  /** 1–1000. Default 25. */
+  readonly maxAttempts?: number | undefined
+  /** Run at this instant (producer clock). Takes precedence over `delay`. */
+  readonly runAt?: Date | undefined
+  /** Run after this long (producer clock). */
+  readonly delay?: Duration.Input | undefined
+  readonly metadata?: Readonly<Record<string, unknown>> | undefined
+  /** At most 20, each 1–100 characters. */
+  readonly tags?: ReadonlyArray<string> | undefined
+  readonly unique?: UniqueOptions | undefined
+}
+
+export interface JobDefinition<A, I = A> {
+  readonly kind: string
+  readonly args: Schema.Codec<A, I>
+  readonly defaults: InsertOptions
+  /** Custom backoff after `attempt` failed attempts; default `2^attempt` s + jitter, capped at 24 h. */
+  readonly backoff: ((attempt: number) => Duration.Input) | undefined
+}
+
+export interface DefineOptions<A, I> {
+  /** 1–200 characters, no NUL. */
+  readonly kind: string
+  readonly args: Schema.Codec<A, I>
+  readonly queue?: string | undefined
+  readonly defaults?: InsertOptions | undefined
+  readonly backoff?: ((attempt: number) => Duration.Input) | undefined
+}
+
+/** Declares a job kind. Checks run where the definition is used (insert, worker layer). */
+export const define = <A, I>(options: DefineOptions<A, I>): JobDefinition<A, I> => ({
+  kind: options.kind,
+  args: options.args,
+  defaults: { ...options.defaults, ...(options.queue === undefined ? {} : { queue: options.queue }) },
+  backoff: options.backoff
+})
+
+/**
+ * CamelCase → snake_case kind names: `SMTPEmail` → `smtp_email`, `OAuthRefresh` → `o_auth_refresh`,
+ * `HTMLToPDF` → `html_to_pdf`, `ProcessV2Import` → `process_v2_import`.
+ */
+export const deriveKind = (typeName: string): string =>
+  typeName
+    .replace(/([A-Z]+)([A-Z][a-z])/g, "$1_$2")
+    .replace(/([a-z0-9])([A-Z])/g, "$1_$2")
+    .toLowerCase()
+
+/** What a handler's attempt came to; a handler returning `void` completed. */
+export type JobResult =
+  | { readonly _tag: "Completed" }
+  /** A failure with a chosen delay: consumes an attempt. */
+  | { readonly _tag: "RetryAfter"; readonly delay: Duration.Input; readonly reason: string }
+  /** Not a failure: run again after `delay`; the attempt is not counted. */
+  | { readonly _tag: "Snooze"; readonly delay: Duration.Input }
+  | { readonly _tag: "Cancel"; readonly reason: string }
+
+export const JobResult = {
+  completed: { _tag: "Completed" } as JobResult,
+  retryAfter: (delay: Duration.Input, reason = "retry requested"): JobResult => ({
+    _tag: "RetryAfter",
+    delay,
+    reason
+  }),
+  snooze: (delay: Duration.Input): JobResult => ({ _tag: "Snooze", delay }),
+  cancel: (reason: string): JobResult => ({ _tag: "Cancel", reason })
+} as const
+
+/** Fails the job now, whatever attempts remain. */
+export class JobTerminalError extends Schema.TaggedError<JobTerminalError>()("JobTerminalError", {
+  message: Schema.String
+}) {}
+
+/** A retryable failure with a message (any other error in the handler's error channel is retryable too). */
+export class JobRetryableError extends Schema.TaggedError<JobRetryableError>()("JobRetryableError", {
+  message: Schema.String,
+  cause: Schema.optional(Schema.Unknown)
+}) {}

@@ -1,0 +1,100 @@
+/**
+ * Leader election and maintenance duties (capability 8).
+ *
+ * Every worker runs the election loop; the one holding the `LeaderLock` runs the duties, each on
+ * its own fiber and schedule, in a scope closed the moment leadership is lost (lock connection
+ * gone) or the worker stops. A slow duty never blocks another. Leadership is exposed as a
+ * `SubscriptionRef<boolean>`.
+ *
+ * Duties are safe even if two processes briefly both believe they lead (split brain while a
+ * lost connection is noticed): rotate/prune take the ring serializer, promotion skips locked
+ * rows, rescue takes per-attempt locks.
+ */
+import { LeaderLock, QueueStorage, type RetentionParams } from "@awa/storage"
+import { Effect, Option, Schedule, SubscriptionRef } from "effect"
+
+export interface MaintenanceConfig {
+  readonly electionIntervalMs: number
+  readonly promoteIntervalMs: number
+  readonly promoteBatch: number
+  readonly rescueIntervalMs: number
+  readonly rescueBatch: number
+  readonly heartbeatStalenessMs: number
+  readonly rotateIntervalMs: number
+  readonly historyIntervalMs: number
+  readonly retention: RetentionParams
+}
+
+/** Runs `task` every `intervalMs` for as long as the enclosing scope lives; failures are logged. */
+const every = (name: string, intervalMs: number, task: Effect.Effect<unknown, unknown>) =>
+  task.pipe(
+    Effect.catchCause((cause) => Effect.logWarning(`maintenance duty ${name} failed`, cause)),
+    Effect.repeat(Schedule.spaced(intervalMs)),
+    Effect.annotateLogs({ module: "Leader", duty: name }),
+    Effect.forkScoped
+  )
+
+export const duties = Effect.fnUntraced(function* (config: MaintenanceConfig) {
+  const storage = yield* QueueStorage
+  const historyRotateAgeMs = Math.max(
+    60_000,
+    Math.ceil(
+      Math.max(config.retention.completedMs, config.retention.failedMs, config.retention.cancelledMs) / 30
+    )
+  )
+  // Promotion drains in batches until a batch comes back short.
+  const promote = Effect.gen(function* () {
+    for (let i = 0; i < 32; i++)
+      if ((yield* storage.promoteDue(config.promoteBatch)) < config.promoteBatch) return
+  })
+  const rotateAndPrune = Effect.gen(function* () {
+    yield* storage.rotate
+    for (let i = 0; i < 16; i++) if ((yield* storage.prune(config.retention))._tag !== "Pruned") return
+  })
+  const history = Effect.gen(function* () {
+    yield* storage.rotateHistory(historyRotateAgeMs)
+    yield* storage.pruneHistory(config.retention)
+  })
+  yield* every("promote", config.promoteIntervalMs, promote)
+  yield* every(
+    "rescue-stale",
+    config.rescueIntervalMs,
+    storage.rescueStale({ stalenessMs: config.heartbeatStalenessMs, limit: config.rescueBatch })
+  )
+  yield* every("rescue-deadline", config.rescueIntervalMs, storage.rescueDeadlines(config.rescueBatch))
+  yield* every("rotate-prune", config.rotateIntervalMs, rotateAndPrune)
+  yield* every("history", config.historyIntervalMs, history)
+})
+
+/**
+ * The election loop: try to take the lock every election interval; while held, check it every
+ * interval and run the duties; on loss, stop them and try again.
+ */
+export const run = Effect.fnUntraced(function* (
+  config: MaintenanceConfig,
+  isLeader: SubscriptionRef.SubscriptionRef<boolean>
+) {
+  const lock = yield* LeaderLock.LeaderLock
+  // One term of office: its scope holds the lock's connection and the duty fibers; closing it
+  // (loss, interruption) stops the duties and releases the lock.
+  const term = Effect.scoped(
+    Effect.gen(function* () {
+      const acquired = yield* lock.tryAcquire.pipe(Effect.catchCause(() => Effect.succeed(Option.none())))
+      if (Option.isNone(acquired)) return
+      yield* Effect.addFinalizer(() => SubscriptionRef.set(isLeader, false))
+      yield* SubscriptionRef.set(isLeader, true)
+      yield* Effect.logInfo("became maintenance leader")
+      yield* duties(config)
+      yield* acquired.value.check.pipe(
+        Effect.andThen(Effect.sleep(config.electionIntervalMs)),
+        Effect.forever,
+        Effect.catchCause((cause) => Effect.logWarning("lost maintenance leadership", cause))
+      )
+    })
+  )
+  return yield* term.pipe(
+    Effect.andThen(Effect.sleep(config.electionIntervalMs)),
+    Effect.forever,
+    Effect.annotateLogs({ module: "Leader" })
+  )
+})

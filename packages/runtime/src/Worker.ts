@@ -1,0 +1,351 @@
+/**
+ * The worker: a scoped layer that claims and runs jobs of its queues (capability 7), heartbeats
+ * its long attempts (6), interrupts attempts closed elsewhere, and takes part in leader election
+ * for maintenance (8).
+ *
+ * **Shutdown** Closing the layer's scope (or SIGINT/SIGTERM under `NodeRuntime.runMain`) stops
+ * the dispatchers, lets in-flight handlers finish for up to `shutdownTimeout`, then interrupts
+ * the rest (each records a retry), flushes pending finalizations and releases the leader lock.
+ * Anything that could not be finalized stays open in storage and is rescued later.
+ */
+import { monitorEventLoopDelay } from "node:perf_hooks"
+import { AwaConfigError, checkQueueName } from "@awa/core"
+import { type LeaderLock, QueueStorage, StorageSignals } from "@awa/storage"
+import { Clock, Context, Duration, Effect, FiberSet, Layer, Schedule, Stream, SubscriptionRef } from "effect"
+import * as CompletionBatcher from "./CompletionBatcher.ts"
+import * as Dispatcher from "./Dispatcher.ts"
+import * as Executor from "./Executor.ts"
+import type { Handler } from "./Handler.ts"
+import * as Leader from "./Leader.ts"
+
+export interface QueueOptions {
+  /** Handlers of this queue running at once. Default 10 (1–10,000). */
+  readonly maxConcurrency?: number | undefined
+  /** Claim at least this often without a wake-up. Default 200 ms (10 ms – 1 min). */
+  readonly pollInterval?: Duration.Input | undefined
+  /** Hard deadline per attempt; 0 = none. Default 5 min (0, or 10 ms – 7 days). */
+  readonly deadline?: Duration.Input | undefined
+  /** One priority level gained per interval waited; 0 disables. Default 60 s. */
+  readonly priorityAgingInterval?: Duration.Input | undefined
+}
+
+export interface MaintenanceOptions {
+  readonly electionInterval?: Duration.Input | undefined
+  readonly promoteInterval?: Duration.Input | undefined
+  readonly rescueInterval?: Duration.Input | undefined
+  readonly rotateInterval?: Duration.Input | undefined
+  readonly historyInterval?: Duration.Input | undefined
+  readonly completedRetention?: Duration.Input | undefined
+  readonly failedRetention?: Duration.Input | undefined
+  readonly cancelledRetention?: Duration.Input | undefined
+  readonly promoteBatch?: number | undefined
+  readonly rescueBatch?: number | undefined
+}
+
+export interface WorkerOptions<R> {
+  readonly queues: Readonly<Record<string, QueueOptions>>
+  readonly handlers: ReadonlyArray<Handler<R>>
+  /** Heartbeat of attempts older than one interval. Default 30 s (100 ms – 10 min). */
+  readonly heartbeatInterval?: Duration.Input | undefined
+  /** Attempts silent this long are rescued by the leader. Default 90 s; must exceed the interval. */
+  readonly heartbeatStaleness?: Duration.Input | undefined
+  /** How long shutdown waits for in-flight handlers before interrupting them. Default 30 s. */
+  readonly shutdownTimeout?: Duration.Input | undefined
+  /** A claimed job whose kind has no handler here: fail it (default) or retry it. */
+  readonly onUnknownKind?: "fail" | "retry" | undefined
+  /** Propagate the producer's trace context into handler spans. Default true. */
+  readonly tracing?: boolean | undefined
+  /** Event-loop delay that logs a stall warning. Default 1 s. */
+  readonly stallWarning?: Duration.Input | undefined
+  readonly completion?: CompletionBatcher.CompletionBatcherOptions | undefined
+  /** Take part in leader election and run maintenance when elected (default), or not (`false`). */
+  readonly maintenance?: MaintenanceOptions | false | undefined
+}
+
+export class Worker extends Context.Service<
+  Worker,
+  {
+    /** True while this worker holds the maintenance leadership. */
+    readonly isLeader: SubscriptionRef.SubscriptionRef<boolean>
+    /** Attempts running in this process. */
+    readonly running: Effect.Effect<number>
+  }
+>()("@awa/runtime/Worker") {}
+
+interface Issue {
+  readonly path: string
+  readonly reason: string
+}
+
+const day = 86_400_000
+
+/** Reads a duration option, recording an issue when it is not in range. */
+const durationMs = (
+  issues: Array<Issue>,
+  path: string,
+  input: Duration.Input | undefined,
+  fallback: number,
+  min: number,
+  max: number,
+  zeroAllowed = false
+): number => {
+  if (input === undefined) return fallback
+  const decoded = Duration.fromInput(input)
+  const ms = decoded._tag === "Some" ? Duration.toMillis(decoded.value) : Number.NaN
+  if (zeroAllowed && ms === 0) return 0
+  if (!(ms >= min && ms <= max))
+    issues.push({ path, reason: `must be ${zeroAllowed ? "0 or " : ""}${min} ms – ${max} ms` })
+  return ms
+}
+
+const integer = (
+  issues: Array<Issue>,
+  path: string,
+  value: number | undefined,
+  fallback: number,
+  min: number,
+  max: number
+) => {
+  if (value === undefined) return fallback
+  if (!(Number.isInteger(value) && value >= min && value <= max))
+    issues.push({ path, reason: `must be an integer ${min}–${max}` })
+  return value
+}
+
+/** Checks every option; all violations are reported together. */
+export const resolveConfig = <R>(options: WorkerOptions<R>) =>
+  Effect.gen(function* () {
+    const issues: Array<Issue> = []
+    const queues: Array<Dispatcher.DispatcherConfig> = []
+    for (const [queue, q] of Object.entries(options.queues)) {
+      const name = yield* Effect.result(checkQueueName(queue))
+      if (name._tag === "Failure") issues.push({ path: `queues.${queue}`, reason: name.failure.reason })
+      queues.push({
+        queue,
+        maxConcurrency: integer(issues, `queues.${queue}.maxConcurrency`, q.maxConcurrency, 10, 1, 10_000),
+        pollIntervalMs: durationMs(issues, `queues.${queue}.pollInterval`, q.pollInterval, 200, 10, 60_000),
+        deadlineMs: durationMs(issues, `queues.${queue}.deadline`, q.deadline, 300_000, 10, 7 * day, true),
+        agingIntervalMs: durationMs(
+          issues,
+          `queues.${queue}.priorityAgingInterval`,
+          q.priorityAgingInterval,
+          60_000,
+          1000,
+          day,
+          true
+        )
+      })
+    }
+    if (queues.length === 0) issues.push({ path: "queues", reason: "at least one queue is required" })
+    const kinds = new Set<string>()
+    for (const h of options.handlers) {
+      if (kinds.has(h.definition.kind))
+        issues.push({ path: `handlers.${h.definition.kind}`, reason: "declared twice" })
+      kinds.add(h.definition.kind)
+    }
+    const heartbeatIntervalMs = durationMs(
+      issues,
+      "heartbeatInterval",
+      options.heartbeatInterval,
+      30_000,
+      100,
+      600_000
+    )
+    const heartbeatStalenessMs = durationMs(
+      issues,
+      "heartbeatStaleness",
+      options.heartbeatStaleness,
+      90_000,
+      100,
+      day
+    )
+    if (heartbeatStalenessMs <= heartbeatIntervalMs) {
+      issues.push({ path: "heartbeatStaleness", reason: "must exceed heartbeatInterval" })
+    }
+    const m = options.maintenance === false ? undefined : (options.maintenance ?? {})
+    const maintenance: Leader.MaintenanceConfig | undefined =
+      m === undefined
+        ? undefined
+        : {
+            electionIntervalMs: durationMs(
+              issues,
+              "maintenance.electionInterval",
+              m.electionInterval,
+              5000,
+              10,
+              600_000
+            ),
+            promoteIntervalMs: durationMs(
+              issues,
+              "maintenance.promoteInterval",
+              m.promoteInterval,
+              250,
+              10,
+              600_000
+            ),
+            promoteBatch: integer(issues, "maintenance.promoteBatch", m.promoteBatch, 4096, 1, 100_000),
+            rescueIntervalMs: durationMs(
+              issues,
+              "maintenance.rescueInterval",
+              m.rescueInterval,
+              30_000,
+              10,
+              600_000
+            ),
+            rescueBatch: integer(issues, "maintenance.rescueBatch", m.rescueBatch, 500, 1, 10_000),
+            heartbeatStalenessMs,
+            rotateIntervalMs: durationMs(
+              issues,
+              "maintenance.rotateInterval",
+              m.rotateInterval,
+              1000,
+              10,
+              60_000
+            ),
+            historyIntervalMs: durationMs(
+              issues,
+              "maintenance.historyInterval",
+              m.historyInterval,
+              60_000,
+              10,
+              day
+            ),
+            retention: {
+              completedMs: durationMs(
+                issues,
+                "maintenance.completedRetention",
+                m.completedRetention,
+                day,
+                0,
+                365 * day,
+                true
+              ),
+              failedMs: durationMs(
+                issues,
+                "maintenance.failedRetention",
+                m.failedRetention,
+                3 * day,
+                0,
+                365 * day,
+                true
+              ),
+              cancelledMs: durationMs(
+                issues,
+                "maintenance.cancelledRetention",
+                m.cancelledRetention,
+                3 * day,
+                0,
+                365 * day,
+                true
+              )
+            }
+          }
+    const shutdownTimeoutMs = durationMs(
+      issues,
+      "shutdownTimeout",
+      options.shutdownTimeout,
+      30_000,
+      0,
+      day,
+      true
+    )
+    const stallWarningMs = durationMs(issues, "stallWarning", options.stallWarning, 1000, 1, 600_000)
+    if (issues.length > 0) return yield* new AwaConfigError({ issues })
+    return { queues, heartbeatIntervalMs, maintenance, shutdownTimeoutMs, stallWarningMs }
+  })
+
+export const make = Effect.fnUntraced(function* <R>(options: WorkerOptions<R>) {
+  const config = yield* resolveConfig(options)
+  const storage = yield* QueueStorage
+  const signals = yield* StorageSignals.StorageSignals
+  const isLeader = yield* SubscriptionRef.make(false)
+
+  // Finalizers run in reverse: dispatchers stop first, then the drain, then the FiberSet
+  // interrupts stragglers, and the batcher flushes last.
+  const batcher = yield* CompletionBatcher.make(options.completion)
+  const fibers = yield* FiberSet.make<unknown, unknown>()
+  yield* Effect.addFinalizer(() =>
+    FiberSet.awaitEmpty(fibers).pipe(Effect.timeoutOption(config.shutdownTimeoutMs), Effect.asVoid)
+  )
+  const executor = Executor.make<R>({
+    handlers: new Map(options.handlers.map((h) => [h.definition.kind, h])),
+    onUnknownKind: options.onUnknownKind ?? "fail",
+    batcher,
+    tracing: options.tracing ?? true
+  })
+  const dispatchers = new Map<string, Dispatcher.Dispatcher<R>>()
+  for (const queue of config.queues) {
+    const dispatcher = yield* Dispatcher.make(queue, fibers, executor.run)
+    dispatchers.set(queue.queue, dispatcher)
+    yield* Effect.forkScoped(dispatcher.loop)
+  }
+
+  // Wake-ups and cancel broadcasts; re-subscribes after a lost listener connection.
+  yield* signals.signals.pipe(
+    Stream.runForEach((signal) =>
+      signal._tag === "Wake"
+        ? (dispatchers.get(signal.queue)?.wake ?? Effect.void)
+        : executor.interrupt(signal.token.jobId, signal.token.runLease)
+    ),
+    Effect.catchCause((cause) => Effect.logWarning("notification listener lost; re-subscribing", cause)),
+    Effect.andThen(Effect.sleep(1000)),
+    Effect.forever,
+    Effect.annotateLogs({ module: "Worker", fiber: "listener" }),
+    Effect.forkScoped
+  )
+
+  // Heartbeats for attempts older than one interval; interrupts attempts closed elsewhere.
+  const heartbeat = Effect.gen(function* () {
+    const now = yield* Clock.currentTimeMillis
+    const due = [...executor.running.values()].filter((a) => now - a.startedAt >= config.heartbeatIntervalMs)
+    for (let i = 0; i < due.length; i += 500) {
+      const chunk = due.slice(i, i + 500)
+      const closed = yield* storage.heartbeatMany(
+        chunk.map((a) => ({ jobId: a.job.jobId, runLease: a.job.runLease, progress: a.progress }))
+      )
+      for (const token of closed) yield* executor.interrupt(token.jobId, token.runLease)
+    }
+  })
+  yield* heartbeat.pipe(
+    Effect.catchCause((cause) => Effect.logWarning("heartbeat failed", cause)),
+    Effect.repeat(Schedule.spaced(config.heartbeatIntervalMs)),
+    Effect.annotateLogs({ module: "Worker", fiber: "heartbeat" }),
+    Effect.forkScoped
+  )
+
+  // Event-loop stalls starve every fiber, heartbeats included: measure and warn.
+  const delay = monitorEventLoopDelay({ resolution: 20 })
+  delay.enable()
+  yield* Effect.addFinalizer(() => Effect.sync(() => delay.disable()))
+  yield* Effect.sync(() => {
+    const maxMs = delay.max / 1e6
+    delay.reset()
+    return maxMs
+  }).pipe(
+    Effect.flatMap((maxMs) =>
+      maxMs >= config.stallWarningMs
+        ? Effect.logWarning(
+            `event loop stalled for ${Math.round(maxMs)} ms; heartbeats and claims were delayed`
+          )
+        : Effect.void
+    ),
+    Effect.repeat(Schedule.spaced(Math.max(config.stallWarningMs, 1000))),
+    Effect.forkScoped
+  )
+
+  if (config.maintenance !== undefined) yield* Effect.forkScoped(Leader.run(config.maintenance, isLeader))
+
+  return Worker.of({
+    isLeader,
+    running: Effect.sync(() => executor.running.size)
+  })
+})
+
+/** The worker layer; `R` is what the handlers need, supplied by the application's layers. */
+export const layer = <R>(
+  options: WorkerOptions<R>
+): Layer.Layer<
+  Worker,
+  AwaConfigError,
+  QueueStorage | StorageSignals.StorageSignals | LeaderLock.LeaderLock | R
+> => Layer.effect(Worker, make(options))

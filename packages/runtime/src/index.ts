@@ -1,0 +1,5 @@
+export * as Awa from "./Awa.ts"
+export * as AwaClient from "./AwaClient.ts"
+export * as CompletionBatcher from "./CompletionBatcher.ts"
+export * as Handler from "./Handler.ts"
+export * as Worker from "./Worker.ts"

@@ -1,0 +1,67 @@
+/**
+ * Wake-ups and cancellations published by the storage engine, for the worker runtime.
+ *
+ * Postgres: `LISTEN awa_wake_<schema>` (payload: the queue name; sent on commit of an enqueue,
+ * promotion or operator retry) and `LISTEN awa_cancel_<schema>` (payload `<job_id>:<run_lease>`;
+ * sent after rescue or operator cancel of a running attempt). Each listener holds one pooled
+ * connection while the stream runs; the stream fails with the `SqlError` when that connection is
+ * lost, and the runtime re-subscribes.
+ *
+ * **Gotchas** Notifications are hints, not a log: one sent while nobody listens is lost. Workers
+ * therefore also poll, and heartbeat replies report attempts closed elsewhere. Close the stream
+ * before the pool: a listener still open when its pool closes made teardown hang
+ * (`@effect/sql-pg` 4.0.5).
+ */
+
+import { Migrations } from "@awa/sql"
+import { PgClient } from "@effect/sql-pg"
+import { Context, Effect, Layer, Stream } from "effect"
+import type { SqlError } from "effect/sql"
+import type { AttemptToken } from "./QueueStorage.ts"
+
+export type Signal =
+  | { readonly _tag: "Wake"; readonly queue: string }
+  | { readonly _tag: "Cancel"; readonly token: AttemptToken }
+
+export class StorageSignals extends Context.Service<
+  StorageSignals,
+  {
+    /** Runs until interrupted; fails when the listening connection is lost. */
+    readonly signals: Stream.Stream<Signal, SqlError.SqlError>
+  }
+>()("@awa/storage/StorageSignals") {}
+
+export const wakeChannel = (schema: string) => `awa_wake_${schema}`
+export const cancelChannel = (schema: string) => `awa_cancel_${schema}`
+
+const parseCancel = (payload: string): Array<Signal> => {
+  const [jobId, runLease] = payload.split(":")
+  if (jobId === undefined || runLease === undefined || !/^\d+$/.test(jobId) || !/^\d+$/.test(runLease))
+    return []
+  return [{ _tag: "Cancel", token: { jobId: BigInt(jobId), runLease: BigInt(runLease) } }]
+}
+
+/** LISTEN on both channels of `schema`. */
+export const layerPg = (options: { readonly schema?: string | undefined } = {}) =>
+  Layer.effect(
+    StorageSignals,
+    Effect.gen(function* () {
+      const sql = yield* PgClient.PgClient
+      const schema = yield* Migrations.checkSchemaName(options.schema ?? Migrations.defaultSchema)
+      const listen = (channel: string) => Stream.unwrap(Effect.map(sql.listen(channel), Stream.fromQueue))
+      const wakes = Stream.map(
+        listen(wakeChannel(schema)),
+        (n): Signal => ({ _tag: "Wake", queue: n.payload })
+      )
+      const cancels = Stream.flatMap(listen(cancelChannel(schema)), (n) =>
+        Stream.fromIterable(parseCancel(n.payload))
+      )
+      return StorageSignals.of({ signals: Stream.merge(wakes, cancels) })
+    })
+  )
+
+/** No notifications: workers rely on polling and heartbeat replies (the simulation layer). */
+export const layerSilent: Layer.Layer<StorageSignals> = Layer.succeed(
+  StorageSignals,
+  StorageSignals.of({ signals: Stream.never })
+)
