@@ -18,6 +18,9 @@ export interface DispatcherConfig {
   readonly agingIntervalMs: number
 }
 
+/** Longest wait for more capacity before claiming into a small free slot count. */
+const claimLingerMs = 2
+
 export interface Dispatcher<R> {
   /** Rings the doorbell: something may be claimable now. */
   readonly wake: Effect.Effect<void>
@@ -44,12 +47,23 @@ export const make = Effect.fnUntraced(function* <R>(
 
   const waitForWork = Queue.take(wakeBell).pipe(Effect.timeoutOption(config.pollIntervalMs), Effect.asVoid)
 
+  // Claiming one job per freed slot costs a round trip per job: with little capacity free, wait
+  // briefly for more to free up (or for the linger to pass) so claims come in batches.
+  const batchThreshold = Math.max(1, Math.floor(config.maxConcurrency / 4))
+  let lingered = false
+
   const claimOnce = Effect.gen(function* () {
     const free = config.maxConcurrency - (yield* Ref.get(inFlight))
     if (free <= 0) {
       yield* Queue.take(capacityBell)
       return
     }
+    if (free < batchThreshold && !lingered) {
+      lingered = true
+      yield* Queue.take(capacityBell).pipe(Effect.timeoutOption(claimLingerMs))
+      return
+    }
+    lingered = false
     const claimed = yield* storage
       .claim({
         queue: config.queue,
