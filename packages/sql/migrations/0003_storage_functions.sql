@@ -190,21 +190,24 @@ BEGIN
     RETURN;
   END IF;
   FOR v_lane IN
-    SELECT l.priority, l.shard
-    FROM lanes l
+    -- MATERIALIZED: one cursor computation per lane (inlined, it was re-evaluated per partition)
+    WITH cur AS MATERIALIZED (
+      SELECT l.queue, l.priority, l.shard, lane_cursor(l.queue, l.priority, l.shard) AS c
+      FROM lanes l WHERE l.queue = p_queue
+    )
+    SELECT cur.priority, cur.shard
+    FROM cur
     CROSS JOIN LATERAL (
       SELECT r.run_at FROM ready r
-      WHERE r.queue = l.queue AND r.priority = l.priority AND r.shard = l.shard
-        AND r.lane_seq >= lane_cursor(l.queue, l.priority, l.shard)
+      WHERE r.queue = cur.queue AND r.priority = cur.priority AND r.shard = cur.shard AND r.lane_seq >= cur.c
         AND NOT EXISTS (SELECT 1 FROM ready_tombstones t
                         WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard AND t.lane_seq = r.lane_seq)
       ORDER BY r.lane_seq LIMIT 1
     ) head
-    WHERE l.queue = p_queue
     ORDER BY CASE WHEN p_aging_ms > 0
-                  THEN greatest(1, l.priority - floor(extract(epoch FROM (v_now - head.run_at)) * 1000 / p_aging_ms))
-                  ELSE l.priority END,
-             head.run_at, l.priority, l.shard
+                  THEN greatest(1, cur.priority - floor(extract(epoch FROM (v_now - head.run_at)) * 1000 / p_aging_ms))
+                  ELSE cur.priority END,
+             head.run_at, cur.priority, cur.shard
   LOOP
     EXIT WHEN v_left <= 0;
     CONTINUE WHEN NOT pg_try_advisory_xact_lock(lock_ns('claim'), lane_key(p_queue, v_lane.priority, v_lane.shard));
@@ -740,12 +743,19 @@ $$;
 -- physically in the slot, whatever its generation.
 CREATE FUNCTION :AWA_SCHEMA.slot_has_unclaimed(p_slot int) RETURNS boolean
 LANGUAGE sql STABLE AS $$
+  -- one cursor per lane present in the slot (MATERIALIZED, so computed once), then an index
+  -- probe from that cursor
+  WITH cur AS MATERIALIZED (
+    SELECT l.queue, l.priority, l.shard, :AWA_SCHEMA.lane_cursor(l.queue, l.priority, l.shard) AS c
+    FROM (SELECT DISTINCT r.queue, r.priority, r.shard FROM :AWA_SCHEMA.ready r WHERE r.slot = p_slot) l
+  )
   SELECT EXISTS (
-    SELECT 1 FROM :AWA_SCHEMA.ready r
-    WHERE r.slot = p_slot
-      AND r.lane_seq >= :AWA_SCHEMA.lane_cursor(r.queue, r.priority, r.shard)
-      AND NOT EXISTS (SELECT 1 FROM :AWA_SCHEMA.ready_tombstones t
-                      WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard AND t.lane_seq = r.lane_seq))
+    SELECT 1 FROM cur
+    WHERE EXISTS (
+      SELECT 1 FROM :AWA_SCHEMA.ready r
+      WHERE r.slot = p_slot AND r.queue = cur.queue AND r.priority = cur.priority AND r.shard = cur.shard AND r.lane_seq >= cur.c
+        AND NOT EXISTS (SELECT 1 FROM :AWA_SCHEMA.ready_tombstones t
+                        WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard AND t.lane_seq = r.lane_seq)))
 $$;
 
 CREATE FUNCTION :AWA_SCHEMA.retention(p_state text, p_queue text, p_completed_ms bigint, p_failed_ms bigint, p_cancelled_ms bigint)
