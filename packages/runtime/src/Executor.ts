@@ -11,7 +11,7 @@
  *   attempt leaves the running registry (heartbeats) only after it.
  */
 import { Backoff, Job, Traceparent } from "@awa/core"
-import type { ClaimedJob, Outcome } from "@awa/storage"
+import type { AttemptToken, ClaimedJob, Outcome } from "@awa/storage"
 import { Cause, Clock, Duration, Effect, Exit, Fiber, Random, Schema, Tracer } from "effect"
 import type { CompletionBatcher } from "./CompletionBatcher.ts"
 import type { Handler, JobContext } from "./Handler.ts"
@@ -23,6 +23,11 @@ export interface ExecutorOptions<R> {
   readonly batcher: CompletionBatcher
   /** Propagate `awa:traceparent` into handler spans. Default true. */
   readonly tracing: boolean
+  /** Writes progress not yet carried by a heartbeat, before the outcome is submitted. */
+  readonly flushProgress: (
+    token: AttemptToken,
+    progress: Readonly<Record<string, unknown>>
+  ) => Effect.Effect<unknown, unknown>
 }
 
 /** An attempt running in this process. */
@@ -30,6 +35,8 @@ export interface RunningAttempt {
   readonly job: ClaimedJob
   readonly startedAt: number
   progress: Readonly<Record<string, unknown>> | undefined
+  /** Progress changed since the last heartbeat wrote it. */
+  progressDirty: boolean
   fiber: Fiber.Fiber<unknown, unknown> | undefined
   /** Set when the attempt was closed elsewhere: its outcome is not submitted. */
   closedElsewhere: boolean
@@ -125,6 +132,7 @@ export const make = <R>(options: ExecutorOptions<R>) => {
         setProgress: (progress) =>
           Effect.sync(() => {
             entry.progress = progress
+            entry.progressDirty = true
           })
       }
       const run = handler.run(args, ctx).pipe(Effect.onInterrupt(() => Effect.sync(() => controller.abort())))
@@ -173,6 +181,7 @@ export const make = <R>(options: ExecutorOptions<R>) => {
           job,
           startedAt: yield* Clock.currentTimeMillis,
           progress: undefined,
+          progressDirty: false,
           fiber: undefined,
           closedElsewhere: false
         }

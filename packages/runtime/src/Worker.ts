@@ -271,7 +271,8 @@ export const make = Effect.fnUntraced(function* <R>(options: WorkerOptions<R>) {
     handlers: new Map(options.handlers.map((h) => [h.definition.kind, h])),
     onUnknownKind: options.onUnknownKind ?? "fail",
     batcher,
-    tracing: options.tracing ?? true
+    tracing: options.tracing ?? true,
+    flushProgress: (token, progress) => Effect.asVoid(storage.heartbeatMany([{ ...token, progress }]))
   })
   const dispatchers = new Map<string, Dispatcher.Dispatcher<R>>()
   for (const queue of config.queues) {
@@ -297,11 +298,18 @@ export const make = Effect.fnUntraced(function* <R>(options: WorkerOptions<R>) {
   // Heartbeats for attempts older than one interval; interrupts attempts closed elsewhere.
   const heartbeat = Effect.gen(function* () {
     const now = yield* Clock.currentTimeMillis
-    const due = [...executor.running.values()].filter((a) => now - a.startedAt >= config.heartbeatIntervalMs)
+    // Older than half an interval: the first heartbeat comes within 1.5 intervals of the start,
+    // while jobs shorter than half an interval never write anything.
+    const due = [...executor.running.values()].filter(
+      (a) => now - a.startedAt >= config.heartbeatIntervalMs / 2
+    )
     for (let i = 0; i < due.length; i += 500) {
       const chunk = due.slice(i, i + 500)
       const closed = yield* storage.heartbeatMany(
-        chunk.map((a) => ({ jobId: a.job.jobId, runLease: a.job.runLease, progress: a.progress }))
+        chunk.map((a) => {
+          a.progressDirty = false
+          return { jobId: a.job.jobId, runLease: a.job.runLease, progress: a.progress }
+        })
       )
       for (const token of closed) yield* executor.interrupt(token.jobId, token.runLease)
     }

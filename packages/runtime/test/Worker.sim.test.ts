@@ -1,0 +1,212 @@
+/**
+ * The whole runtime on the deterministic simulation layer, with virtual time (`TestClock`):
+ * timings here are exact, not "eventually".
+ */
+import { Backoff, Job } from "@awa/core"
+import { QueueStorage } from "@awa/storage"
+import { assert, describe, it } from "@effect/vitest"
+import { Clock, Effect, Exit, Layer, Random, Schema, Scope } from "effect"
+import { TestClock } from "effect/testing"
+import * as Awa from "../src/Awa.ts"
+import { AwaClient } from "../src/AwaClient.ts"
+import { handler } from "../src/Handler.ts"
+import type { WorkerOptions } from "../src/Worker.ts"
+
+const Task = Job.define({ kind: "task", args: Schema.Struct({ n: Schema.Number }), queue: "sim" })
+
+/** Moves virtual time forward in small steps, letting every fiber run between steps. */
+const advance = (ms: number, stepMs = 10) =>
+  Effect.gen(function* () {
+    for (let t = 0; t < ms; t += stepMs) {
+      yield* TestClock.adjust(Math.min(stepMs, ms - t))
+      for (let i = 0; i < 5; i++) yield* Effect.yieldNow
+    }
+  })
+
+const maintenance = {
+  electionInterval: "100 millis",
+  promoteInterval: "100 millis",
+  rescueInterval: "1 second"
+} as const
+
+/** Starts a worker on the simulation layer in a scope the test closes. */
+const startWorker = <R>(options: WorkerOptions<R>) =>
+  Effect.gen(function* () {
+    const scope = yield* Scope.make()
+    yield* Layer.buildWithScope(Awa.worker(options), scope)
+    yield* advance(50)
+    return Scope.close(scope, Exit.void)
+  })
+
+const SimLive = Awa.layerSim()
+
+describe("Worker on the simulation layer", () => {
+  it.effect("retries follow the default backoff: 2^attempt s plus at most 25 % jitter", () =>
+    Effect.gen(function* () {
+      const starts: Array<number> = []
+      const stop = yield* startWorker({
+        queues: { sim: { pollInterval: "50 millis" } },
+        handlers: [
+          handler(Task, () =>
+            Effect.gen(function* () {
+              starts.push(yield* Clock.currentTimeMillis)
+              return yield* Effect.fail(new Job.JobRetryableError({ message: "always" }))
+            })
+          )
+        ],
+        maintenance
+      })
+      const client = yield* AwaClient
+      const job = yield* client.insert(Task, { n: 1 }, { maxAttempts: 4 })
+      yield* advance(30_000, 50)
+      assert.strictEqual(starts.length, 4)
+      const view = yield* client.storage.getJob(job.id)
+      assert.strictEqual(view.state, "failed")
+      // gap after attempt a: backoff(a) plus at most one promote interval and one poll interval
+      for (let a = 1; a < 4; a++) {
+        const gap = starts[a]! - starts[a - 1]!
+        const { min, max } = Backoff.backoffBounds(a)
+        assert.isAtLeast(gap, min, `gap after attempt ${a}`)
+        assert.isAtMost(gap, max + 100 + 50 + 20, `gap after attempt ${a}`)
+      }
+      yield* stop
+    }).pipe(Effect.provide(SimLive), Random.withSeed(7))
+  )
+
+  it.effect("a snoozed job runs again after its delay and keeps its attempt number", () =>
+    Effect.gen(function* () {
+      const starts: Array<{ at: number; attempt: number }> = []
+      const stop = yield* startWorker({
+        queues: { sim: { pollInterval: "50 millis" } },
+        handlers: [
+          handler(Task, (_args, ctx) =>
+            Effect.gen(function* () {
+              starts.push({ at: yield* Clock.currentTimeMillis, attempt: ctx.job.attempt })
+              return starts.length === 1 ? Job.JobResult.snooze("5 seconds") : Job.JobResult.completed
+            })
+          )
+        ],
+        maintenance
+      })
+      const client = yield* AwaClient
+      const job = yield* client.insert(Task, { n: 1 })
+      yield* advance(4_900, 50)
+      assert.strictEqual(starts.length, 1, "not before the snooze ends")
+      yield* advance(400, 50)
+      assert.strictEqual(starts.length, 2)
+      assert.deepStrictEqual(
+        starts.map((s) => s.attempt),
+        [1, 1]
+      )
+      assert.strictEqual((yield* client.storage.getJob(job.id)).state, "completed")
+      yield* stop
+    }).pipe(Effect.provide(SimLive))
+  )
+
+  it.effect("a handler past its deadline is interrupted at the deadline, not before", () =>
+    Effect.gen(function* () {
+      let interruptedAt: number | undefined
+      const stop = yield* startWorker({
+        queues: { sim: { deadline: "2 seconds", pollInterval: "50 millis" } },
+        handlers: [
+          handler(Task, () =>
+            Effect.never.pipe(
+              Effect.onInterrupt(() =>
+                Effect.flatMap(Clock.currentTimeMillis, (now) =>
+                  Effect.sync(() => {
+                    interruptedAt = now
+                  })
+                )
+              )
+            )
+          )
+        ],
+        maintenance
+      })
+      const client = yield* AwaClient
+      const start = yield* Clock.currentTimeMillis
+      const job = yield* client.insert(Task, { n: 1 }, { maxAttempts: 1 })
+      yield* advance(1_900, 50)
+      assert.isUndefined(interruptedAt)
+      yield* advance(300, 50)
+      assert.isDefined(interruptedAt)
+      assert.isAtLeast(interruptedAt! - start, 2000)
+      assert.isAtMost(interruptedAt! - start, 2000 + 100)
+      const view = yield* client.storage.getJob(job.id)
+      assert.deepStrictEqual([view.state, view.errors.at(-1)!.error], ["failed", "hard deadline exceeded"])
+      yield* stop
+    }).pipe(Effect.provide(SimLive))
+  )
+
+  it.effect("an attempt of a dead worker is rescued once its heartbeat is stale, not earlier", () =>
+    Effect.gen(function* () {
+      const client = yield* AwaClient
+      const storage = yield* QueueStorage
+      const job = yield* client.insert(Task, { n: 1 })
+      yield* storage.claim({ queue: "sim", max: 1, deadlineMs: 0, agingIntervalMs: 0 }) // the worker that dies
+      const ran: Array<number> = []
+      const stop = yield* startWorker({
+        queues: { sim: { pollInterval: "100 millis" } },
+        handlers: [
+          handler(Job.define({ ...Task, backoff: () => 0 }), ({ n }) => Effect.sync(() => void ran.push(n)))
+        ],
+        heartbeatInterval: "30 seconds",
+        heartbeatStaleness: "90 seconds",
+        maintenance: { ...maintenance, rescueInterval: "30 seconds" }
+      })
+      yield* advance(85_000, 500)
+      assert.strictEqual((yield* storage.getJob(job.id)).state, "running", "not rescued before the staleness")
+      yield* advance(40_000, 500)
+      const view = yield* storage.getJob(job.id)
+      assert.deepStrictEqual([view.state, view.attempt], ["completed", 2])
+      assert.deepStrictEqual(ran, [1])
+      yield* stop
+    }).pipe(Effect.provide(SimLive))
+  )
+
+  it.effect("a long handler that heartbeats is never rescued", () =>
+    Effect.gen(function* () {
+      const stop = yield* startWorker({
+        queues: { sim: { pollInterval: "100 millis", deadline: 0 } },
+        handlers: [handler(Task, () => Effect.sleep("10 minutes"))],
+        heartbeatInterval: "30 seconds",
+        heartbeatStaleness: "90 seconds",
+        maintenance: { ...maintenance, rescueInterval: "30 seconds" }
+      })
+      const client = yield* AwaClient
+      const job = yield* client.insert(Task, { n: 1 })
+      yield* advance(11 * 60_000, 1000)
+      const view = yield* client.storage.getJob(job.id)
+      assert.deepStrictEqual([view.state, view.attempt, view.errors.length], ["completed", 1, 0])
+      yield* stop
+    }).pipe(Effect.provide(SimLive))
+  )
+
+  it.effect("progress set by the handler is written with the heartbeat and kept for the next attempt", () =>
+    Effect.gen(function* () {
+      const seen: Array<unknown> = []
+      const stop = yield* startWorker({
+        queues: { sim: { pollInterval: "100 millis", deadline: 0 } },
+        handlers: [
+          handler(Job.define({ ...Task, backoff: () => 0 }), (_args, ctx) =>
+            Effect.gen(function* () {
+              if (ctx.job.attempt === 1) {
+                yield* ctx.setProgress({ step: 3 })
+                yield* Effect.sleep("45 seconds")
+                return yield* Effect.fail(new Job.JobRetryableError({ message: "crash after step 3" }))
+              }
+              seen.push((yield* (yield* AwaClient).storage.getJob(ctx.job.id)).progress)
+            })
+          )
+        ],
+        heartbeatInterval: "30 seconds",
+        maintenance
+      })
+      const client = yield* AwaClient
+      yield* client.insert(Task, { n: 1 })
+      yield* advance(60_000, 500)
+      assert.deepStrictEqual(seen, [{ step: 3 }])
+      yield* stop
+    }).pipe(Effect.provide(SimLive))
+  )
+})
