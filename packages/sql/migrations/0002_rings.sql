@@ -98,13 +98,15 @@ CREATE TABLE :AWA_SCHEMA.closures (
 ) PARTITION BY LIST (slot);
 
 -- Terminal outcome. Narrow for claimed attempts (body read back from the ready row of the same
--- slot, job and lease - 1; errors/progress only when they changed); wide (body columns set)
+-- slot and lane position; errors only when they changed); wide (body columns set)
 -- when no claim stands behind it (cancel of an unclaimed or deferred job).
 CREATE TABLE :AWA_SCHEMA.terminal (
   slot          int         NOT NULL,
   generation    bigint      NOT NULL,
   job_id        bigint      NOT NULL,
   run_lease     bigint      NOT NULL,
+  -- the claimed ready row's position (narrow rows join their body by it); NULL when wide
+  lane_seq      bigint,
   state         text        NOT NULL,
   attempt       int         NOT NULL,
   finalized_at  timestamptz NOT NULL,

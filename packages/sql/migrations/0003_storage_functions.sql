@@ -51,6 +51,24 @@ LANGUAGE sql STABLE AS $$
   WHERE r.ring = p_ring ORDER BY r.generation DESC LIMIT 1
 $$;
 
+-- The queue ring's current incarnation, with a ROW EXCLUSIVE lock on the child of p_table in its
+-- slot, for a writer about to insert there. Prune needs ACCESS EXCLUSIVE on that child, so once
+-- we hold the lock the incarnation cannot be truncated under us; the ledger is re-read in a new
+-- statement after the lock, and if a prune committed first we move on to the new current slot.
+-- Without this, rows read-then-inserted could land in an incarnation already recorded as pruned,
+-- which rotation would then wait on forever.
+CREATE FUNCTION :AWA_SCHEMA.lock_current_slot(p_table text, OUT o_generation bigint, OUT o_slot int)
+LANGUAGE plpgsql SET search_path = :AWA_SCHEMA, pg_catalog AS $$
+BEGIN
+  LOOP
+    SELECT r.generation, r.slot INTO o_generation, o_slot FROM ring_rotations r
+    WHERE r.ring = 'queue' ORDER BY r.generation DESC LIMIT 1;
+    EXECUTE format('LOCK TABLE %I.%I IN ROW EXCLUSIVE MODE', ':AWA_SCHEMA', p_table || '_' || o_slot);
+    EXIT WHEN NOT EXISTS (SELECT 1 FROM ring_prunes p WHERE p.ring = 'queue' AND p.generation = o_generation);
+  END LOOP;
+END
+$$;
+
 -- Lane cursor: the largest retained claim mark, or 0 when none is retained (then every
 -- retained row of the lane is unclaimed, so "from the smallest retained position" is the same).
 CREATE FUNCTION :AWA_SCHEMA.lane_cursor(p_queue text, p_priority int, p_shard int) RETURNS bigint
@@ -82,10 +100,11 @@ DECLARE
   v_conflict record;
 BEGIN
   FOR v_lane IN
-    SELECT DISTINCT r.queue, r.priority
+    -- byte order (C collation): the TypeScript side sorts multi-call batches the same way
+    SELECT DISTINCT r.queue COLLATE "C" AS queue, r.priority
     FROM jsonb_to_recordset(p_rows) AS r(queue text, priority int, run_at timestamptz)
     WHERE r.run_at IS NULL OR r.run_at <= v_now
-    ORDER BY r.queue, r.priority
+    ORDER BY 1, 2
   LOOP
     PERFORM pg_advisory_xact_lock(lock_ns('enqueue'), lane_key(v_lane.queue, v_lane.priority, 0));
     INSERT INTO lanes (queue, priority, shard)
@@ -95,7 +114,7 @@ BEGIN
   END LOOP;
 
   -- After the lane locks: the slot is never older than the lane's previous rows.
-  SELECT * INTO v_ring FROM ring_current('queue');
+  SELECT o_generation AS generation, o_slot AS slot INTO v_ring FROM lock_current_slot('ready');
   SELECT array_agg(v ORDER BY v) INTO v_ids FROM (SELECT nextval('job_id_seq') AS v FROM generate_series(1, v_n)) s;
   SELECT count(*) INTO v_n_ready FROM jsonb_to_recordset(p_rows) AS r(run_at timestamptz)
   WHERE r.run_at IS NULL OR r.run_at <= v_now;
@@ -222,9 +241,8 @@ BEGIN
     )
     SELECT array_agg(p.lane_seq ORDER BY p.lane_seq) INTO v_seqs FROM picked p;
     CONTINUE WHEN v_seqs IS NULL;
-    IF v_ring IS NULL THEN
-      SELECT * INTO v_ring FROM ring_current('queue');
-    END IF;
+    -- Read after the pick, per lane: the picked rows are never in a newer slot than the mark.
+    SELECT o_generation AS generation, o_slot AS slot INTO v_ring FROM lock_current_slot('claim_marks');
     INSERT INTO claim_marks (slot, generation, queue, priority, shard, next_lane_seq)
     VALUES (v_ring.slot, v_ring.generation, p_queue, v_lane.priority, v_lane.shard, v_seqs[cardinality(v_seqs)] + 1);
     RETURN QUERY
@@ -279,7 +297,7 @@ BEGIN
   ),
   open AS (
     SELECT DISTINCT ON (i.job_id, i.run_lease)
-           i.o, i.outcome, i.delay_ms, i.message, c.slot, c.generation, c.job_id, c.run_lease, c.attempt,
+           i.o, i.outcome, i.delay_ms, i.message, c.slot, c.generation, c.job_id, c.run_lease, c.attempt, c.lane_seq,
            r.kind, r.queue, r.priority, r.shard, r.args, r.metadata, r.tags, r.errors, r.max_attempts, r.created_at,
            r.unique_key, r.unique_states, coalesce(a.progress, r.progress) AS progress,
            CASE i.outcome
@@ -291,7 +309,9 @@ BEGIN
            END AS new_state
     FROM items i
     JOIN claims c ON c.job_id = i.job_id AND c.run_lease = i.run_lease
-    JOIN ready r ON r.slot = c.slot AND r.job_id = c.job_id AND r.run_lease = c.run_lease - 1
+    -- the claimed row by its full key: lane_seq, not run_lease, is unique per ready row (a cancelled
+    -- and then retried job has two ready rows with the same lease)
+    JOIN ready r ON r.queue = c.queue AND r.priority = c.priority AND r.shard = c.shard AND r.lane_seq = c.lane_seq AND r.slot = c.slot
     LEFT JOIN attempt_state a ON a.job_id = c.job_id AND a.run_lease = c.run_lease
     WHERE NOT EXISTS (SELECT 1 FROM closures x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease)
     ORDER BY i.job_id, i.run_lease, i.o
@@ -311,8 +331,8 @@ BEGIN
     SELECT r.slot, r.generation, r.job_id, r.run_lease, r.new_state, v_now FROM resolved r
   ),
   ins_terminal AS (
-    INSERT INTO terminal (slot, generation, job_id, run_lease, state, attempt, finalized_at, errors, progress)
-    SELECT r.slot, r.generation, r.job_id, r.run_lease, r.new_state, r.attempt, v_now, r.new_errors,
+    INSERT INTO terminal (slot, generation, job_id, run_lease, lane_seq, state, attempt, finalized_at, errors, progress)
+    SELECT r.slot, r.generation, r.job_id, r.run_lease, r.lane_seq, r.new_state, r.attempt, v_now, r.new_errors,
            CASE WHEN r.new_state = 'completed' THEN NULL ELSE r.progress END
     FROM resolved r WHERE r.new_state IN ('completed', 'failed', 'cancelled')
   ),
@@ -449,11 +469,11 @@ DECLARE
   v_ring record;
 BEGIN
   FOR v_lane IN
-    SELECT DISTINCT d.queue, d.priority
+    SELECT DISTINCT d.queue COLLATE "C" AS queue, d.priority
     FROM (SELECT d.queue, d.priority FROM deferred d
           WHERE d.state IN ('scheduled', 'retryable') AND d.run_at <= now()
           ORDER BY d.run_at, d.job_id LIMIT p_limit) d
-    ORDER BY d.queue, d.priority
+    ORDER BY 1, 2
   LOOP
     IF pg_try_advisory_xact_lock(lock_ns('enqueue'), lane_key(v_lane.queue, v_lane.priority, 0)) THEN
       v_q := v_q || v_lane.queue;
@@ -479,7 +499,7 @@ BEGIN
   IF v_ids IS NULL THEN
     RETURN 0;
   END IF;
-  SELECT * INTO v_ring FROM ring_current('queue');
+  SELECT o_generation AS generation, o_slot AS slot INTO v_ring FROM lock_current_slot('ready');
   SELECT array_agg(v ORDER BY v) INTO v_pos FROM (SELECT nextval('lane_seq') AS v FROM generate_series(1, cardinality(v_ids))) s;
 
   WITH moved AS (
@@ -515,14 +535,14 @@ UNION ALL
   SELECT c.job_id, 2, 'running', r.kind, r.queue, r.priority, r.args, r.metadata, r.tags, r.errors,
          coalesce(a.progress, r.progress), c.attempt, r.max_attempts, c.run_lease, r.run_at, r.created_at, NULL
   FROM :AWA_SCHEMA.claims c
-  JOIN :AWA_SCHEMA.ready r ON r.slot = c.slot AND r.job_id = c.job_id AND r.run_lease = c.run_lease - 1
+  JOIN :AWA_SCHEMA.ready r ON r.queue = c.queue AND r.priority = c.priority AND r.shard = c.shard AND r.lane_seq = c.lane_seq AND r.slot = c.slot
   LEFT JOIN :AWA_SCHEMA.attempt_state a ON a.job_id = c.job_id AND a.run_lease = c.run_lease
   WHERE NOT EXISTS (SELECT 1 FROM :AWA_SCHEMA.closures z WHERE z.job_id = c.job_id AND z.run_lease = c.run_lease)
 UNION ALL
   SELECT r.job_id, 3, 'available', r.kind, r.queue, r.priority, r.args, r.metadata, r.tags, r.errors, r.progress,
          r.attempt, r.max_attempts, r.run_lease, r.run_at, r.created_at, NULL
   FROM :AWA_SCHEMA.ready r
-  WHERE NOT EXISTS (SELECT 1 FROM :AWA_SCHEMA.claims c WHERE c.job_id = r.job_id AND c.run_lease = r.run_lease + 1)
+  WHERE NOT EXISTS (SELECT 1 FROM :AWA_SCHEMA.claims c WHERE c.job_id = r.job_id AND c.lane_seq = r.lane_seq)
     AND NOT EXISTS (SELECT 1 FROM :AWA_SCHEMA.ready_tombstones t
                     WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard AND t.lane_seq = r.lane_seq)
 UNION ALL
@@ -531,7 +551,7 @@ UNION ALL
          coalesce(t.errors, r.errors), t.progress, t.attempt, coalesce(t.max_attempts, r.max_attempts), t.run_lease,
          coalesce(t.run_at, r.run_at), coalesce(t.created_at, r.created_at), t.finalized_at
   FROM :AWA_SCHEMA.terminal t
-  LEFT JOIN :AWA_SCHEMA.ready r ON NOT t.wide AND r.slot = t.slot AND r.job_id = t.job_id AND r.run_lease = t.run_lease - 1
+  LEFT JOIN :AWA_SCHEMA.ready r ON NOT t.wide AND r.slot = t.slot AND r.job_id = t.job_id AND r.lane_seq = t.lane_seq
 UNION ALL
   SELECT h.job_id, 4, h.state, h.kind, h.queue, h.priority, h.args, h.metadata, h.tags, h.errors, h.progress,
          h.attempt, h.max_attempts, h.run_lease, h.run_at, h.created_at, h.finalized_at
@@ -576,7 +596,7 @@ BEGIN
     IF v_job.state IN ('scheduled', 'retryable') THEN
       DELETE FROM deferred d WHERE d.job_id = p_job_id RETURNING d.* INTO v_row;
       IF FOUND THEN
-        SELECT * INTO v_ring FROM ring_current('queue');
+        SELECT o_generation AS generation, o_slot AS slot INTO v_ring FROM lock_current_slot('terminal');
         INSERT INTO terminal (slot, generation, job_id, run_lease, state, attempt, finalized_at, errors, progress, wide,
                               kind, queue, priority, args, metadata, tags, max_attempts, run_at, created_at, unique_key, unique_states)
         VALUES (v_ring.slot, v_ring.generation, p_job_id, v_row.run_lease, 'cancelled', v_row.attempt, v_now,
@@ -601,7 +621,7 @@ BEGIN
     ELSIF v_job.state = 'available' THEN
       SELECT r.* INTO v_row FROM ready r
       WHERE r.job_id = p_job_id AND r.run_lease = v_job.run_lease
-        AND NOT EXISTS (SELECT 1 FROM claims c WHERE c.job_id = r.job_id AND c.run_lease = r.run_lease + 1)
+        AND NOT EXISTS (SELECT 1 FROM claims c WHERE c.job_id = r.job_id AND c.lane_seq = r.lane_seq)
       ORDER BY r.lane_seq DESC LIMIT 1;
       IF FOUND THEN
         PERFORM pg_advisory_xact_lock(lock_ns('claim'), lane_key(v_row.queue, v_row.priority, v_row.shard));
@@ -654,7 +674,7 @@ BEGIN
   END IF;
   SELECT x.unique_key, x.unique_states INTO v_key FROM (
     SELECT coalesce(t.unique_key, r.unique_key) AS unique_key, coalesce(t.unique_states, r.unique_states) AS unique_states, t.run_lease, t.finalized_at
-    FROM terminal t LEFT JOIN ready r ON NOT t.wide AND r.slot = t.slot AND r.job_id = t.job_id AND r.run_lease = t.run_lease - 1
+    FROM terminal t LEFT JOIN ready r ON NOT t.wide AND r.slot = t.slot AND r.job_id = t.job_id AND r.lane_seq = t.lane_seq
     WHERE t.job_id = p_job_id
     UNION ALL
     SELECT h.unique_key, h.unique_states, h.run_lease, h.finalized_at FROM history h WHERE h.job_id = p_job_id
@@ -669,7 +689,7 @@ BEGIN
   END IF;
   PERFORM pg_advisory_xact_lock(lock_ns('enqueue'), lane_key(v_job.queue, v_job.priority, 0));
   INSERT INTO lanes (queue, priority, shard) VALUES (v_job.queue, v_job.priority, 0) ON CONFLICT DO NOTHING;
-  SELECT * INTO v_ring FROM ring_current('queue');
+  SELECT o_generation AS generation, o_slot AS slot INTO v_ring FROM lock_current_slot('ready');
   INSERT INTO ready (slot, generation, job_id, kind, queue, priority, shard, lane_seq, args, metadata, tags,
                      errors, progress, attempt, run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
   VALUES (v_ring.slot, v_ring.generation, p_job_id, v_job.kind, v_job.queue, v_job.priority, 0, nextval('lane_seq'),
@@ -864,7 +884,7 @@ BEGIN
                        errors, progress, attempt, run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
     SELECT v_cur.slot, v_cur.generation, r.job_id, r.kind, r.queue, r.priority, r.shard, r.lane_seq, r.args, r.metadata, r.tags,
            r.errors, r.progress, r.attempt, r.run_lease, r.max_attempts, r.run_at, r.created_at, r.unique_key, r.unique_states
-    FROM open o JOIN ready r ON r.slot = v_slot AND r.job_id = o.job_id AND r.run_lease = o.run_lease - 1
+    FROM open o JOIN ready r ON r.slot = v_slot AND r.queue = o.queue AND r.priority = o.priority AND r.shard = o.shard AND r.lane_seq = o.lane_seq
   ),
   carry_claims AS (
     INSERT INTO claims (slot, generation, job_id, run_lease, attempt, queue, priority, shard, lane_seq, claimed_at, deadline_at)
@@ -887,7 +907,7 @@ BEGIN
            coalesce(t.created_at, r.created_at) AS created_at, t.finalized_at,
            coalesce(t.unique_key, r.unique_key) AS unique_key, coalesce(t.unique_states, r.unique_states, 0) AS unique_states
     FROM terminal t
-    LEFT JOIN ready r ON NOT t.wide AND r.slot = t.slot AND r.job_id = t.job_id AND r.run_lease = t.run_lease - 1
+    LEFT JOIN ready r ON NOT t.wide AND r.slot = t.slot AND r.job_id = t.job_id AND r.lane_seq = t.lane_seq
     WHERE t.slot = v_slot
   ),
   judged AS (

@@ -13,6 +13,7 @@
  * sends durations. `int8` ids are `bigint` throughout.
  */
 import {
+  CanonicalJson,
   checkNewJob,
   checkQueueName,
   InvalidTransition,
@@ -142,6 +143,10 @@ const outcomeJson = (item: FinalizeItem): string => {
   }
 }
 
+/** The SQL enqueue function's lane lock order: queue in UTF-8 byte order (`COLLATE "C"`), then priority. */
+const compareLane = (a: { queue: string; priority: number }, b: { queue: string; priority: number }) =>
+  CanonicalJson.compareUtf8(a.queue, b.queue) || a.priority - b.priority
+
 const pruneOutcome = (
   row: { outcome: string; generation: bigint | null; carried: number } | undefined
 ): PruneOutcome => {
@@ -177,15 +182,27 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
           `"max_attempts":${job.maxAttempts},"run_at":${job.runAt ? JSON.stringify(job.runAt.toISOString()) : "null"},` +
           `"unique_key":${job.uniqueKey ? `"${UniqueKey.toHex(job.uniqueKey)}"` : "null"},"unique_states":${job.uniqueStates}}`
       )
-      const chunks: Array<ReadonlyArray<string>> = []
-      for (let i = 0; i < rows.length; i += chunkSize) chunks.push(rows.slice(i, i + chunkSize))
-      const results =
-        chunks.length === 1
-          ? yield* enqueueChunk(chunks[0]!)
-          : (yield* sql.withTransaction(Effect.forEach(chunks, enqueueChunk))).flat()
-      return results.map(
-        (row, i): EnqueuedJob => ({ id: row.job_id, state: row.state, queue: checked[i]!.queue })
-      )
+      if (rows.length <= chunkSize) {
+        const results = yield* enqueueChunk(rows)
+        return results.map(
+          (row, i): EnqueuedJob => ({ id: row.job_id, state: row.state, queue: checked[i]!.queue })
+        )
+      }
+      // Several calls in one transaction: each call locks its lanes in sorted order, so the rows
+      // are sorted by lane first (stable: FIFO inside a lane is kept). Then every lock is taken in
+      // one global order across the chunks, and two multi-chunk producers cannot deadlock.
+      const order = checked.map((_, i) => i).sort((a, b) => compareLane(checked[a]!, checked[b]!) || a - b)
+      const chunks: Array<ReadonlyArray<number>> = []
+      for (let i = 0; i < order.length; i += chunkSize) chunks.push(order.slice(i, i + chunkSize))
+      const results = (yield* sql.withTransaction(
+        Effect.forEach(chunks, (chunk) => enqueueChunk(chunk.map((i) => rows[i]!)))
+      )).flat()
+      const out = new Array<EnqueuedJob>(checked.length)
+      for (const [k, row] of results.entries()) {
+        const i = order[k]!
+        out[i] = { id: row.job_id, state: row.state, queue: checked[i]!.queue }
+      }
+      return out
     }).pipe(
       mapUniqueConflict,
       Effect.withSpan("QueueStorage.enqueueMany", { attributes: { count: jobs.length } })
