@@ -15,7 +15,7 @@ import type { SqlError } from "effect/sql"
 export interface CompletionBatcherOptions {
   /** Pending finalizations before `submit` waits. Default 4,096. */
   readonly capacity?: number | undefined
-  /** Items per storage call. Default 512 (the storage fast-path size). */
+  /** Items per storage call. Default 512 (bounds the per-attempt advisory locks one call holds). */
   readonly maxBatch?: number | undefined
   /** How long to wait for more items after the first. Default 1 ms. */
   readonly linger?: Duration.Input | undefined

@@ -987,12 +987,10 @@ BEGIN
                                               'unique_key', encode(h.unique_key, 'hex')))
           FROM history h WHERE h.slot = v_slot AND h.unique_key IS NOT NULL)
     INTO v_rollup, v_keys;
-  -- The rows are still visible to release_keys_of, so exclude them by deleting keys first.
+  -- Truncate first: release_keys_of must no longer see these rows as a representation of the job.
+  EXECUTE format('TRUNCATE %I.history_%s', ':AWA_SCHEMA', v_slot);
   IF v_keys IS NOT NULL THEN
-    EXECUTE format('TRUNCATE %I.history_%s', ':AWA_SCHEMA', v_slot);
     PERFORM release_keys_of(v_keys);
-  ELSE
-    EXECUTE format('TRUNCATE %I.history_%s', ':AWA_SCHEMA', v_slot);
   END IF;
   INSERT INTO ring_prunes (ring, generation, slot, rollup) VALUES ('history', v_old, v_slot, coalesce(v_rollup, '{}'));
   RETURN QUERY SELECT 'Pruned', v_old, 0;

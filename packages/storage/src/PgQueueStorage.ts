@@ -13,6 +13,7 @@
  * sends durations. `int8` ids are `bigint` throughout.
  */
 import {
+  AwaConfigError,
   CanonicalJson,
   checkNewJob,
   checkQueueName,
@@ -163,6 +164,12 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
   const s = sql(schema)
   const chunkSize = options.enqueueChunkSize ?? 5000
   const lockTimeoutMs = options.pruneLockTimeoutMs ?? 10
+  // 0 would mean no lock_timeout: a queued ACCESS EXCLUSIVE request would stall every claimer.
+  if (!(Number.isInteger(lockTimeoutMs) && lockTimeoutMs >= 1 && lockTimeoutMs <= 1000)) {
+    return yield* new AwaConfigError({
+      issues: [{ path: "pruneLockTimeoutMs", reason: "must be an integer 1–1000" }]
+    })
+  }
 
   const enqueueChunk = (rows: ReadonlyArray<string>) =>
     sql<{ ord: number; job_id: bigint; state: "available" | "scheduled" }>`

@@ -82,15 +82,24 @@ const spawnReaper = (pid: number, dataDir: string, root: string) => {
   child.unref()
 }
 
+export interface TemporaryOptions {
+  /**
+   * Keep Postgres' durability settings (`fsync`, `synchronous_commit`, `full_page_writes` at
+   * their defaults) instead of the test flags that turn them off. For benchmarks, where commit
+   * cost and WAL volume must be real. Default false.
+   */
+  readonly durable?: boolean | undefined
+}
+
 /** Starts a throw-away server in a new temporary directory on a free port. */
-export const startTemporary = async (): Promise<EmbeddedServer> => {
+export const startTemporary = async (options: TemporaryOptions = {}): Promise<EmbeddedServer> => {
   const root = mkdtempSync(join(tmpdir(), "awa-pg-"))
   // The postgres user (when we run as root) must be able to reach the data directory.
   chmodSync(root, 0o755)
   const dataDir = join(root, "data")
   spawnReaper(process.pid, dataDir, root)
   const port = await freePort()
-  const pg = make(dataDir, port, false, testFlags)
+  const pg = make(dataDir, port, false, options.durable ? [] : testFlags)
   try {
     await pg.initialise()
     await pg.start()
