@@ -1,0 +1,137 @@
+/**
+ * The Promise facade (capability 11): the same engine for code that does not use Effect.
+ *
+ * ```ts
+ * const awa = await createClient({ databaseUrl: process.env.DATABASE_URL!, migrateOnStart: true })
+ * const SendEmail = awa.define({ kind: "send_email", args: EmailSchema })   // Effect Schema or Standard Schema
+ * await awa.insert(SendEmail, { to: "a@example.com" })
+ * const worker = await awa.start({
+ *   queues: { default: { maxConcurrency: 20 } },
+ *   handlers: [awa.handler(SendEmail, async (args, { signal }) => { await send(args, { signal }) })]
+ * })
+ * await worker.stop(); await awa.close()
+ * ```
+ *
+ * Handlers are async functions; their `AbortSignal` fires when the attempt is interrupted
+ * (cancel, rescue, deadline, shutdown). A thrown error is retryable unless it is a
+ * `JobTerminalError`; a returned `JobResult` chooses retry, snooze or cancel.
+ *
+ * **Gotchas** Standard Schema args are validated synchronously and stored as given (no
+ * transformation); an async Standard Schema validator is rejected when the job is defined.
+ * `insert` here runs in its own transaction; to enqueue inside an application transaction use
+ * the Effect API (`AwaClient.insert` inside `sql.withTransaction`).
+ */
+import { Job } from "@awa/core"
+import type { EnqueuedJob, JobView, ListFilter } from "@awa/storage"
+import { PgClient } from "@effect/sql-pg"
+import { Effect, Exit, Layer, ManagedRuntime, Redacted, Schema, Scope } from "effect"
+import * as Awa from "./Awa.ts"
+import { AwaClient } from "./AwaClient.ts"
+import { handler as effectHandler, type Handler, type JobContext } from "./Handler.ts"
+import type { WorkerOptions } from "./Worker.ts"
+
+export interface StandardSchemaLike<A> {
+  readonly "~standard": {
+    readonly validate: (
+      value: unknown
+    ) => { readonly issues?: ReadonlyArray<{ readonly message: string }> | undefined } | Promise<unknown>
+    readonly types?: { readonly output: A } | undefined
+  }
+}
+
+export interface ClientOptions extends Awa.AwaPgOptions {
+  readonly databaseUrl: string
+  /** Connections in the pool. Default 10. */
+  readonly maxConnections?: number | undefined
+}
+
+export interface PromiseHandlerContext extends Omit<JobContext, "setProgress"> {
+  readonly setProgress: (progress: Readonly<Record<string, unknown>>) => void
+}
+
+export type PromiseHandler<A> = (args: A, ctx: PromiseHandlerContext) => Promise<Job.JobResult | void>
+
+export interface StartOptions extends Omit<WorkerOptions<never>, "handlers"> {
+  readonly handlers: ReadonlyArray<Handler<never>>
+}
+
+const isStandard = (schema: unknown): schema is StandardSchemaLike<unknown> =>
+  typeof schema === "object" && schema !== null && "~standard" in schema
+
+/** Wraps a synchronous Standard Schema as an Effect Schema that checks and keeps the value. */
+const fromStandard = <A>(schema: StandardSchemaLike<A>): Schema.Codec<A, A> =>
+  Schema.declare((u: unknown): u is A => {
+    const result = schema["~standard"].validate(u)
+    if (result instanceof Promise) throw new Error("async Standard Schema validators are not supported")
+    return result.issues === undefined || result.issues.length === 0
+  })
+
+export const createClient = async (options: ClientOptions) => {
+  const pg = PgClient.layer({
+    url: Redacted.make(options.databaseUrl),
+    maxConnections: options.maxConnections ?? 10
+  })
+  const runtime = ManagedRuntime.make(Awa.layerPg(options).pipe(Layer.provideMerge(pg)))
+  await runtime.runPromise(Effect.void)
+  const run = <A, E>(effect: Effect.Effect<A, E, AwaClient | PgClient.PgClient>) => runtime.runPromise(effect)
+
+  const define = <A, I = A>(spec: {
+    readonly kind: string
+    readonly args: Schema.Codec<A, I> | StandardSchemaLike<A>
+    readonly queue?: string
+    readonly defaults?: Job.InsertOptions
+    readonly backoff?: (attempt: number) => number
+  }): Job.JobDefinition<A, I> =>
+    Job.define({
+      ...spec,
+      args: isStandard(spec.args) ? (fromStandard(spec.args) as unknown as Schema.Codec<A, I>) : spec.args
+    })
+
+  const handler = <A, I>(definition: Job.JobDefinition<A, I>, fn: PromiseHandler<A>): Handler<never> =>
+    effectHandler(definition, (args, ctx) =>
+      Effect.tryPromise({
+        // tryPromise's signal aborts when the attempt's fiber is interrupted
+        try: (signal) =>
+          fn(args, {
+            job: ctx.job,
+            signal,
+            setProgress: (progress) => Effect.runSync(ctx.setProgress(progress))
+          }),
+        catch: (error) =>
+          error instanceof Job.JobTerminalError
+            ? error
+            : new Job.JobRetryableError({ message: messageOf(error), cause: error })
+      })
+    )
+
+  const start = async (startOptions: StartOptions) => {
+    const scope = await runtime.runPromise(Scope.make())
+    await runtime.runPromise(Layer.buildWithScope(Awa.worker(startOptions), scope))
+    return {
+      /** Stops claiming, drains in-flight handlers (up to `shutdownTimeout`) and flushes. */
+      stop: () => runtime.runPromise(Scope.close(scope, Exit.void))
+    }
+  }
+
+  return {
+    define,
+    handler,
+    start,
+    insert: <A, I>(job: Job.JobDefinition<A, I>, args: A, opts?: Job.InsertOptions): Promise<EnqueuedJob> =>
+      run(Effect.flatMap(AwaClient, (c) => c.insert(job, args, opts))),
+    insertMany: <A, I>(job: Job.JobDefinition<A, I>, args: ReadonlyArray<A>, opts?: Job.InsertOptions) =>
+      run(Effect.flatMap(AwaClient, (c) => c.insertMany(job, args, opts))),
+    getJob: (id: bigint): Promise<JobView> => run(Effect.flatMap(AwaClient, (c) => c.storage.getJob(id))),
+    listJobs: (filter: ListFilter = {}) => run(Effect.flatMap(AwaClient, (c) => c.storage.listJobs(filter))),
+    cancel: (id: bigint, reason = "cancelled by operator") =>
+      run(Effect.flatMap(AwaClient, (c) => c.storage.cancelJob(id, reason))),
+    retry: (id: bigint) => run(Effect.flatMap(AwaClient, (c) => c.storage.retryJob(id))),
+    pauseQueue: (queue: string) => run(Effect.flatMap(AwaClient, (c) => c.storage.pauseQueue(queue))),
+    resumeQueue: (queue: string) => run(Effect.flatMap(AwaClient, (c) => c.storage.resumeQueue(queue))),
+    close: () => runtime.dispose()
+  }
+}
+
+const messageOf = (error: unknown) => (error instanceof Error ? error.message : String(error))
+
+export type PromiseClient = Awaited<ReturnType<typeof createClient>>
