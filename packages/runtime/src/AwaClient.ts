@@ -6,10 +6,11 @@
  * Args are encoded with the job's Schema before anything is written; an encoding failure is a
  * `ValidationError` on `args`. The producer's span context is stored as `awa:traceparent`.
  */
-import { type Job, Traceparent, ValidationError } from "@awa/core"
+import { checkNewJob, type Job, Traceparent, UniqueKey, ValidationError } from "@awa/core"
 import type { EnqueuedJob, EnqueueError, JobView, ListFilter, QueueStateCount } from "@awa/storage"
 import { QueueStorage } from "@awa/storage"
-import { Clock, Context, Duration, Effect, Layer, Schema } from "effect"
+import { Clock, Context, Duration, Effect, Layer, type Option, Schema } from "effect"
+import type { SqlError } from "effect/sql"
 
 export interface AwaClientOptions {
   /** Store the producer span's traceparent in job metadata. Default true. */
@@ -29,6 +30,15 @@ export class AwaClient extends Context.Service<
       args: ReadonlyArray<A>,
       options?: Job.InsertOptions
     ) => Effect.Effect<ReadonlyArray<EnqueuedJob>, EnqueueError>
+    /**
+     * Cancels the live job holding the unique key that `insert(job, args, options)` would compute
+     * (the definition's `unique` options, or `options.unique`); returns its id, if any.
+     */
+    readonly cancelByUniqueKey: <A, I>(
+      job: Job.JobDefinition<A, I>,
+      args: A,
+      options?: Job.InsertOptions & { readonly reason?: string | undefined }
+    ) => Effect.Effect<Option.Option<bigint>, ValidationError | SqlError.SqlError>
     readonly storage: QueueStorage["Service"]
   }
 >()("@awa/runtime/AwaClient") {}
@@ -99,9 +109,31 @@ export const make = Effect.fnUntraced(function* (options: AwaClientOptions = {})
       })
     )
 
+  const cancelByUniqueKey = <A, I>(
+    job: Job.JobDefinition<A, I>,
+    args: A,
+    options?: Job.InsertOptions & { readonly reason?: string | undefined }
+  ) =>
+    Effect.gen(function* () {
+      const { merged, runAt } = yield* prepare(job, options)
+      if (merged.unique === undefined) {
+        return yield* new ValidationError({ field: "unique", reason: `job ${job.kind} is not unique` })
+      }
+      const encoded = yield* encode(job, args)
+      const checked = yield* checkNewJob(
+        { kind: job.kind, queue: merged.queue, args: encoded, runAt, unique: merged.unique },
+        { nowMillis: yield* Clock.currentTimeMillis }
+      )
+      return yield* storage.cancelByUniqueKey(
+        UniqueKey.toHex(checked.uniqueKey!),
+        options?.reason ?? "cancelled by unique key"
+      )
+    })
+
   return AwaClient.of({
     insert: (job, args, options) => Effect.map(insertMany(job, [args], options), (jobs) => jobs[0]!),
     insertMany,
+    cancelByUniqueKey,
     storage
   })
 })

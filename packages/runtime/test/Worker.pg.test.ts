@@ -60,11 +60,11 @@ const countStates = Effect.gen(function* () {
 
 describe("Worker on Postgres", () => {
   it.live(
-    "runs every outcome kind end to end: complete, retry then succeed, snooze, fail, cancel, undecodable args",
+    "runs 10,200 jobs of every outcome kind end to end: complete, retry then succeed, snooze, fail, cancel, undecodable args",
     () =>
       Effect.gen(function* () {
         const client = yield* AwaClient
-        const per = 200
+        const per = 1700 // 6 kinds × 1,700 + 1 ≈ 10,200 jobs
         const range = Array.from({ length: per }, (_, n) => ({ n }))
         yield* client.insertMany(Ping, range)
         yield* client.insertMany(Flaky, range)
@@ -175,6 +175,31 @@ describe("Worker on Postgres", () => {
           "queues. bad.maxConcurrency"
         ])
       }
+    }).pipe(Effect.provide(AwaLive))
+  )
+})
+
+describe("AwaClient", () => {
+  it.live("cancelByUniqueKey derives the key like insert and cancels the live holder", () =>
+    Effect.gen(function* () {
+      const client = yield* AwaClient
+      const Digest = Job.define({
+        kind: "digest",
+        args: Schema.Struct({ day: Schema.String }),
+        queue: "digests",
+        defaults: { unique: { byArgs: true } }
+      })
+      const job = yield* client.insert(Digest, { day: "2026-11-30" })
+      const other = yield* client.insert(Digest, { day: "2026-12-01" })
+      const cancelled = yield* client.cancelByUniqueKey(Digest, { day: "2026-11-30" }, { reason: "holiday" })
+      assert.strictEqual(cancelled._tag === "Some" ? cancelled.value : undefined, job.id)
+      assert.strictEqual((yield* client.storage.getJob(job.id)).state, "cancelled")
+      assert.strictEqual((yield* client.storage.getJob(other.id)).state, "available")
+      // the key is free again
+      const again = yield* client.insert(Digest, { day: "2026-11-30" })
+      assert.isTrue(again.id > other.id)
+      const notUnique = yield* Effect.flip(client.cancelByUniqueKey(Ping, { n: 1 }))
+      assert.strictEqual(notUnique._tag, "ValidationError")
     }).pipe(Effect.provide(AwaLive))
   )
 })

@@ -25,7 +25,7 @@ import {
   UniqueKey
 } from "@awa/core"
 import { Migrations } from "@awa/sql"
-import { Clock, Effect, Layer } from "effect"
+import { Clock, Effect, Layer, Option } from "effect"
 import { SqlClient, SqlError } from "effect/sql"
 import {
   type AttemptToken,
@@ -357,6 +357,14 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
       return yield* getJob(id)
     })
 
+  const cancelByUniqueKey = (key: string, reason: string) =>
+    Effect.map(
+      sql<{
+        id: bigint | null
+      }>`SELECT ${s}.cancel_by_unique_key(${key}, ${reason.slice(0, maxErrorMessageLength)}) AS id`,
+      (rows) => Option.fromNullishOr(rows[0]?.id)
+    )
+
   const retryJob = (id: bigint) =>
     Effect.gen(function* () {
       const [row] = yield* sql<{ result: string | null }>`SELECT ${s}.retry_job(${id}) AS result`
@@ -408,6 +416,7 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
     listJobs,
     countByQueueState,
     cancelJob,
+    cancelByUniqueKey,
     retryJob,
     pauseQueue: (queue) => setPaused(queue, true),
     resumeQueue: (queue) => setPaused(queue, false),

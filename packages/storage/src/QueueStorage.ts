@@ -21,7 +21,7 @@ import type {
   UniqueConflict,
   ValidationError
 } from "@awa/core"
-import { Context, type Effect } from "effect"
+import { Context, type Effect, type Option } from "effect"
 import type { SqlError } from "effect/sql"
 
 export type JobId = bigint
@@ -206,6 +206,14 @@ export class QueueStorage extends Context.Service<
       id: JobId,
       reason: string
     ) => Effect.Effect<JobView, JobNotFound | InvalidTransition | SqlError.SqlError>
+    /**
+     * Cancels the live job holding a unique key (hex), if any; returns its id. A key held by a
+     * terminal job (e.g. completed, still in history) cancels nothing.
+     */
+    readonly cancelByUniqueKey: (
+      key: string,
+      reason: string
+    ) => Effect.Effect<Option.Option<JobId>, SqlError.SqlError>
     /** Makes a failed or cancelled job available again (attempt 0, run lease unchanged). */
     readonly retryJob: (
       id: JobId

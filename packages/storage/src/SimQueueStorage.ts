@@ -59,7 +59,7 @@ import {
   UniqueConflict,
   UniqueKey
 } from "@awa/core"
-import { Clock, Effect, Layer, Random } from "effect"
+import { Clock, Effect, Layer, Option, Random } from "effect"
 import {
   type AttemptToken,
   type ClaimedJob,
@@ -555,6 +555,17 @@ export const make: Effect.Effect<QueueStorage["Service"]> = Effect.gen(function*
     )
   })
 
+  // Mirrors cancel_by_unique_key: the key's holder, cancelled only if it is not terminal.
+  const cancelByUniqueKey = (key: string, reason: string) =>
+    Effect.flatMap(Clock.currentTimeMillis, (now) =>
+      Effect.sync((): Option.Option<JobId> => {
+        const holder = keys.get(key)
+        if (holder === undefined || isTerminal(holder.state)) return Option.none()
+        cancel(holder, reason, now)
+        return Option.some(holder.id)
+      })
+    )
+
   const cancelJob = (id: JobId, reason: string) =>
     Effect.flatMap(Clock.currentTimeMillis, (now) =>
       Effect.suspend((): Effect.Effect<JobView, JobNotFound | InvalidTransition> => {
@@ -613,6 +624,7 @@ export const make: Effect.Effect<QueueStorage["Service"]> = Effect.gen(function*
     listJobs,
     countByQueueState,
     cancelJob,
+    cancelByUniqueKey,
     retryJob,
     pauseQueue,
     resumeQueue,

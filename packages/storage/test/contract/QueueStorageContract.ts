@@ -5,10 +5,10 @@
  * so tests sharing one storage instance never see each other's jobs.
  */
 import { randomUUID } from "node:crypto"
-import type { NewJob } from "@awa/core"
+import { checkNewJob, type NewJob, UniqueKey } from "@awa/core"
 import type { Vitest } from "@effect/vitest"
 import { assert } from "@effect/vitest"
-import { Effect } from "effect"
+import { Effect, Option } from "effect"
 import { type ClaimParams, type FinalizeItem, QueueStorage } from "../../src/QueueStorage.ts"
 
 export interface ContractOptions {
@@ -499,6 +499,35 @@ export const suite = (it: Vitest.MethodsNonLive<QueueStorage>, { advance }: Cont
         { queue: q, state: "completed", count: 1 }
       ])
       assert.strictEqual((yield* Effect.flip(storage.listJobs({ limit: 0 })))._tag, "ValidationError")
+    })
+  )
+
+  it.effect("cancel by unique key cancels the live holder once, and nothing for a free or finished key", () =>
+    Effect.gen(function* () {
+      const storage = yield* QueueStorage
+      const q = freshQueue("bykey")
+      const unique = { byArgs: true, byQueue: true }
+      const keyOf = (args: unknown) =>
+        Effect.map(checkNewJob(job(q, { args, unique }), { nowMillis: 0 }), (c) =>
+          UniqueKey.toHex(c.uniqueKey!)
+        )
+      const [held] = yield* storage.enqueueMany([job(q, { args: { k: 1 }, unique })])
+      const cancelled = yield* storage.cancelByUniqueKey(yield* keyOf({ k: 1 }), "by key")
+      assert.deepStrictEqual(cancelled, Option.some(held!.id))
+      const view = yield* storage.getJob(held!.id)
+      assert.deepStrictEqual([view.state, view.errors.at(-1)!.error], ["cancelled", "cancelled: by key"])
+      assert.deepStrictEqual(yield* storage.cancelByUniqueKey(yield* keyOf({ k: 1 }), "again"), Option.none())
+      assert.deepStrictEqual(
+        yield* storage.cancelByUniqueKey(yield* keyOf({ k: 404 }), "free"),
+        Option.none()
+      )
+      // a completed job keeps its key (completed is in the default mask) but is not live
+      const [done] = yield* storage.enqueueMany([job(q, { args: { k: 2 }, unique })])
+      const [c] = yield* storage.claim(claimOf(q, 1))
+      assert.strictEqual(c!.jobId, done!.id)
+      yield* storage.finalizeMany([complete(c!)])
+      assert.deepStrictEqual(yield* storage.cancelByUniqueKey(yield* keyOf({ k: 2 }), "late"), Option.none())
+      assert.strictEqual((yield* storage.getJob(done!.id)).state, "completed")
     })
   )
 
