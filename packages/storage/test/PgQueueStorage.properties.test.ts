@@ -385,7 +385,7 @@ describe("PgQueueStorage properties", () => {
         yield* drainRing
         const before = new Map((yield* ringStats).map((r) => [r.relname, r]))
         // a REPEATABLE READ transaction holding an xid and a snapshot for the whole run
-        yield* Effect.gen(function* () {
+        const pin = yield* Effect.gen(function* () {
           const c = yield* SqlClient.SqlClient
           return yield* c.withTransaction(
             Effect.gen(function* () {
@@ -436,6 +436,13 @@ describe("PgQueueStorage properties", () => {
           const r = after.find((x) => x.relname === name)!
           assert.isAtMost(Number(r.dead), 1000, `${name} dead tuples`)
         }
+        // reader gone: the ring drains back to its current slot
+        yield* Fiber.interrupt(pin)
+        yield* drainRing
+        const sql = yield* SqlClient.SqlClient
+        const [left] = yield* sql<{ n: number }>`
+          SELECT count(*)::int AS n FROM awa.ready WHERE slot <> (SELECT slot FROM awa.ring_current('queue'))`
+        assert.strictEqual(left!.n, 0, "rows left outside the current slot")
       })
     )
   )
