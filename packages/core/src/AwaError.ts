@@ -75,3 +75,12 @@ export class InvalidTransition extends Schema.TaggedError<InvalidTransition>()("
     return `cannot ${this.action} job ${this.jobId} in state ${this.from}`
   }
 }
+
+/** A bulk action with an empty filter, without `all: true`. */
+export class UnsafeBulkFilter extends Schema.TaggedError<UnsafeBulkFilter>()("UnsafeBulkFilter", {
+  action: Schema.String
+}) {
+  override get message(): string {
+    return `${this.action} with an empty filter would touch every entry; pass all: true to mean it`
+  }
+}

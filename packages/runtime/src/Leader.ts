@@ -23,6 +23,8 @@ export interface MaintenanceConfig {
   readonly rotateIntervalMs: number
   readonly historyIntervalMs: number
   readonly retention: RetentionParams
+  readonly dlqCleanupIntervalMs: number
+  readonly dlqRetentionMs: number
 }
 
 /** Runs `task` every `intervalMs` for as long as the enclosing scope lives; failures are logged. */
@@ -64,6 +66,11 @@ export const duties = Effect.fnUntraced(function* (config: MaintenanceConfig) {
   yield* every("rescue-deadline", config.rescueIntervalMs, storage.rescueDeadlines(config.rescueBatch))
   yield* every("rotate-prune", config.rotateIntervalMs, rotateAndPrune)
   yield* every("history", config.historyIntervalMs, history)
+  // DLQ retention: batches of 1,000 until a batch comes back short (at most 10 per tick).
+  const dlqCleanup = Effect.gen(function* () {
+    for (let i = 0; i < 10; i++) if ((yield* storage.cleanupDlq(config.dlqRetentionMs, 1000)) < 1000) return
+  })
+  yield* every("dlq-retention", config.dlqCleanupIntervalMs, dlqCleanup)
 })
 
 /**

@@ -22,7 +22,7 @@
  * the Effect API (`AwaClient.insert` inside `sql.withTransaction`).
  */
 import { Job } from "@awa/core"
-import type { EnqueuedJob, JobView, ListFilter } from "@awa/storage"
+import type { DlqFilter, DlqRetryOverrides, EnqueuedJob, JobView, ListFilter } from "@awa/storage"
 import { PgClient } from "@effect/sql-pg"
 import { Effect, Exit, Layer, ManagedRuntime, Redacted, Schema, Scope } from "effect"
 import * as Awa from "./Awa.ts"
@@ -128,6 +128,17 @@ export const createClient = async (options: ClientOptions) => {
     retry: (id: bigint) => run(Effect.flatMap(AwaClient, (c) => c.storage.retryJob(id))),
     pauseQueue: (queue: string) => run(Effect.flatMap(AwaClient, (c) => c.storage.pauseQueue(queue))),
     resumeQueue: (queue: string) => run(Effect.flatMap(AwaClient, (c) => c.storage.resumeQueue(queue))),
+    drainQueue: (queue: string, reason = "queue drained") =>
+      run(Effect.flatMap(AwaClient, (c) => c.storage.drainQueue(queue, reason))),
+    listDlq: (filter: DlqFilter = {}) => run(Effect.flatMap(AwaClient, (c) => c.storage.listDlq(filter))),
+    getDlq: (id: bigint) => run(Effect.flatMap(AwaClient, (c) => c.storage.getDlq(id))),
+    retryFromDlq: (id: bigint, overrides?: DlqRetryOverrides) =>
+      run(Effect.flatMap(AwaClient, (c) => c.storage.retryFromDlq(id, overrides))),
+    purgeDlq: (id: bigint) => run(Effect.flatMap(AwaClient, (c) => c.storage.purgeDlq(id))),
+    retryDlqBulk: (filter: DlqFilter, options?: { readonly all?: boolean }) =>
+      run(Effect.flatMap(AwaClient, (c) => c.storage.retryDlqBulk(filter, options))),
+    purgeDlqBulk: (filter: DlqFilter, options?: { readonly all?: boolean }) =>
+      run(Effect.flatMap(AwaClient, (c) => c.storage.purgeDlqBulk(filter, options))),
     close: () => runtime.dispose()
   }
 }

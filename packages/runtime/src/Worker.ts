@@ -9,9 +9,10 @@
  * Anything that could not be finalized stays open in storage and is rescued later.
  */
 import { monitorEventLoopDelay } from "node:perf_hooks"
-import { AwaConfigError, checkQueueName } from "@awa/core"
+import { AwaConfigError, checkQueueName, type ValidationError } from "@awa/core"
 import { type LeaderLock, QueueStorage, StorageSignals } from "@awa/storage"
 import { Clock, Context, Duration, Effect, FiberSet, Layer, Schedule, Stream, SubscriptionRef } from "effect"
+import type { SqlError } from "effect/sql"
 import * as CompletionBatcher from "./CompletionBatcher.ts"
 import * as Dispatcher from "./Dispatcher.ts"
 import * as Executor from "./Executor.ts"
@@ -27,6 +28,10 @@ export interface QueueOptions {
   readonly deadline?: Duration.Input | undefined
   /** One priority level gained per interval waited; 0 disables. Default 60 s. */
   readonly priorityAgingInterval?: Duration.Input | undefined
+  /** Dead-letter this queue's failed jobs (stored in the database at start; unset keeps what is stored). */
+  readonly dlq?: boolean | undefined
+  /** How long this queue's DLQ entries are kept (1 h – 3,650 days; unset keeps what is stored). */
+  readonly dlqRetention?: Duration.Input | undefined
 }
 
 export interface MaintenanceOptions {
@@ -40,6 +45,10 @@ export interface MaintenanceOptions {
   readonly cancelledRetention?: Duration.Input | undefined
   readonly promoteBatch?: number | undefined
   readonly rescueBatch?: number | undefined
+  /** How often the leader deletes expired DLQ entries (batches of 1,000). Default 60 s. */
+  readonly dlqCleanupInterval?: Duration.Input | undefined
+  /** DLQ retention of queues without their own. Default 30 days. */
+  readonly dlqRetention?: Duration.Input | undefined
 }
 
 export interface WorkerOptions<R> {
@@ -58,6 +67,11 @@ export interface WorkerOptions<R> {
   /** Event-loop delay that logs a stall warning. Default 1 s. */
   readonly stallWarning?: Duration.Input | undefined
   readonly completion?: CompletionBatcher.CompletionBatcherOptions | undefined
+  /**
+   * Dead-letter failed jobs of queues without their own `dlq` setting. Stored in the database at
+   * start, for every process; unset keeps what is stored (initially false).
+   */
+  readonly dlqEnabledByDefault?: boolean | undefined
   /** Take part in leader election and run maintenance when elected (default), or not (`false`). */
   readonly maintenance?: MaintenanceOptions | false | undefined
 }
@@ -117,6 +131,11 @@ export const resolveConfig = <R>(options: WorkerOptions<R>) =>
   Effect.gen(function* () {
     const issues: Array<Issue> = []
     const queues: Array<Dispatcher.DispatcherConfig> = []
+    const queueSettings: Array<{
+      readonly queue: string
+      readonly dlq: boolean | undefined
+      readonly dlqRetentionMs: number | undefined
+    }> = []
     for (const [queue, q] of Object.entries(options.queues)) {
       const name = yield* Effect.result(checkQueueName(queue))
       if (name._tag === "Failure") issues.push({ path: `queues.${queue}`, reason: name.failure.reason })
@@ -134,6 +153,14 @@ export const resolveConfig = <R>(options: WorkerOptions<R>) =>
           day,
           true
         )
+      })
+      queueSettings.push({
+        queue,
+        dlq: q.dlq,
+        dlqRetentionMs:
+          q.dlqRetention === undefined
+            ? undefined
+            : durationMs(issues, `queues.${queue}.dlqRetention`, q.dlqRetention, 0, 3_600_000, 3650 * day)
       })
     }
     if (queues.length === 0) issues.push({ path: "queues", reason: "at least one queue is required" })
@@ -210,6 +237,22 @@ export const resolveConfig = <R>(options: WorkerOptions<R>) =>
               10,
               day
             ),
+            dlqCleanupIntervalMs: durationMs(
+              issues,
+              "maintenance.dlqCleanupInterval",
+              m.dlqCleanupInterval,
+              60_000,
+              10,
+              day
+            ),
+            dlqRetentionMs: durationMs(
+              issues,
+              "maintenance.dlqRetention",
+              m.dlqRetention,
+              30 * day,
+              3_600_000,
+              3650 * day
+            ),
             retention: {
               completedMs: durationMs(
                 issues,
@@ -251,7 +294,7 @@ export const resolveConfig = <R>(options: WorkerOptions<R>) =>
     )
     const stallWarningMs = durationMs(issues, "stallWarning", options.stallWarning, 1000, 1, 600_000)
     if (issues.length > 0) return yield* new AwaConfigError({ issues })
-    return { queues, heartbeatIntervalMs, maintenance, shutdownTimeoutMs, stallWarningMs }
+    return { queues, queueSettings, heartbeatIntervalMs, maintenance, shutdownTimeoutMs, stallWarningMs }
   })
 
 export const make = Effect.fnUntraced(function* <R>(options: WorkerOptions<R>) {
@@ -259,6 +302,17 @@ export const make = Effect.fnUntraced(function* <R>(options: WorkerOptions<R>) {
   const storage = yield* QueueStorage
   const signals = yield* StorageSignals.StorageSignals
   const isLeader = yield* SubscriptionRef.make(false)
+
+  // Settings every process must agree on live in the database; a worker writes only what it sets.
+  if (options.dlqEnabledByDefault !== undefined) yield* storage.setDlqDefault(options.dlqEnabledByDefault)
+  for (const q of config.queueSettings) {
+    if (q.dlq !== undefined || q.dlqRetentionMs !== undefined) {
+      yield* storage.configureQueue(q.queue, {
+        ...(q.dlq === undefined ? {} : { dlq: q.dlq }),
+        ...(q.dlqRetentionMs === undefined ? {} : { dlqRetentionMs: q.dlqRetentionMs })
+      })
+    }
+  }
 
   // Finalizers run in reverse: dispatchers stop first, then the drain, then the FiberSet
   // interrupts stragglers, and the batcher flushes last.
@@ -354,6 +408,6 @@ export const layer = <R>(
   options: WorkerOptions<R>
 ): Layer.Layer<
   Worker,
-  AwaConfigError,
+  AwaConfigError | ValidationError | SqlError.SqlError,
   QueueStorage | StorageSignals.StorageSignals | LeaderLock.LeaderLock | R
 > => Layer.effect(Worker, make(options))

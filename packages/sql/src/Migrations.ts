@@ -119,7 +119,14 @@ export const migrate = Effect.fn("Migrations.migrate")(function* (options: Schem
       )`).unprepared
       const from = yield* readVersionInTx(sql, schema)
       if (from > known) return yield* new SchemaTooNew({ schema, found: from, known })
-      const pending = migrations.filter((m) => m.version > from)
+      // Every known migration not yet recorded, in order: a migration numbered below one that was
+      // already applied (two branches merged) still runs.
+      const applied = new Set(
+        (yield* sql<{ version: number }>`SELECT version FROM ${sql(schema)}.schema_version`).map(
+          (r) => r.version
+        )
+      )
+      const pending = migrations.filter((m) => !applied.has(m.version))
       for (const migration of pending) {
         for (const statement of renderMigration(migration, schema)) yield* sql.unsafe(statement).unprepared
         yield* sql`INSERT INTO ${sql(schema)}.schema_version (version, name, breaking)
@@ -148,11 +155,24 @@ export interface FenceOptions extends SchemaOptions {
 export const ensureCompatible = Effect.fn("Migrations.ensureCompatible")(function* (
   options: FenceOptions = {}
 ) {
-  const schema = options.schema ?? defaultSchema
-  const known = latestVersion()
-  const found = yield* currentVersion({ schema })
-  if (found > known) return yield* new SchemaTooNew({ schema, found, known })
-  if (found === known) return found
+  const schema = yield* checkSchemaName(options.schema ?? defaultSchema)
+  const known = loadMigrations()
+  const latest = known.at(-1)?.version ?? 0
+  const applied = yield* appliedVersions(schema)
+  const found = Math.max(0, ...applied)
+  if (found > latest) return yield* new SchemaTooNew({ schema, found, known: latest })
+  if (known.every((m) => applied.has(m.version))) return found
   if (options.migrateOnStart) return (yield* migrate({ schema })).to
-  return yield* new SchemaNotMigrated({ schema, found, required: known })
+  return yield* new SchemaNotMigrated({ schema, found, required: latest })
+})
+
+/** The versions recorded in `schema_version`; empty when Awa was never installed. */
+const appliedVersions = Effect.fnUntraced(function* (schema: string) {
+  const sql = yield* SqlClient.SqlClient
+  const [present] = yield* sql<{
+    ok: boolean
+  }>`SELECT to_regclass(${`${schema}.schema_version`}) IS NOT NULL AS ok`
+  if (!present?.ok) return new Set<number>()
+  const rows = yield* sql<{ version: number }>`SELECT version FROM ${sql(schema)}.schema_version`
+  return new Set(rows.map((r) => r.version))
 })

@@ -22,7 +22,8 @@ import {
   type JobState,
   type NewJob,
   UniqueConflict,
-  UniqueKey
+  UniqueKey,
+  ValidationError
 } from "@awa/core"
 import { Migrations } from "@awa/sql"
 import { Clock, Effect, Layer, Option } from "effect"
@@ -31,6 +32,9 @@ import {
   type AttemptToken,
   type ClaimedJob,
   type ClaimParams,
+  type DlqEntry,
+  type DlqFilter,
+  type DlqRetryOverrides,
   type EnqueuedJob,
   type FinalizeItem,
   type FinalizeResult,
@@ -38,6 +42,7 @@ import {
   type JobView,
   type ListFilter,
   type PruneOutcome,
+  type QueueSettings,
   type QueueStateCount,
   QueueStorage,
   type RescuedAttempt,
@@ -45,10 +50,13 @@ import {
   type RotateOutcome
 } from "./QueueStorage.ts"
 import {
+  checkBulkFilter,
+  checkDlqLimit,
   checkFinalizeItems,
   checkInteger,
   checkListLimit,
   maxClaimBatch,
+  maxDlqRetentionMs,
   maxErrorMessageLength
 } from "./StorageChecks.ts"
 
@@ -83,6 +91,7 @@ interface JobRow {
   readonly run_at: Date
   readonly created_at: Date
   readonly finalized_at: Date | null
+  readonly dlq_reason: string | null
 }
 
 const toView = (row: JobRow): JobView => ({
@@ -101,7 +110,46 @@ const toView = (row: JobRow): JobView => ({
   progress: row.progress ?? null,
   runAt: row.run_at,
   createdAt: row.created_at,
-  finalizedAt: row.finalized_at
+  finalizedAt: row.finalized_at,
+  dlqReason: row.dlq_reason
+})
+
+interface DlqRow {
+  readonly job_id: bigint
+  readonly kind: string
+  readonly queue: string
+  readonly priority: number
+  readonly args: unknown
+  readonly metadata: Record<string, unknown>
+  readonly tags: ReadonlyArray<string>
+  readonly errors: ReadonlyArray<any>
+  readonly progress: unknown
+  readonly attempt: number
+  readonly max_attempts: number
+  readonly original_run_lease: bigint
+  readonly run_at: Date
+  readonly created_at: Date
+  readonly dlq_at: Date
+  readonly dlq_reason: string
+}
+
+const toDlqEntry = (row: DlqRow): DlqEntry => ({
+  id: row.job_id,
+  kind: row.kind,
+  queue: row.queue,
+  priority: row.priority,
+  args: row.args,
+  metadata: row.metadata,
+  tags: row.tags,
+  errors: row.errors,
+  progress: row.progress ?? null,
+  attempt: row.attempt,
+  maxAttempts: row.max_attempts,
+  originalRunLease: row.original_run_lease,
+  runAt: row.run_at,
+  createdAt: row.created_at,
+  dlqAt: row.dlq_at,
+  reason: row.dlq_reason
 })
 
 const pgErrorField = (error: SqlError.SqlError, field: "code" | "detail" | "hint"): string | undefined => {
@@ -367,7 +415,7 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
 
   const retryJob = (id: bigint) =>
     Effect.gen(function* () {
-      const [row] = yield* sql<{ result: string | null }>`SELECT ${s}.retry_job(${id}) AS result`
+      const [row] = yield* sql<{ result: string | null }>`SELECT ${s}.retry_job_or_dlq(${id}) AS result`
       if (row?.result == null) return yield* new JobNotFound({ jobId: id })
       if (row.result !== "available")
         return yield* new InvalidTransition({ jobId: id, from: row.result, action: "retry" })
@@ -400,6 +448,100 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
     }
   )
 
+  const configureQueue = (queue: string, settings: QueueSettings) =>
+    Effect.gen(function* () {
+      yield* checkQueueName(queue)
+      const retention = settings.dlqRetentionMs
+      if (retention !== undefined && retention !== null)
+        yield* checkInteger("dlqRetentionMs", retention, 1, maxDlqRetentionMs)
+      const interval = (ms: number | null) => (ms === null ? null : `${ms} milliseconds`)
+      // Only the fields given change: the others keep their stored value.
+      yield* sql`
+        INSERT INTO ${s}.queue_meta (queue, dlq_enabled, dlq_retention)
+        VALUES (${queue}, ${settings.dlq ?? null}, ${interval(retention ?? null)}::interval)
+        ON CONFLICT (queue) DO UPDATE SET
+          dlq_enabled = CASE WHEN ${settings.dlq !== undefined} THEN excluded.dlq_enabled ELSE queue_meta.dlq_enabled END,
+          dlq_retention = CASE WHEN ${retention !== undefined} THEN excluded.dlq_retention ELSE queue_meta.dlq_retention END,
+          updated_at = now()`
+    })
+
+  const setDlqDefault = (enabled: boolean) =>
+    Effect.asVoid(sql`
+      INSERT INTO ${s}.settings (key, value) VALUES ('dlq_enabled_by_default', ${JSON.stringify(enabled)}::jsonb)
+      ON CONFLICT (key) DO UPDATE SET value = excluded.value, updated_at = now()`)
+
+  const dlqFilterArgs = (f: DlqFilter) =>
+    sql`${f.queue ?? null}::text, ${f.kind ?? null}::text, ${f.tag ?? null}::text, ${f.since ?? null}::timestamptz,
+        ${f.until ?? null}::timestamptz, ${f.before ?? null}::bigint`
+
+  const listDlq = (filter: DlqFilter) =>
+    Effect.gen(function* () {
+      yield* checkDlqLimit(filter)
+      const rows = yield* sql<DlqRow>`
+        SELECT * FROM ${s}.dlq_matching(${dlqFilterArgs(filter)}) ORDER BY job_id DESC LIMIT ${filter.limit ?? 50}`
+      return rows.map(toDlqEntry)
+    })
+
+  const getDlq = (id: bigint) =>
+    Effect.gen(function* () {
+      const rows = yield* sql<DlqRow>`SELECT * FROM ${s}.dlq WHERE job_id = ${id}`
+      if (rows.length === 0) return yield* new JobNotFound({ jobId: id })
+      return toDlqEntry(rows[0]!)
+    })
+
+  const retryFromDlq = (id: bigint, overrides: DlqRetryOverrides = {}) =>
+    Effect.gen(function* () {
+      if (overrides.queue !== undefined) yield* checkQueueName(overrides.queue)
+      if (overrides.priority !== undefined) yield* checkInteger("priority", overrides.priority, 1, 4)
+      if (
+        overrides.runAt !== undefined &&
+        !(overrides.runAt instanceof Date && !Number.isNaN(overrides.runAt.getTime()))
+      ) {
+        return yield* new ValidationError({ field: "runAt", reason: "must be a valid Date" })
+      }
+      const [row] = yield* sql<{ result: string | null }>`
+        SELECT ${s}.retry_from_dlq(${id}, ${overrides.queue ?? null}::text, ${overrides.priority ?? null}::int,
+                                   ${overrides.runAt ?? null}::timestamptz) AS result`
+      if (row?.result == null) return yield* new JobNotFound({ jobId: id })
+      return yield* getJob(id)
+    }).pipe(mapUniqueConflict)
+
+  const purgeDlq = (id: bigint) =>
+    Effect.gen(function* () {
+      // a purged job is gone for good: a key it still held (mask with 'failed') is released
+      const rows = yield* sql`
+        WITH gone AS (DELETE FROM ${s}.dlq WHERE job_id = ${id} RETURNING job_id, unique_key),
+        released AS (DELETE FROM ${s}.unique_claims u USING gone g WHERE u.unique_key = g.unique_key AND u.job_id = g.job_id)
+        SELECT job_id FROM gone`
+      if (rows.length === 0) return yield* new JobNotFound({ jobId: id })
+    })
+
+  const dlqBulk = (
+    action: "retry" | "purge",
+    filter: DlqFilter,
+    options: { readonly all?: boolean | undefined } = {}
+  ) =>
+    Effect.gen(function* () {
+      yield* checkBulkFilter(action === "retry" ? "retryDlqBulk" : "purgeDlqBulk", filter, options)
+      const [row] = yield* sql<{ n: number }>`SELECT ${s}.dlq_bulk(${action}, ${dlqFilterArgs(filter)}) AS n`
+      return row?.n ?? 0
+    })
+
+  const cleanupDlq = (defaultRetentionMs: number, batch: number) =>
+    Effect.map(
+      sql<{ n: number }>`SELECT ${s}.cleanup_dlq(${defaultRetentionMs}::bigint, ${batch}) AS n`,
+      (rows) => rows[0]?.n ?? 0
+    )
+
+  const drainQueue = (queue: string, reason: string) =>
+    Effect.gen(function* () {
+      yield* checkQueueName(queue)
+      const [row] = yield* sql<{
+        n: number
+      }>`SELECT ${s}.drain_queue(${queue}, ${reason.slice(0, maxErrorMessageLength)}) AS n`
+      return row?.n ?? 0
+    })
+
   return QueueStorage.of({
     enqueueMany,
     claim,
@@ -420,6 +562,16 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
     retryJob,
     pauseQueue: (queue) => setPaused(queue, true),
     resumeQueue: (queue) => setPaused(queue, false),
+    configureQueue,
+    setDlqDefault,
+    listDlq,
+    getDlq,
+    retryFromDlq,
+    purgeDlq,
+    retryDlqBulk: (filter, options) => dlqBulk("retry", filter, options),
+    purgeDlqBulk: (filter, options) => dlqBulk("purge", filter, options),
+    cleanupDlq,
+    drainQueue,
     status
   })
 })

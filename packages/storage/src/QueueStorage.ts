@@ -19,6 +19,7 @@ import type {
   JobState,
   NewJob,
   UniqueConflict,
+  UnsafeBulkFilter,
   ValidationError
 } from "@awa/core"
 import { Context, type Effect, type Option } from "effect"
@@ -137,6 +138,8 @@ export interface JobView {
   readonly runAt: Date
   readonly createdAt: Date
   readonly finalizedAt: Date | null
+  /** Why the job sits in the dead letter queue; `null` when it is not there. */
+  readonly dlqReason: string | null
 }
 
 export interface ListFilter {
@@ -148,6 +151,63 @@ export interface ListFilter {
   readonly before?: JobId | undefined
   /** 1–1000, default 100. */
   readonly limit?: number | undefined
+}
+
+/** Why a job was dead-lettered (capabilities.md §19), or an operator's own text. */
+export type DlqReason =
+  | "max_attempts_exhausted"
+  | "terminal_error"
+  | "stale_heartbeat"
+  | "deadline_exceeded"
+  | "callback_timeout"
+  | (string & {})
+
+/** A dead-lettered job: its body, full error history, progress and the lease it failed with. */
+export interface DlqEntry {
+  readonly id: JobId
+  readonly kind: string
+  readonly queue: string
+  readonly priority: number
+  readonly args: unknown
+  readonly metadata: Readonly<Record<string, unknown>>
+  readonly tags: ReadonlyArray<string>
+  readonly errors: ReadonlyArray<ErrorEntry>
+  readonly progress: unknown
+  readonly attempt: number
+  readonly maxAttempts: number
+  readonly originalRunLease: bigint
+  readonly runAt: Date
+  readonly createdAt: Date
+  readonly dlqAt: Date
+  readonly reason: DlqReason
+}
+
+export interface DlqFilter {
+  readonly queue?: string | undefined
+  readonly kind?: string | undefined
+  readonly tag?: string | undefined
+  /** Only entries dead-lettered at or after this instant. */
+  readonly since?: Date | undefined
+  /** Only entries dead-lettered before this instant. */
+  readonly until?: Date | undefined
+  /** Keyset pagination: only ids strictly below this (results are newest id first). */
+  readonly before?: JobId | undefined
+  /** 1–1000, default 50. */
+  readonly limit?: number | undefined
+}
+
+export interface DlqRetryOverrides {
+  readonly queue?: string | undefined
+  readonly priority?: number | undefined
+  /** Later than now ⇒ scheduled; otherwise available at once. */
+  readonly runAt?: Date | undefined
+}
+
+export interface QueueSettings {
+  /** Dead-letter this queue's failed jobs; `null` falls back to the global default. */
+  readonly dlq?: boolean | null | undefined
+  /** How long DLQ entries of this queue are kept; `null` falls back to the cleanup default. */
+  readonly dlqRetentionMs?: number | null | undefined
 }
 
 export interface QueueStateCount {
@@ -221,5 +281,46 @@ export class QueueStorage extends Context.Service<
     readonly pauseQueue: (queue: string) => Effect.Effect<void, ValidationError | SqlError.SqlError>
     readonly resumeQueue: (queue: string) => Effect.Effect<void, ValidationError | SqlError.SqlError>
     readonly status: Effect.Effect<StorageStatus, SqlError.SqlError>
+    /** Per-queue settings (DLQ routing and retention); only the fields given change. */
+    readonly configureQueue: (
+      queue: string,
+      settings: QueueSettings
+    ) => Effect.Effect<void, ValidationError | SqlError.SqlError>
+    /** Whether queues without their own setting dead-letter failed jobs (default false). */
+    readonly setDlqDefault: (enabled: boolean) => Effect.Effect<void, SqlError.SqlError>
+    readonly listDlq: (
+      filter: DlqFilter
+    ) => Effect.Effect<ReadonlyArray<DlqEntry>, ValidationError | SqlError.SqlError>
+    readonly getDlq: (id: JobId) => Effect.Effect<DlqEntry, JobNotFound | SqlError.SqlError>
+    /**
+     * Moves a DLQ entry back to work: a new ready (or scheduled) representation of the same job
+     * id, attempt 0, run lease unchanged, errors kept. A unique key held by another job ⇒
+     * `UniqueConflict` and nothing changes.
+     */
+    readonly retryFromDlq: (
+      id: JobId,
+      overrides?: DlqRetryOverrides
+    ) => Effect.Effect<JobView, JobNotFound | UniqueConflict | ValidationError | SqlError.SqlError>
+    readonly purgeDlq: (id: JobId) => Effect.Effect<void, JobNotFound | SqlError.SqlError>
+    /** Retries every entry matching the filter; an empty filter needs `all: true`. Returns how many. */
+    readonly retryDlqBulk: (
+      filter: DlqFilter,
+      options?: { readonly all?: boolean | undefined }
+    ) => Effect.Effect<number, UnsafeBulkFilter | ValidationError | SqlError.SqlError>
+    /** Purges every entry matching the filter; an empty filter needs `all: true`. Returns how many. */
+    readonly purgeDlqBulk: (
+      filter: DlqFilter,
+      options?: { readonly all?: boolean | undefined }
+    ) => Effect.Effect<number, UnsafeBulkFilter | ValidationError | SqlError.SqlError>
+    /** Deletes up to `batch` entries older than their queue's retention (else `defaultRetentionMs`). */
+    readonly cleanupDlq: (
+      defaultRetentionMs: number,
+      batch: number
+    ) => Effect.Effect<number, SqlError.SqlError>
+    /** Cancels every job of the queue that is not running yet (available, scheduled, retryable). */
+    readonly drainQueue: (
+      queue: string,
+      reason: string
+    ) => Effect.Effect<number, ValidationError | SqlError.SqlError>
   }
 >()("@awa/storage/QueueStorage") {}

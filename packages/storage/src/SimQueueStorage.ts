@@ -19,6 +19,15 @@
  *   rescue, promotion or claim of a job whose mask omits the state it leaves) cancels the
  *   re-entering job with `cancelled: superseded by duplicate <id>` (capabilities.md §4); operator
  *   `retryJob` fails with `UniqueConflict` instead and changes nothing.
+ * - Dead letter queue (capability 19): a job that ends `failed` (reasons `terminal_error`,
+ *   `max_attempts_exhausted`, `stale_heartbeat`, `deadline_exceeded`) is dead-lettered when its
+ *   queue's `dlq` setting is true, or unset and the global default (`setDlqDefault`, initially
+ *   false) is true. It stays `failed` with `dlqReason` set (so `listJobs` and `countByQueueState`
+ *   show it as failed), and the entry keeps the attempt's run lease as `originalRunLease`.
+ *   `pruneHistory` never deletes it; `purgeDlq`, `purgeDlqBulk` and `cleanupDlq` delete the job
+ *   entirely (releasing any key it holds). `retryFromDlq`, `retryDlqBulk` (oldest id first, skipping
+ *   unique conflicts) and operator `retryJob` take it back to work: fresh lane position, attempt 0,
+ *   run lease unchanged. Per-queue `dlqRetentionMs` is 1 ms – 3,650 days.
  *
  * **Gotchas** (differences from Postgres)
  * - No transactions: `enqueueMany` does not join the caller's `@effect/sql` transaction, and a
@@ -41,7 +50,10 @@
  *   jsonb rejects, are accepted.
  * - `countByQueueState` orders queue names by UTF-8 bytes (Postgres's `C` collation); a database
  *   with a linguistic collation may order them differently.
- * - Pause state and everything else is lost when the layer's scope closes.
+ * - Pause state, queue settings, the DLQ default and everything else are lost when the layer's
+ *   scope closes.
+ * - A `retryFromDlq` override `runAt` that is not a valid `Date` is a `ValidationError` (field
+ *   `runAt`); Postgres passes it to the database as is.
  * - `waiting_external` and `waiting_on` are never produced (no callbacks, no dependencies).
  */
 import {
@@ -54,16 +66,22 @@ import {
   isTerminal,
   JobNotFound,
   type JobState,
+  limits,
   maskHas,
   type NewJob,
   UniqueConflict,
-  UniqueKey
+  UniqueKey,
+  ValidationError
 } from "@awa/core"
 import { Clock, Effect, Layer, Option, Random } from "effect"
 import {
   type AttemptToken,
   type ClaimedJob,
   type ClaimParams,
+  type DlqEntry,
+  type DlqFilter,
+  type DlqReason,
+  type DlqRetryOverrides,
   type EnqueuedJob,
   type ErrorEntry,
   type FinalizeItem,
@@ -74,6 +92,7 @@ import {
   type ListFilter,
   type Outcome,
   type PruneOutcome,
+  type QueueSettings,
   type QueueStateCount,
   QueueStorage,
   type RescuedAttempt,
@@ -82,22 +101,40 @@ import {
   type StorageStatus
 } from "./QueueStorage.ts"
 import {
+  checkBulkFilter,
+  checkDlqLimit,
   checkFinalizeItems,
   checkInteger,
   checkListLimit,
   defaultListLimit,
-  maxClaimBatch
+  maxClaimBatch,
+  maxDlqRetentionMs
 } from "./StorageChecks.ts"
 
 /** Newest error entries kept per job. */
 const maxErrorEntries = 100
 
+/** Why and when a failed job was dead-lettered. */
+interface DlqMark {
+  readonly reason: DlqReason
+  readonly at: number
+  /** The run lease of the attempt that failed. */
+  readonly originalRunLease: bigint
+}
+
+/** Per-queue settings; `null` falls back to the global default (routing) or the cleanup default (retention). */
+interface SimQueueSettings {
+  dlq: boolean | null
+  dlqRetentionMs: number | null
+}
+
 /** One job, mutable in place; only this module sees it. */
 interface SimJob {
   readonly id: JobId
   readonly kind: string
-  readonly queue: string
-  readonly priority: number
+  /** Queue and priority change only when a DLQ retry overrides them. */
+  queue: string
+  priority: number
   readonly maxAttempts: number
   readonly argsJson: string
   readonly metadataJson: string
@@ -116,6 +153,8 @@ interface SimJob {
   deadlineAt: number | null
   heartbeatAt: number | null
   finalizedAt: number | null
+  /** Set while the job sits in the dead letter queue (its state is then `failed`). */
+  dlq: DlqMark | null
 }
 
 const iso = (millis: number): string => new Date(millis).toISOString()
@@ -146,6 +185,10 @@ export const make: Effect.Effect<QueueStorage["Service"]> = Effect.gen(function*
   /** Unique key (hex) → the job holding it. */
   const keys = new Map<string, SimJob>()
   const paused = new Set<string>()
+  /** Dead-lettered jobs by id (each is also in `jobs`, state `failed`, with `dlq` set). */
+  const deadLetters = new Map<JobId, SimJob>()
+  const queueSettings = new Map<string, SimQueueSettings>()
+  let dlqDefault = false
   let nextId = 1n
   let historyGeneration = 0n
 
@@ -224,6 +267,34 @@ export const make: Effect.Effect<QueueStorage["Service"]> = Effect.gen(function*
     return to
   }
 
+  /** Whether failed jobs of `queue` go to the dead letter queue. */
+  const routesToDlq = (queue: string): boolean => queueSettings.get(queue)?.dlq ?? dlqDefault
+
+  /** Ends a job `failed`, dead-lettering it with `reason` when its queue routes there. */
+  const fail = (job: SimJob, reason: DlqReason, now: number): JobState => {
+    const originalRunLease = job.runLease
+    finish(job, "failed", now)
+    if (routesToDlq(job.queue)) {
+      job.dlq = { reason, at: now, originalRunLease }
+      deadLetters.set(job.id, job)
+    }
+    return "failed"
+  }
+
+  /** Takes a job out of the dead letter queue (it stays whatever state it is in). */
+  const undead = (job: SimJob) => {
+    job.dlq = null
+    deadLetters.delete(job.id)
+  }
+
+  /** Deletes a job entirely: it leaves the store, any lane, the DLQ, and releases its key. */
+  const remove = (job: SimJob) => {
+    if (job.state === "available") leaveLane(job)
+    undead(job)
+    jobs.delete(job.id)
+    if (job.uniqueKey !== undefined && keys.get(job.uniqueKey) === job) keys.delete(job.uniqueKey)
+  }
+
   const cancel = (job: SimJob, reason: string, now: number): JobState => {
     appendError(job, { error: `cancelled: ${reason}`, attempt: job.attempt, at: iso(now) })
     return finish(job, "cancelled", now)
@@ -244,8 +315,16 @@ export const make: Effect.Effect<QueueStorage["Service"]> = Effect.gen(function*
     return to
   }
 
-  /** Applies an outcome to an open attempt; returns the job's new state. */
-  const applyOutcome = (job: SimJob, outcome: Outcome, now: number): JobState => {
+  /**
+   * Applies an outcome to an open attempt; returns the job's new state. `exhausted` is the DLQ
+   * reason when a `Retry` has no attempts left (rescue passes its own).
+   */
+  const applyOutcome = (
+    job: SimJob,
+    outcome: Outcome,
+    now: number,
+    exhausted: DlqReason = "max_attempts_exhausted"
+  ): JobState => {
     switch (outcome._tag) {
       case "Complete":
         job.progressJson = null
@@ -254,7 +333,7 @@ export const make: Effect.Effect<QueueStorage["Service"]> = Effect.gen(function*
         return cancel(job, outcome.reason, now)
       case "Fail":
         appendError(job, { error: outcome.error, attempt: job.attempt, at: iso(now), terminal: true })
-        return finish(job, "failed", now)
+        return fail(job, "terminal_error", now)
       case "Retry":
         // the entry that exhausts the attempts is marked terminal, as in Postgres
         appendError(job, {
@@ -264,7 +343,7 @@ export const make: Effect.Effect<QueueStorage["Service"]> = Effect.gen(function*
           ...(job.attempt >= job.maxAttempts ? { terminal: true } : {})
         })
         return job.attempt >= job.maxAttempts
-          ? finish(job, "failed", now)
+          ? fail(job, exhausted, now)
           : defer(job, "retryable", now + outcome.delayMs, now)
       case "Snooze":
         return defer(job, "scheduled", now + outcome.delayMs, now)
@@ -295,7 +374,27 @@ export const make: Effect.Effect<QueueStorage["Service"]> = Effect.gen(function*
     progress: job.progressJson === null ? null : JSON.parse(job.progressJson),
     runAt: new Date(job.runAt),
     createdAt: new Date(job.createdAt),
-    finalizedAt: isTerminal(job.state) && job.finalizedAt !== null ? new Date(job.finalizedAt) : null
+    finalizedAt: isTerminal(job.state) && job.finalizedAt !== null ? new Date(job.finalizedAt) : null,
+    dlqReason: job.dlq?.reason ?? null
+  })
+
+  const dlqEntry = (job: SimJob, mark: DlqMark): DlqEntry => ({
+    id: job.id,
+    kind: job.kind,
+    queue: job.queue,
+    priority: job.priority,
+    args: JSON.parse(job.argsJson),
+    metadata: JSON.parse(job.metadataJson),
+    tags: [...job.tags],
+    errors: errorsOf(job),
+    progress: job.progressJson === null ? null : JSON.parse(job.progressJson),
+    attempt: job.attempt,
+    maxAttempts: job.maxAttempts,
+    originalRunLease: mark.originalRunLease,
+    runAt: new Date(job.runAt),
+    createdAt: new Date(job.createdAt),
+    dlqAt: new Date(mark.at),
+    reason: mark.reason
   })
 
   const claimed = (job: SimJob, now: number): ClaimedJob => ({
@@ -349,7 +448,8 @@ export const make: Effect.Effect<QueueStorage["Service"]> = Effect.gen(function*
           claimedAt: null,
           deadlineAt: null,
           heartbeatAt: null,
-          finalizedAt: null
+          finalizedAt: null,
+          dlq: null
         }
       })
       const batchKeys = new Map<string, SimJob>()
@@ -478,7 +578,12 @@ export const make: Effect.Effect<QueueStorage["Service"]> = Effect.gen(function*
           .map((job): RescuedAttempt => {
             const token = { jobId: job.id, runLease: job.runLease }
             const delayMs = Backoff.defaultBackoffMs(job.attempt, random.nextDoubleUnsafe())
-            const state = applyOutcome(job, { _tag: "Retry", delayMs, error: rescuedError[reason] }, now)
+            const state = applyOutcome(
+              job,
+              { _tag: "Retry", delayMs, error: rescuedError[reason] },
+              now,
+              reason
+            )
             return { ...token, reason, state }
           })
       )
@@ -505,10 +610,11 @@ export const make: Effect.Effect<QueueStorage["Service"]> = Effect.gen(function*
     return yield* Effect.sync((): PruneOutcome => {
       let deleted = 0
       for (const job of jobs.values()) {
+        // dead-lettered jobs are kept by DLQ retention (`cleanupDlq`), not by history retention
+        if (job.dlq !== null) continue
         const keepMs = retentionOf(retention, job.state)
         if (keepMs === undefined || job.finalizedAt === null || job.finalizedAt >= now - keepMs) continue
-        jobs.delete(job.id)
-        if (job.uniqueKey !== undefined && keys.get(job.uniqueKey) === job) keys.delete(job.uniqueKey)
+        remove(job)
         deleted++
       }
       if (deleted === 0) return { _tag: "Noop" }
@@ -592,6 +698,8 @@ export const make: Effect.Effect<QueueStorage["Service"]> = Effect.gen(function*
         if (holder !== undefined) {
           return Effect.fail(new UniqueConflict({ key: job.uniqueKey!, existingJobId: holder.id }))
         }
+        // a dead-lettered job retried this way leaves the DLQ, as with `retryFromDlq` without overrides
+        undead(job)
         job.attempt = 0
         job.runAt = now
         job.finalizedAt = null
@@ -605,6 +713,178 @@ export const make: Effect.Effect<QueueStorage["Service"]> = Effect.gen(function*
 
   const resumeQueue = (queue: string) =>
     Effect.flatMap(checkQueueName(queue), (name) => Effect.sync(() => void paused.delete(name)))
+
+  // ---------------------------------------------------------------------------------------------
+  // Dead letter queue and queue settings (capability 19)
+
+  const configureQueue = Effect.fnUntraced(function* (queue: string, settings: QueueSettings) {
+    const name = yield* checkQueueName(queue)
+    const retentionMs = settings.dlqRetentionMs
+    if (retentionMs !== undefined && retentionMs !== null) {
+      yield* checkInteger("dlqRetentionMs", retentionMs, 1, maxDlqRetentionMs)
+    }
+    yield* Effect.sync(() => {
+      const current = queueSettings.get(name) ?? { dlq: null, dlqRetentionMs: null }
+      if (settings.dlq !== undefined) current.dlq = settings.dlq
+      if (retentionMs !== undefined) current.dlqRetentionMs = retentionMs
+      queueSettings.set(name, current)
+    })
+  })
+
+  const setDlqDefault = (enabled: boolean) =>
+    Effect.sync(() => {
+      dlqDefault = enabled
+    })
+
+  /** Dead-lettered jobs matching the filter (its `limit` aside), newest id first. */
+  const matchingDlq = (filter: DlqFilter): Array<SimJob> => {
+    const since = filter.since?.getTime()
+    const until = filter.until?.getTime()
+    return [...deadLetters.values()]
+      .filter((job) => {
+        const at = job.dlq!.at
+        if (filter.before !== undefined && job.id >= filter.before) return false
+        if (filter.queue !== undefined && job.queue !== filter.queue) return false
+        if (filter.kind !== undefined && job.kind !== filter.kind) return false
+        if (filter.tag !== undefined && !job.tags.includes(filter.tag)) return false
+        if (since !== undefined && !(at >= since)) return false
+        if (until !== undefined && !(at < until)) return false
+        return true
+      })
+      .sort((a, b) => (a.id < b.id ? 1 : a.id > b.id ? -1 : 0))
+  }
+
+  const listDlq = Effect.fnUntraced(function* (filter: DlqFilter) {
+    yield* checkDlqLimit(filter)
+    const limit = filter.limit ?? 50
+    return yield* Effect.sync(
+      (): ReadonlyArray<DlqEntry> =>
+        matchingDlq(filter)
+          .slice(0, limit)
+          .map((job) => dlqEntry(job, job.dlq!))
+    )
+  })
+
+  const getDlq = (id: JobId) =>
+    Effect.suspend(() => {
+      const job = deadLetters.get(id)
+      return job === undefined ? notFound(id) : Effect.succeed(dlqEntry(job, job.dlq!))
+    })
+
+  interface CheckedOverrides {
+    readonly queue: string | undefined
+    readonly priority: number | undefined
+    readonly runAt: number | undefined
+  }
+
+  const checkOverrides = Effect.fnUntraced(function* (overrides: DlqRetryOverrides) {
+    const queue = overrides.queue === undefined ? undefined : yield* checkQueueName(overrides.queue)
+    if (overrides.priority !== undefined) {
+      yield* checkInteger("priority", overrides.priority, limits.minPriority, limits.maxPriority)
+    }
+    const runAt = overrides.runAt
+    if (runAt !== undefined && (!(runAt instanceof Date) || Number.isNaN(runAt.getTime()))) {
+      return yield* new ValidationError({ field: "runAt", reason: "must be a valid Date" })
+    }
+    return { queue, priority: overrides.priority, runAt: runAt?.getTime() } satisfies CheckedOverrides
+  })
+
+  /**
+   * Moves a dead-lettered job back to work (available, or scheduled for a future `runAt`) with a
+   * fresh lane position, attempt 0 and its run lease unchanged. Returns the conflict instead, and
+   * changes nothing, when another job holds the key the job would need.
+   */
+  const revive = (job: SimJob, overrides: CheckedOverrides, now: number): UniqueConflict | undefined => {
+    const runAt = overrides.runAt ?? now
+    const to = runAt > now ? "scheduled" : "available"
+    const holder = blocker(job, to)
+    if (holder !== undefined) return new UniqueConflict({ key: job.uniqueKey!, existingJobId: holder.id })
+    undead(job)
+    job.queue = overrides.queue ?? job.queue
+    job.priority = overrides.priority ?? job.priority
+    job.attempt = 0
+    job.runAt = runAt
+    job.finalizedAt = null
+    transition(job, to)
+    return undefined
+  }
+
+  const retryFromDlq = Effect.fnUntraced(function* (id: JobId, overrides: DlqRetryOverrides = {}) {
+    const checked = yield* checkOverrides(overrides)
+    const now = yield* Clock.currentTimeMillis
+    return yield* Effect.suspend((): Effect.Effect<JobView, JobNotFound | UniqueConflict> => {
+      const job = deadLetters.get(id)
+      if (job === undefined) return notFound(id)
+      const conflict = revive(job, checked, now)
+      return conflict === undefined ? Effect.succeed(view(job)) : Effect.fail(conflict)
+    })
+  })
+
+  const purgeDlq = (id: JobId) =>
+    Effect.suspend(() => {
+      const job = deadLetters.get(id)
+      if (job === undefined) return notFound(id)
+      remove(job)
+      return Effect.void
+    })
+
+  // Bulk retry goes oldest id first, so of two entries sharing a unique key the older one wins.
+  const retryDlqBulk = Effect.fnUntraced(function* (
+    filter: DlqFilter,
+    options?: { readonly all?: boolean | undefined }
+  ) {
+    yield* checkBulkFilter("retryDlqBulk", filter, options ?? {})
+    const now = yield* Clock.currentTimeMillis
+    return yield* Effect.sync(() => {
+      const none = { queue: undefined, priority: undefined, runAt: undefined }
+      let retried = 0
+      for (const job of matchingDlq(filter).reverse()) {
+        if (revive(job, none, now) === undefined) retried++
+      }
+      return retried
+    })
+  })
+
+  const purgeDlqBulk = Effect.fnUntraced(function* (
+    filter: DlqFilter,
+    options?: { readonly all?: boolean | undefined }
+  ) {
+    yield* checkBulkFilter("purgeDlqBulk", filter, options ?? {})
+    return yield* Effect.sync(() => {
+      const matching = matchingDlq(filter)
+      for (const job of matching) remove(job)
+      return matching.length
+    })
+  })
+
+  const cleanupDlq = (defaultRetentionMs: number, batch: number) =>
+    Effect.flatMap(Clock.currentTimeMillis, (now) =>
+      Effect.sync(() => {
+        const expired = [...deadLetters.values()]
+          .filter((job) => {
+            const keepMs = queueSettings.get(job.queue)?.dlqRetentionMs ?? defaultRetentionMs
+            return job.dlq!.at < now - keepMs
+          })
+          .sort((a, b) => a.dlq!.at - b.dlq!.at || (a.id < b.id ? -1 : 1))
+          .slice(0, Math.max(0, Math.floor(batch)))
+        for (const job of expired) remove(job)
+        return expired.length
+      })
+    )
+
+  const drainQueue = Effect.fnUntraced(function* (queue: string, reason: string) {
+    const name = yield* checkQueueName(queue)
+    const now = yield* Clock.currentTimeMillis
+    return yield* Effect.sync(() => {
+      const waiting = [...jobs.values()].filter(
+        (job) =>
+          job.queue === name &&
+          (job.state === "available" || job.state === "scheduled" || job.state === "retryable")
+      )
+      for (const job of waiting) cancel(job, reason, now)
+      return waiting.length
+    })
+  })
 
   const status: StorageStatus = { generation: 0n, slot: 0, oldestUnpruned: null, historyGeneration: 0n }
 
@@ -628,7 +908,17 @@ export const make: Effect.Effect<QueueStorage["Service"]> = Effect.gen(function*
     retryJob,
     pauseQueue,
     resumeQueue,
-    status: Effect.succeed(status)
+    status: Effect.succeed(status),
+    configureQueue,
+    setDlqDefault,
+    listDlq,
+    getDlq,
+    retryFromDlq,
+    purgeDlq,
+    retryDlqBulk,
+    purgeDlqBulk,
+    cleanupDlq,
+    drainQueue
   })
 })
 

@@ -2,9 +2,9 @@
  * Checks both storage layers run on their inputs before touching state, so Postgres and the
  * simulation reject exactly the same calls with the same `ValidationError`.
  */
-import { ValidationError } from "@awa/core"
+import { UnsafeBulkFilter, ValidationError } from "@awa/core"
 import { Effect } from "effect"
-import type { FinalizeItem, ListFilter } from "./QueueStorage.ts"
+import type { DlqFilter, FinalizeItem, ListFilter } from "./QueueStorage.ts"
 
 /** Largest delay an outcome may ask for (capabilities.md §3: 0 ms – 30 days). */
 export const maxDelayMs = 30 * 24 * 60 * 60 * 1000
@@ -40,3 +40,20 @@ export const checkFinalizeItems = (
 
 export const checkListLimit = (filter: ListFilter) =>
   checkInteger("limit", filter.limit ?? defaultListLimit, 1, maxListLimit)
+
+/** Longest DLQ retention a queue may ask for: 3,650 days. */
+export const maxDlqRetentionMs = 3650 * 24 * 60 * 60 * 1000
+
+export const checkDlqLimit = (filter: DlqFilter) => checkInteger("limit", filter.limit ?? 50, 1, maxListLimit)
+
+/** A bulk DLQ action with no condition at all must say `all: true`. */
+export const checkBulkFilter = (
+  action: string,
+  filter: DlqFilter,
+  options: { readonly all?: boolean | undefined }
+) => {
+  const empty = [filter.queue, filter.kind, filter.tag, filter.since, filter.until, filter.before].every(
+    (v) => v === undefined
+  )
+  return empty && options.all !== true ? Effect.fail(new UnsafeBulkFilter({ action })) : Effect.void
+}

@@ -521,3 +521,42 @@ describe("PgQueueStorage regressions", () => {
     )
   )
 })
+
+describe("failed-job retention floor", () => {
+  it.live(
+    "a failed job outlives ring prunes within the failed retention, stays retryable, and goes after it",
+    () =>
+      withDatabase(() =>
+        Effect.gen(function* () {
+          const storage = yield* QueueStorage
+          const q = fresh("floor")
+          const fail = (c: ClaimedJob) =>
+            storage.finalizeMany([
+              { jobId: c.jobId, runLease: c.runLease, outcome: { _tag: "Fail", error: "nope" } }
+            ])
+          const [kept, dropped] = yield* storage.enqueueMany([job(q, 1), job(`${q}-short`, 2)])
+          yield* storage.configureQueue(`${q}-short`, {})
+          yield* fail((yield* storage.claim(claimOf(q, 1)))[0]!)
+          yield* fail((yield* storage.claim(claimOf(`${q}-short`, 1)))[0]!)
+          // per-queue retention: the short queue keeps failed jobs for 0 ms
+          const sql = yield* SqlClient.SqlClient
+          yield* sql`UPDATE awa.queue_meta SET failed_retention = interval '0' WHERE queue = ${`${q}-short`}`
+          for (let i = 0; i < 18; i++) {
+            yield* storage.enqueueMany([job(q, 100 + i)])
+            yield* completeAll(yield* storage.claim(claimOf(q, 5)))
+            yield* tick({ completedMs: 0, failedMs: 3 * day, cancelledMs: 0 })
+          }
+          const status = yield* storage.status
+          assert.isAtLeast(Number(status.generation), 17, "the ring wrapped")
+          const view = yield* storage.getJob(kept!.id)
+          assert.deepStrictEqual([view.state, view.errors.at(-1)!.error], ["failed", "nope"])
+          assert.strictEqual((yield* Effect.flip(storage.getJob(dropped!.id)))._tag, "JobNotFound")
+          // still retryable by an operator, straight from history
+          const back = yield* storage.retryJob(kept!.id)
+          assert.strictEqual(back.state, "available")
+          const [again] = yield* storage.claim(claimOf(q, 10))
+          assert.strictEqual(again!.jobId, kept!.id)
+        })
+      )
+  )
+})

@@ -811,6 +811,149 @@ describe("SimQueueStorage", () => {
       )
     )
   })
+
+  describe("dead letter queue", () => {
+    const fail = (c: ClaimedJob) => ({ ...token(c), outcome: { _tag: "Fail", error: "no" } as const })
+    const unique = job({ kind: "sync", unique: {} })
+    const fieldOf = (error: unknown) => (error instanceof ValidationError ? error.field : undefined)
+
+    it.effect("settings change only the fields given; bad names and retentions are rejected", () =>
+      sim(
+        Effect.gen(function* () {
+          const s = yield* QueueStorage
+          yield* s.configureQueue("default", { dlq: true, dlqRetentionMs: 1000 })
+          yield* s.configureQueue("default", { dlqRetentionMs: null })
+          yield* s.enqueueMany([job(), job()])
+          const [a, b] = yield* s.claim(params())
+          yield* s.finalizeMany([fail(a!)])
+          // dlq kept true; retention cleared back to the cleanup default
+          assert.strictEqual((yield* s.getJob(1n)).dlqReason, "terminal_error")
+          yield* TestClock.adjust(5000)
+          assert.strictEqual(yield* s.cleanupDlq(10_000, 10), 0)
+          yield* s.configureQueue("default", { dlq: null })
+          yield* s.finalizeMany([fail(b!)])
+          assert.strictEqual((yield* s.getJob(2n)).dlqReason, null)
+          const badRetention = yield* Effect.flip(s.configureQueue("default", { dlqRetentionMs: 0.5 }))
+          assert.instanceOf(badRetention, ValidationError)
+          assert.strictEqual(badRetention.field, "dlqRetentionMs")
+          assert.instanceOf(yield* Effect.flip(s.configureQueue("", { dlq: true })), ValidationError)
+          assert.instanceOf(yield* Effect.flip(s.drainQueue("", "x")), ValidationError)
+          assert.strictEqual(fieldOf(yield* Effect.flip(s.listDlq({ limit: 1001 }))), "limit")
+        })
+      )
+    )
+
+    it.effect("an entry keeps progress and timestamps; since, until and before filter it", () =>
+      sim(
+        Effect.gen(function* () {
+          const s = yield* QueueStorage
+          yield* s.setDlqDefault(true)
+          yield* s.enqueueMany([job({ tags: ["t"] }), job()])
+          const [a, b] = yield* s.claim(params())
+          yield* s.heartbeatMany([{ ...token(a!), progress: { step: 3 } }])
+          yield* TestClock.adjust(100)
+          yield* s.finalizeMany([fail(a!)])
+          yield* TestClock.adjust(100)
+          yield* s.finalizeMany([fail(b!)])
+          const entry = yield* s.getDlq(1n)
+          assert.deepStrictEqual(
+            [entry.progress, entry.dlqAt.getTime(), entry.tags],
+            [{ step: 3 }, 100, ["t"]]
+          )
+          const view = yield* s.getJob(1n)
+          assert.deepStrictEqual([view.state, view.finalizedAt?.getTime()], ["failed", 100])
+          const listed = (filter: Parameters<typeof s.listDlq>[0]) =>
+            Effect.map(s.listDlq(filter), (entries) => entries.map((e) => e.id))
+          assert.deepStrictEqual(yield* listed({}), [2n, 1n])
+          assert.deepStrictEqual(yield* listed({ since: new Date(200) }), [2n])
+          assert.deepStrictEqual(yield* listed({ until: new Date(200) }), [1n])
+          assert.deepStrictEqual(yield* listed({ before: 2n }), [1n])
+          assert.deepStrictEqual(yield* listed({ tag: "t" }), [1n])
+          assert.deepStrictEqual(yield* listed({ limit: 1 }), [2n])
+          // history retention leaves dead letters alone; only DLQ cleanup or purge removes them
+          assert.deepStrictEqual(yield* s.pruneHistory({ completedMs: 0, failedMs: 0, cancelledMs: 0 }), {
+            _tag: "Noop"
+          })
+          assert.strictEqual(yield* s.purgeDlqBulk({}, { all: true }), 2)
+          assert.instanceOf(yield* Effect.flip(s.getJob(1n)), JobNotFound)
+        })
+      )
+    )
+
+    it.effect("a retry whose unique key is taken conflicts and changes nothing; bulk retry skips it", () =>
+      sim(
+        Effect.gen(function* () {
+          const s = yield* QueueStorage
+          yield* s.configureQueue("default", { dlq: true })
+          yield* s.enqueueMany([unique, job()])
+          yield* s.finalizeMany((yield* s.claim(params())).map(fail))
+          yield* s.enqueueMany([unique])
+          const error = yield* Effect.flip(s.retryFromDlq(1n))
+          assert.instanceOf(error, UniqueConflict)
+          assert.strictEqual(error.existingJobId, 3n)
+          assert.strictEqual((yield* s.getDlq(1n)).id, 1n)
+          assert.strictEqual(yield* s.retryDlqBulk({ queue: "default" }), 1)
+          assert.deepStrictEqual(
+            (yield* s.listDlq({})).map((e) => e.id),
+            [1n]
+          )
+          // a key free again only for a later state: scheduled retry still conflicts (default mask)
+          const later = new Date(60_000)
+          assert.instanceOf(yield* Effect.flip(s.retryFromDlq(1n, { runAt: later })), UniqueConflict)
+          yield* s.cancelJob(3n, "stop")
+          const back = yield* s.retryFromDlq(1n, { runAt: later })
+          assert.deepStrictEqual(
+            [back.state, back.runAt.getTime(), back.finalizedAt],
+            ["scheduled", 60_000, null]
+          )
+        })
+      )
+    )
+
+    it.effect("retry overrides are validated before anything changes", () =>
+      sim(
+        Effect.gen(function* () {
+          const s = yield* QueueStorage
+          yield* s.configureQueue("default", { dlq: true })
+          yield* s.enqueueMany([job()])
+          yield* s.finalizeMany((yield* s.claim(params())).map(fail))
+          assert.strictEqual(fieldOf(yield* Effect.flip(s.retryFromDlq(1n, { priority: 5 }))), "priority")
+          assert.instanceOf(yield* Effect.flip(s.retryFromDlq(1n, { queue: " x" })), ValidationError)
+          assert.instanceOf(
+            yield* Effect.flip(s.retryFromDlq(1n, { runAt: new Date(Number.NaN) })),
+            ValidationError
+          )
+          assert.strictEqual((yield* s.getDlq(1n)).reason, "terminal_error")
+          // operator retryJob also takes a dead-lettered job out of the DLQ
+          const back = yield* s.retryJob(1n)
+          assert.deepStrictEqual([back.state, back.dlqReason], ["available", null])
+          assert.instanceOf(yield* Effect.flip(s.getDlq(1n)), JobNotFound)
+        })
+      )
+    )
+
+    it.effect("cleanup deletes the oldest expired entries first, up to the batch", () =>
+      sim(
+        Effect.gen(function* () {
+          const s = yield* QueueStorage
+          yield* s.setDlqDefault(true)
+          yield* s.enqueueMany([job(), job(), job()])
+          const claimed = yield* s.claim(params())
+          for (const c of claimed) {
+            yield* s.finalizeMany([fail(c)])
+            yield* TestClock.adjust(10)
+          }
+          // dlqAt 0, 10, 20; now 30
+          assert.strictEqual(yield* s.cleanupDlq(15, 1), 1)
+          assert.instanceOf(yield* Effect.flip(s.getDlq(1n)), JobNotFound)
+          assert.strictEqual(yield* s.cleanupDlq(15, 10), 1)
+          assert.strictEqual(yield* s.cleanupDlq(15, 10), 0)
+          assert.strictEqual(yield* s.cleanupDlq(5, 10), 1)
+          assert.strictEqual((yield* s.listDlq({})).length, 0)
+        })
+      )
+    )
+  })
 })
 
 describe("SimQueueStorage contract", () => {

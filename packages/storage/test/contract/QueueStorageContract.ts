@@ -546,4 +546,201 @@ export const suite = (it: Vitest.MethodsNonLive<QueueStorage>, { advance }: Cont
       assert.strictEqual((yield* storage.getJob(c!.jobId)).state, "running")
     })
   )
+
+  // --- dead letter queue (capability 19) ------------------------------------------------------
+
+  const failTo = (c: { jobId: bigint; runLease: bigint }, error = "broken"): FinalizeItem => ({
+    jobId: c.jobId,
+    runLease: c.runLease,
+    outcome: { _tag: "Fail", error }
+  })
+
+  it.effect(
+    "a DLQ queue dead-letters terminal errors and exhausted retries with their reason and history",
+    () =>
+      Effect.gen(function* () {
+        const storage = yield* QueueStorage
+        const q = freshQueue("dlq-route")
+        const plain = freshQueue("no-dlq")
+        yield* storage.configureQueue(q, { dlq: true })
+        const [terminal, exhausted] = yield* storage.enqueueMany([
+          job(q, { maxAttempts: 3 }),
+          job(q, { maxAttempts: 2 })
+        ])
+        const [kept] = yield* storage.enqueueMany([job(plain, { maxAttempts: 1 })])
+        const [a, b] = yield* storage.claim(claimOf(q, 2))
+        yield* storage.finalizeMany([
+          failTo(a!, "bad input"),
+          { jobId: b!.jobId, runLease: b!.runLease, outcome: { _tag: "Retry", delayMs: 0, error: "try 1" } }
+        ])
+        yield* advance(5)
+        yield* storage.promoteDue(100)
+        const [b2] = yield* storage.claim(claimOf(q, 1))
+        yield* storage.finalizeMany([
+          { jobId: b2!.jobId, runLease: b2!.runLease, outcome: { _tag: "Retry", delayMs: 0, error: "try 2" } }
+        ])
+        const [c] = yield* storage.claim(claimOf(plain, 1))
+        yield* storage.finalizeMany([failTo(c!)])
+
+        const t = yield* storage.getDlq(terminal!.id)
+        assert.deepStrictEqual(
+          [t.reason, t.attempt, t.originalRunLease, t.queue],
+          ["terminal_error", 1, 1n, q]
+        )
+        assert.strictEqual(t.errors.at(-1)!.error, "bad input")
+        const e = yield* storage.getDlq(exhausted!.id)
+        assert.deepStrictEqual([e.reason, e.attempt, e.originalRunLease], ["max_attempts_exhausted", 2, 2n])
+        assert.deepStrictEqual(
+          e.errors.map((x) => x.error),
+          ["try 1", "try 2"]
+        )
+        const view = yield* storage.getJob(exhausted!.id)
+        assert.deepStrictEqual([view.state, view.dlqReason], ["failed", "max_attempts_exhausted"])
+        // a queue without DLQ keeps its failed job as a plain failed job
+        assert.deepStrictEqual(
+          [(yield* storage.getJob(kept!.id)).dlqReason, (yield* storage.getJob(kept!.id)).state],
+          [null, "failed"]
+        )
+        assert.strictEqual((yield* Effect.flip(storage.getDlq(kept!.id)))._tag, "JobNotFound")
+        assert.deepStrictEqual(
+          (yield* storage.listDlq({ queue: q })).map((x) => x.id),
+          [exhausted!.id, terminal!.id]
+        )
+      })
+  )
+
+  it.effect("rescue exhaustion on a DLQ queue is dead-lettered with the rescue's reason", () =>
+    Effect.gen(function* () {
+      const storage = yield* QueueStorage
+      const q = freshQueue("dlq-rescue")
+      yield* storage.configureQueue(q, { dlq: true })
+      const [late, silent] = yield* storage.enqueueMany([
+        job(q, { maxAttempts: 1 }),
+        job(q, { maxAttempts: 1 })
+      ])
+      yield* storage.claim(claimOf(q, 1, { deadlineMs: 10 }))
+      yield* storage.claim(claimOf(q, 1))
+      yield* advance(60)
+      yield* storage.rescueDeadlines(500)
+      yield* storage.rescueStale({ stalenessMs: 30, limit: 500 })
+      assert.strictEqual((yield* storage.getDlq(late!.id)).reason, "deadline_exceeded")
+      assert.strictEqual((yield* storage.getDlq(silent!.id)).reason, "stale_heartbeat")
+    })
+  )
+
+  it.effect("the global default routes queues without a setting; a queue's own setting wins", () =>
+    Effect.gen(function* () {
+      const storage = yield* QueueStorage
+      const q = freshQueue("dlq-default")
+      const optOut = freshQueue("dlq-optout")
+      yield* storage.configureQueue(optOut, { dlq: false })
+      yield* storage.setDlqDefault(true)
+      const [a] = yield* storage.enqueueMany([job(q)])
+      const [b] = yield* storage.enqueueMany([job(optOut)])
+      yield* storage.finalizeMany([failTo((yield* storage.claim(claimOf(q, 1)))[0]!)])
+      yield* storage.finalizeMany([failTo((yield* storage.claim(claimOf(optOut, 1)))[0]!)])
+      yield* storage.setDlqDefault(false)
+      assert.strictEqual((yield* storage.getJob(a!.id)).dlqReason, "terminal_error")
+      assert.strictEqual((yield* storage.getJob(b!.id)).dlqReason, null)
+    })
+  )
+
+  it.effect(
+    "retry from the DLQ runs the job again from attempt 1 with a growing lease, honouring overrides",
+    () =>
+      Effect.gen(function* () {
+        const storage = yield* QueueStorage
+        const q = freshQueue("dlq-retry")
+        const moved = freshQueue("dlq-moved")
+        yield* storage.configureQueue(q, { dlq: true })
+        const [one, two] = yield* storage.enqueueMany([job(q), job(q)])
+        const claimed = yield* storage.claim(claimOf(q, 2))
+        yield* storage.finalizeMany(claimed.map((c) => failTo(c)))
+        const back = yield* storage.retryFromDlq(one!.id)
+        assert.deepStrictEqual([back.state, back.attempt, back.dlqReason], ["available", 0, null])
+        const [again] = yield* storage.claim(claimOf(q, 1))
+        assert.deepStrictEqual([again!.jobId, again!.attempt, again!.runLease], [one!.id, 1, 2n])
+        assert.deepStrictEqual(yield* storage.finalizeMany([complete(again!)]), [
+          { _tag: "Applied", state: "completed" }
+        ])
+        // overrides: another queue, another priority, later
+        const later = new Date(Date.UTC(2100, 0, 1))
+        const scheduled = yield* storage.retryFromDlq(two!.id, { queue: moved, priority: 1, runAt: later })
+        assert.deepStrictEqual(
+          [scheduled.state, scheduled.queue, scheduled.priority],
+          ["scheduled", moved, 1]
+        )
+        assert.deepStrictEqual(yield* storage.listDlq({ queue: q }), [])
+        assert.strictEqual((yield* Effect.flip(storage.retryFromDlq(one!.id)))._tag, "JobNotFound")
+        assert.strictEqual((yield* Effect.flip(storage.retryFromDlq(424_242_424n)))._tag, "JobNotFound")
+      })
+  )
+
+  it.effect("purge removes entries; bulk actions need a filter or all: true and return counts", () =>
+    Effect.gen(function* () {
+      const storage = yield* QueueStorage
+      const q = freshQueue("dlq-bulk")
+      yield* storage.configureQueue(q, { dlq: true })
+      const jobs = yield* storage.enqueueMany([
+        job(q, { kind: "a" }),
+        job(q, { kind: "a" }),
+        job(q, { kind: "b" }),
+        job(q, { kind: "b" })
+      ])
+      yield* storage.finalizeMany((yield* storage.claim(claimOf(q, 4))).map((c) => failTo(c)))
+      yield* storage.purgeDlq(jobs[0]!.id)
+      assert.strictEqual((yield* Effect.flip(storage.getDlq(jobs[0]!.id)))._tag, "JobNotFound")
+      assert.strictEqual((yield* Effect.flip(storage.purgeDlq(jobs[0]!.id)))._tag, "JobNotFound")
+      const unsafe = yield* Effect.flip(storage.purgeDlqBulk({}))
+      assert.strictEqual(unsafe._tag, "UnsafeBulkFilter")
+      assert.strictEqual((yield* Effect.flip(storage.retryDlqBulk({})))._tag, "UnsafeBulkFilter")
+      assert.strictEqual(yield* storage.retryDlqBulk({ queue: q, kind: "b" }), 2)
+      assert.deepStrictEqual(
+        (yield* storage.listDlq({ queue: q })).map((e) => e.id),
+        [jobs[1]!.id]
+      )
+      assert.strictEqual(yield* storage.purgeDlqBulk({ queue: q }), 1)
+      assert.deepStrictEqual(yield* storage.listDlq({ queue: q }), [])
+      assert.strictEqual((yield* Effect.flip(storage.listDlq({ limit: 0 })))._tag, "ValidationError")
+    })
+  )
+
+  it.effect("DLQ retention deletes only entries older than their queue's retention", () =>
+    Effect.gen(function* () {
+      const storage = yield* QueueStorage
+      const short = freshQueue("dlq-short")
+      const long = freshQueue("dlq-long")
+      yield* storage.configureQueue(short, { dlq: true, dlqRetentionMs: 50 })
+      yield* storage.configureQueue(long, { dlq: true })
+      const [s] = yield* storage.enqueueMany([job(short)])
+      const [l] = yield* storage.enqueueMany([job(long)])
+      yield* storage.finalizeMany([failTo((yield* storage.claim(claimOf(short, 1)))[0]!)])
+      yield* storage.finalizeMany([failTo((yield* storage.claim(claimOf(long, 1)))[0]!)])
+      assert.strictEqual(yield* storage.cleanupDlq(30 * 86_400_000, 1000), 0)
+      assert.isDefined(yield* storage.getDlq(s!.id))
+      yield* advance(120)
+      assert.isAtLeast(yield* storage.cleanupDlq(30 * 86_400_000, 1000), 1)
+      assert.strictEqual((yield* Effect.flip(storage.getDlq(s!.id)))._tag, "JobNotFound")
+      assert.strictEqual((yield* storage.getDlq(l!.id)).id, l!.id)
+    })
+  )
+
+  it.effect("draining a queue cancels everything not yet running and leaves running jobs alone", () =>
+    Effect.gen(function* () {
+      const storage = yield* QueueStorage
+      const q = freshQueue("drain")
+      const [running, waiting, scheduled] = yield* storage.enqueueMany([
+        job(q),
+        job(q),
+        job(q, { runAt: new Date(Date.UTC(2100, 0, 1)) })
+      ])
+      const [c] = yield* storage.claim(claimOf(q, 1))
+      assert.strictEqual(c!.jobId, running!.id)
+      assert.strictEqual(yield* storage.drainQueue(q, "queue drained"), 2)
+      assert.strictEqual((yield* storage.getJob(waiting!.id)).state, "cancelled")
+      assert.strictEqual((yield* storage.getJob(scheduled!.id)).state, "cancelled")
+      assert.strictEqual((yield* storage.getJob(running!.id)).state, "running")
+      assert.strictEqual(yield* storage.drainQueue(q, "again"), 0)
+    })
+  )
 }
