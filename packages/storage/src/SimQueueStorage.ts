@@ -108,7 +108,8 @@ import {
   checkListLimit,
   defaultListLimit,
   maxClaimBatch,
-  maxDlqRetentionMs
+  maxDlqRetentionMs,
+  maxErrorMessageLength
 } from "./StorageChecks.ts"
 
 /** Newest error entries kept per job. */
@@ -296,7 +297,11 @@ export const make: Effect.Effect<QueueStorage["Service"]> = Effect.gen(function*
   }
 
   const cancel = (job: SimJob, reason: string, now: number): JobState => {
-    appendError(job, { error: `cancelled: ${reason}`, attempt: job.attempt, at: iso(now) })
+    appendError(job, {
+      error: `cancelled: ${reason.slice(0, maxErrorMessageLength)}`,
+      attempt: job.attempt,
+      at: iso(now)
+    })
     return finish(job, "cancelled", now)
   }
 
@@ -332,12 +337,17 @@ export const make: Effect.Effect<QueueStorage["Service"]> = Effect.gen(function*
       case "Cancel":
         return cancel(job, outcome.reason, now)
       case "Fail":
-        appendError(job, { error: outcome.error, attempt: job.attempt, at: iso(now), terminal: true })
+        appendError(job, {
+          error: outcome.error.slice(0, maxErrorMessageLength),
+          attempt: job.attempt,
+          at: iso(now),
+          terminal: true
+        })
         return fail(job, "terminal_error", now)
       case "Retry":
         // the entry that exhausts the attempts is marked terminal, as in Postgres
         appendError(job, {
-          error: outcome.error,
+          error: outcome.error.slice(0, maxErrorMessageLength),
           attempt: job.attempt,
           at: iso(now),
           ...(job.attempt >= job.maxAttempts ? { terminal: true } : {})

@@ -531,6 +531,32 @@ export const suite = (it: Vitest.MethodsNonLive<QueueStorage>, { advance }: Cont
     })
   )
 
+  it.effect("error messages and cancel reasons are stored cut to 4 KiB", () =>
+    Effect.gen(function* () {
+      const storage = yield* QueueStorage
+      const q = freshQueue("longmsg")
+      const [a, b] = yield* storage.enqueueMany([job(q), job(q)])
+      const claimed = yield* storage.claim(claimOf(q, 2))
+      yield* storage.finalizeMany([
+        {
+          jobId: claimed[0]!.jobId,
+          runLease: claimed[0]!.runLease,
+          outcome: { _tag: "Fail", error: "e".repeat(5000) }
+        },
+        {
+          jobId: claimed[1]!.jobId,
+          runLease: claimed[1]!.runLease,
+          outcome: { _tag: "Cancel", reason: "r".repeat(5000) }
+        }
+      ])
+      assert.strictEqual((yield* storage.getJob(a!.id)).errors.at(-1)!.error.length, 4096)
+      assert.strictEqual(
+        (yield* storage.getJob(b!.id)).errors.at(-1)!.error,
+        `cancelled: ${"r".repeat(4096)}`
+      )
+    })
+  )
+
   it.effect("outcome delays outside 0 ms – 30 days are rejected before anything is applied", () =>
     Effect.gen(function* () {
       const storage = yield* QueueStorage
