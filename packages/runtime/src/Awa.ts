@@ -10,7 +10,7 @@
  * `layerSim` swaps Postgres for the deterministic in-memory engine (drive time with `TestClock`).
  */
 import { Migrations } from "@awa/sql"
-import { LeaderLock, PgQueueStorage, SimQueueStorage, StorageSignals } from "@awa/storage"
+import { CronStorage, LeaderLock, PgQueueStorage, SimQueueStorage, StorageSignals } from "@awa/storage"
 import { Layer } from "effect"
 import * as AwaClient from "./AwaClient.ts"
 import * as Worker from "./Worker.ts"
@@ -20,7 +20,7 @@ export interface AwaPgOptions extends PgQueueStorage.PgQueueStorageOptions, AwaC
   readonly migrateOnStart?: boolean | undefined
 }
 
-/** Storage, signals, leader lock and client on Postgres, behind the schema-version fence. */
+/** Storage, cron storage, signals, leader lock and client on Postgres, behind the schema-version fence. */
 export const layerPg = (options: AwaPgOptions = {}) => {
   const fence = Layer.effectDiscard(
     Migrations.ensureCompatible({ schema: options.schema, migrateOnStart: options.migrateOnStart })
@@ -28,7 +28,8 @@ export const layerPg = (options: AwaPgOptions = {}) => {
   const engine = Layer.mergeAll(
     PgQueueStorage.layer(options),
     StorageSignals.layerPg(options),
-    LeaderLock.layerPg(options)
+    LeaderLock.layerPg(options),
+    CronStorage.layerPg(options)
   ).pipe(Layer.provide(fence))
   return AwaClient.layer(options).pipe(Layer.provideMerge(engine))
 }
@@ -37,7 +38,10 @@ export const layerPg = (options: AwaPgOptions = {}) => {
 export const layerSim = (options: AwaClient.AwaClientOptions = {}) =>
   AwaClient.layer(options).pipe(
     Layer.provideMerge(
-      Layer.mergeAll(SimQueueStorage.layer, StorageSignals.layerSilent, LeaderLock.layerMemory)
+      // cron enqueues into the same in-memory queue
+      Layer.mergeAll(CronStorage.layerSim, StorageSignals.layerSilent, LeaderLock.layerMemory).pipe(
+        Layer.provideMerge(SimQueueStorage.layer)
+      )
     )
   )
 

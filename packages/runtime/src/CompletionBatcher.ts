@@ -9,8 +9,8 @@
 
 import type { AttemptToken, FinalizeResult, Outcome } from "@awa/storage"
 import { QueueStorage } from "@awa/storage"
-import { type Cause, Deferred, type Duration, Effect, Exit, Queue, Schema } from "effect"
-import type { SqlError } from "effect/sql"
+import { type Cause, Deferred, type Duration, Effect, Exit, Queue, Schedule, Schema } from "effect"
+import { SqlError } from "effect/sql"
 
 export interface CompletionBatcherOptions {
   /** Pending finalizations before `submit` waits. Default 4,096. */
@@ -39,6 +39,22 @@ interface Pending {
   readonly done: Deferred.Deferred<FinalizeResult, unknown>
 }
 
+/**
+ * A flush lost with its connection (backend terminated, server restarting) is retried for about
+ * 6 s before giving up: otherwise every attempt of the batch, though finished, stays open until
+ * rescued as stale and runs again (fault suite, scenarios 2 and 3). Safe because `finalize` is
+ * guarded by each attempt's run lease: if the lost call did commit, the retry reports its items
+ * `Stale` and changes nothing. Only `SqlError`s are retried (not a `ValidationError`).
+ */
+const retryLostConnection = Schedule.min([
+  Schedule.exponential("50 millis"),
+  Schedule.spaced("1 second")
+]).pipe(
+  Schedule.upTo({ times: 10 }),
+  Schedule.setInputType<unknown>(),
+  Schedule.while(({ input }) => SqlError.isSqlError(input))
+)
+
 export const make = Effect.fnUntraced(function* (options: CompletionBatcherOptions = {}) {
   const storage = yield* QueueStorage
   const maxBatch = options.maxBatch ?? 512
@@ -47,6 +63,7 @@ export const make = Effect.fnUntraced(function* (options: CompletionBatcherOptio
   // One call's exit fans out: each waiter gets its own result, or the batch's error.
   const flush = (batch: ReadonlyArray<Pending>) =>
     storage.finalizeMany(batch.map(({ token, outcome }) => ({ ...token, outcome }))).pipe(
+      Effect.retry(retryLostConnection),
       Effect.exit,
       Effect.flatMap((exit) =>
         Effect.forEach(

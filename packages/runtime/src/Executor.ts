@@ -60,17 +60,32 @@ const messageOf = (error: unknown): string => {
 export const make = <R>(options: ExecutorOptions<R>) => {
   const running = new Map<string, RunningAttempt>()
 
+  // Delays come from user code (a custom backoff, a handler's RetryAfter/Snooze) and may be
+  // anything, or throw. Storage takes whole milliseconds 0 – 30 days and rejects a finalize call
+  // holding anything else, which fails every other attempt of that batch; and a throw escaping
+  // here would skip `release` and leave the attempt heartbeating forever, never finalized (fault
+  // suite, scenario 6). So delays are parsed without throwing, rounded and range-checked.
+  const millisOf = (input: () => Duration.Input): number | undefined => {
+    try {
+      const ms = Duration.toMillis(Duration.fromInputUnsafe(input()))
+      return Number.isNaN(ms) ? undefined : ms
+    } catch {
+      return undefined
+    }
+  }
+
   const backoffMs = (handler: Handler<R> | undefined, attempt: number) =>
     Effect.gen(function* () {
       const custom = handler?.definition.backoff
-      if (custom !== undefined)
-        return Math.min(Duration.toMillis(Duration.fromInputUnsafe(custom(attempt))), maxDelayMs)
+      const ms = custom === undefined ? undefined : millisOf(() => custom(attempt))
+      // clamped into range; a backoff that throws or is not a duration gets the default
+      if (ms !== undefined) return Math.min(Math.max(0, Math.round(ms)), maxDelayMs)
       return Backoff.defaultBackoffMs(attempt, yield* Random.next)
     })
 
   const delayOf = (delay: Duration.Input): number | undefined => {
-    const ms = Duration.toMillis(Duration.fromInputUnsafe(delay))
-    return Number.isFinite(ms) && ms >= 0 && ms <= maxDelayMs ? Math.round(ms) : undefined
+    const ms = millisOf(() => delay)
+    return ms !== undefined && Number.isFinite(ms) && ms >= 0 && ms <= maxDelayMs ? Math.round(ms) : undefined
   }
 
   /** Maps a handler's exit to what storage should record. */
@@ -200,7 +215,20 @@ export const make = <R>(options: ExecutorOptions<R>) => {
           exit = yield* Effect.exit(restore(Fiber.join(fiber)))
           if (Exit.isFailure(exit) && Cause.hasInterrupts(exit.cause)) yield* Fiber.interrupt(fiber)
         }
-        const outcome = yield* outcomeOf(handler, job, exit)
+        // Whatever the handler returned (even `null`), the attempt must reach `release` and an
+        // outcome: an unexpected failure of the mapping itself becomes a retry with its reason.
+        const outcome = yield* outcomeOf(handler, job, exit).pipe(
+          Effect.catchCause((cause) =>
+            Effect.map(
+              backoffMs(handler, job.attempt),
+              (delayMs): Outcome => ({
+                _tag: "Retry",
+                delayMs,
+                error: `invalid handler outcome: ${Cause.pretty(cause).split("\n")[0]}`
+              })
+            )
+          )
+        )
         yield* release
         if (!entry.closedElsewhere) {
           yield* options.batcher
@@ -215,13 +243,21 @@ export const make = <R>(options: ExecutorOptions<R>) => {
       })
     )
 
-  /** Interrupts an attempt closed elsewhere (cancel, rescue); nothing is submitted for it. */
+  /**
+   * Interrupts an attempt closed elsewhere (cancel, rescue); nothing is submitted for it.
+   * Signals the interruption without waiting for the handler to stop: callers are the heartbeat
+   * loop and the notification listener, and a handler that ignores interruption (an
+   * uninterruptible region) would hold them up — no heartbeats for any other attempt of this
+   * process (all rescued as stale: fault suite, scenario 5) and no wake-ups or cancels meanwhile.
+   */
   const interrupt = (jobId: bigint, runLease: bigint) =>
     Effect.suspend(() => {
       const entry = running.get(key(jobId, runLease))
       if (entry === undefined) return Effect.void
       entry.closedElsewhere = true
-      return entry.fiber === undefined ? Effect.void : Fiber.interrupt(entry.fiber)
+      return entry.fiber === undefined
+        ? Effect.void
+        : Effect.asVoid(Effect.forkDetach(Fiber.interrupt(entry.fiber), { startImmediately: true }))
     })
 
   return { run, interrupt, running: running as ReadonlyMap<string, RunningAttempt> }

@@ -8,10 +8,11 @@
  *
  * Duties are safe even if two processes briefly both believe they lead (split brain while a
  * lost connection is noticed): rotate/prune take the ring serializer, promotion skips locked
- * rows, rescue takes per-attempt locks.
+ * rows, rescue takes per-attempt locks, a cron fire compares-and-swaps its schedule's last fire.
  */
-import { LeaderLock, QueueStorage, type RetentionParams } from "@awa/storage"
-import { Effect, Option, Schedule, SubscriptionRef } from "effect"
+import { CronStorage, LeaderLock, QueueStorage, type RetentionParams } from "@awa/storage"
+import { Clock, Effect, Option, Schedule, SubscriptionRef } from "effect"
+import * as Cron from "./Cron.ts"
 
 export interface MaintenanceConfig {
   readonly electionIntervalMs: number
@@ -25,6 +26,7 @@ export interface MaintenanceConfig {
   readonly retention: RetentionParams
   readonly dlqCleanupIntervalMs: number
   readonly dlqRetentionMs: number
+  readonly cronIntervalMs: number
 }
 
 /** Runs `task` every `intervalMs` for as long as the enclosing scope lives; failures are logged. */
@@ -58,11 +60,17 @@ export const duties = Effect.fnUntraced(function* (config: MaintenanceConfig) {
     yield* storage.pruneHistory(config.retention)
   })
   yield* every("promote", config.promoteIntervalMs, promote)
-  yield* every(
-    "rescue-stale",
-    config.rescueIntervalMs,
-    storage.rescueStale({ stalenessMs: config.heartbeatStalenessMs, limit: config.rescueBatch })
+  // A new term sweeps for stale attempts only once it has lasted one staleness period.
+  // Leadership is lost whenever the database goes away, and while it is away no worker can
+  // heartbeat: sweeping at once on reconnect would rescue every in-flight attempt of the live
+  // workers (fault suite, scenario 3). After the grace their heartbeats have landed again.
+  const termStart = yield* Clock.currentTimeMillis
+  const rescueStale = Effect.flatMap(Clock.currentTimeMillis, (now) =>
+    now - termStart < config.heartbeatStalenessMs
+      ? Effect.void
+      : storage.rescueStale({ stalenessMs: config.heartbeatStalenessMs, limit: config.rescueBatch })
   )
+  yield* every("rescue-stale", config.rescueIntervalMs, rescueStale)
   yield* every("rescue-deadline", config.rescueIntervalMs, storage.rescueDeadlines(config.rescueBatch))
   yield* every("rotate-prune", config.rotateIntervalMs, rotateAndPrune)
   yield* every("history", config.historyIntervalMs, history)
@@ -71,6 +79,14 @@ export const duties = Effect.fnUntraced(function* (config: MaintenanceConfig) {
     for (let i = 0; i < 10; i++) if ((yield* storage.cleanupDlq(config.dlqRetentionMs, 1000)) < 1000) return
   })
   yield* every("dlq-retention", config.dlqCleanupIntervalMs, dlqCleanup)
+  // Cron: every stored schedule, whoever declared it (capability 9).
+  const cron = yield* CronStorage.CronStorage
+  const evaluate = Cron.evaluator()
+  yield* every(
+    "cron",
+    config.cronIntervalMs,
+    evaluate().pipe(Effect.provideService(CronStorage.CronStorage, cron))
+  )
 })
 
 /**
@@ -100,6 +116,11 @@ export const run = Effect.fnUntraced(function* (
     })
   )
   return yield* term.pipe(
+    // A term that fails in any other way (a duty that cannot start) must not end the election
+    // loop: this fiber dies silently, and with it promotion and rescue for this process for good.
+    Effect.catchCause((cause) =>
+      Effect.logError("maintenance term failed; standing for election again", cause)
+    ),
     Effect.andThen(Effect.sleep(config.electionIntervalMs)),
     Effect.forever,
     Effect.annotateLogs({ module: "Leader" })

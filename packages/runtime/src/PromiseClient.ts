@@ -22,11 +22,19 @@
  * the Effect API (`AwaClient.insert` inside `sql.withTransaction`).
  */
 import { Job } from "@awa/core"
-import type { DlqFilter, DlqRetryOverrides, EnqueuedJob, JobView, ListFilter } from "@awa/storage"
+import type {
+  CronStorage,
+  DlqFilter,
+  DlqRetryOverrides,
+  EnqueuedJob,
+  JobView,
+  ListFilter
+} from "@awa/storage"
 import { PgClient } from "@effect/sql-pg"
 import { Effect, Exit, Layer, ManagedRuntime, Redacted, Schema, Scope } from "effect"
 import * as Awa from "./Awa.ts"
 import { AwaClient } from "./AwaClient.ts"
+import * as Cron from "./Cron.ts"
 import { handler as effectHandler, type Handler, type JobContext } from "./Handler.ts"
 import type { WorkerOptions } from "./Worker.ts"
 
@@ -73,7 +81,8 @@ export const createClient = async (options: ClientOptions) => {
   })
   const runtime = ManagedRuntime.make(Awa.layerPg(options).pipe(Layer.provideMerge(pg)))
   await runtime.runPromise(Effect.void)
-  const run = <A, E>(effect: Effect.Effect<A, E, AwaClient | PgClient.PgClient>) => runtime.runPromise(effect)
+  const run = <A, E>(effect: Effect.Effect<A, E, AwaClient | PgClient.PgClient | CronStorage.CronStorage>) =>
+    runtime.runPromise(effect)
 
   const define = <A, I = A>(spec: {
     readonly kind: string
@@ -139,6 +148,15 @@ export const createClient = async (options: ClientOptions) => {
       run(Effect.flatMap(AwaClient, (c) => c.storage.retryDlqBulk(filter, options))),
     purgeDlqBulk: (filter: DlqFilter, options?: { readonly all?: boolean }) =>
       run(Effect.flatMap(AwaClient, (c) => c.storage.purgeDlqBulk(filter, options))),
+    /** Declares a cron schedule for `start({ cron: [...] })` (checked when the worker starts). */
+    schedule: Cron.schedule,
+    /** Every stored cron schedule with its next fire time. */
+    listSchedules: (): Promise<ReadonlyArray<Cron.ScheduleInfo>> => run(Cron.list),
+    pauseSchedule: (name: string, by?: string) => run(Cron.pause(name, by)),
+    resumeSchedule: (name: string) => run(Cron.resume(name)),
+    /** Enqueues the schedule's job now, paused or not, without moving the schedule. */
+    triggerSchedule: (name: string): Promise<EnqueuedJob> => run(Cron.trigger(name)),
+    removeSchedule: (name: string) => run(Cron.remove(name)),
     close: () => runtime.dispose()
   }
 }

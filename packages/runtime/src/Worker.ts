@@ -10,10 +10,11 @@
  */
 import { monitorEventLoopDelay } from "node:perf_hooks"
 import { AwaConfigError, checkQueueName, type ValidationError } from "@awa/core"
-import { type LeaderLock, QueueStorage, StorageSignals } from "@awa/storage"
+import { type CronStorage, type LeaderLock, QueueStorage, StorageSignals } from "@awa/storage"
 import { Clock, Context, Duration, Effect, FiberSet, Layer, Schedule, Stream, SubscriptionRef } from "effect"
 import type { SqlError } from "effect/sql"
 import * as CompletionBatcher from "./CompletionBatcher.ts"
+import * as Cron from "./Cron.ts"
 import * as Dispatcher from "./Dispatcher.ts"
 import * as Executor from "./Executor.ts"
 import type { Handler } from "./Handler.ts"
@@ -49,6 +50,8 @@ export interface MaintenanceOptions {
   readonly dlqCleanupInterval?: Duration.Input | undefined
   /** DLQ retention of queues without their own. Default 30 days. */
   readonly dlqRetention?: Duration.Input | undefined
+  /** How often the leader evaluates cron schedules. Default 1 s (10 ms – 1 min). */
+  readonly cronInterval?: Duration.Input | undefined
 }
 
 export interface WorkerOptions<R> {
@@ -72,6 +75,12 @@ export interface WorkerOptions<R> {
    * start, for every process; unset keeps what is stored (initially false).
    */
   readonly dlqEnabledByDefault?: boolean | undefined
+  /**
+   * Cron schedules this deployment declares (`Cron.schedule`), checked when the layer is built and
+   * upserted at start; stored schedules not in the list are logged as stale. Unset: none declared
+   * and none reported (the leader still fires every stored schedule).
+   */
+  readonly cron?: ReadonlyArray<Cron.CronSchedule> | undefined
   /** Take part in leader election and run maintenance when elected (default), or not (`false`). */
   readonly maintenance?: MaintenanceOptions | false | undefined
 }
@@ -253,6 +262,7 @@ export const resolveConfig = <R>(options: WorkerOptions<R>) =>
               3_600_000,
               3650 * day
             ),
+            cronIntervalMs: durationMs(issues, "maintenance.cronInterval", m.cronInterval, 1000, 10, 60_000),
             retention: {
               completedMs: durationMs(
                 issues,
@@ -293,8 +303,17 @@ export const resolveConfig = <R>(options: WorkerOptions<R>) =>
       true
     )
     const stallWarningMs = durationMs(issues, "stallWarning", options.stallWarning, 1000, 1, 600_000)
+    const cron = options.cron === undefined ? undefined : yield* Cron.resolve(options.cron, issues)
     if (issues.length > 0) return yield* new AwaConfigError({ issues })
-    return { queues, queueSettings, heartbeatIntervalMs, maintenance, shutdownTimeoutMs, stallWarningMs }
+    return {
+      queues,
+      queueSettings,
+      heartbeatIntervalMs,
+      maintenance,
+      shutdownTimeoutMs,
+      stallWarningMs,
+      cron
+    }
   })
 
 export const make = Effect.fnUntraced(function* <R>(options: WorkerOptions<R>) {
@@ -313,6 +332,7 @@ export const make = Effect.fnUntraced(function* <R>(options: WorkerOptions<R>) {
       })
     }
   }
+  if (config.cron !== undefined) yield* Cron.declare(config.cron)
 
   // Finalizers run in reverse: dispatchers stop first, then the drain, then the FiberSet
   // interrupts stragglers, and the batcher flushes last.
@@ -409,5 +429,5 @@ export const layer = <R>(
 ): Layer.Layer<
   Worker,
   AwaConfigError | ValidationError | SqlError.SqlError,
-  QueueStorage | StorageSignals.StorageSignals | LeaderLock.LeaderLock | R
+  QueueStorage | StorageSignals.StorageSignals | LeaderLock.LeaderLock | CronStorage.CronStorage | R
 > => Layer.effect(Worker, make(options))

@@ -1,6 +1,7 @@
 export * as Awa from "./Awa.ts"
 export * as AwaClient from "./AwaClient.ts"
 export * as CompletionBatcher from "./CompletionBatcher.ts"
+export * as Cron from "./Cron.ts"
 export * as Handler from "./Handler.ts"
 export * as PromiseClient from "./PromiseClient.ts"
 export * as Worker from "./Worker.ts"

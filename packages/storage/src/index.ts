@@ -1,3 +1,4 @@
+export * as CronStorage from "./CronStorage.ts"
 export * as LeaderLock from "./LeaderLock.ts"
 export * as PgQueueStorage from "./PgQueueStorage.ts"
 export * from "./QueueStorage.ts"
