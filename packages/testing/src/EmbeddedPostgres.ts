@@ -40,6 +40,24 @@ export interface EmbeddedServer {
   /** True when this call started the server (false when an already running one was reused). */
   readonly started: boolean
   readonly stop: () => Promise<void>
+  /**
+   * Stops the server (fast shutdown: clients are disconnected, committed work is kept), waits
+   * `downtimeMs`, and starts it again on the same data directory and port. For fault tests;
+   * only servers started by `startTemporary` have it.
+   */
+  readonly restart?: ((options?: RestartOptions) => Promise<RestartTimes>) | undefined
+}
+
+export interface RestartOptions {
+  /** How long the server stays down. Default 0. */
+  readonly downtimeMs?: number | undefined
+}
+
+export interface RestartTimes {
+  /** Epoch ms when the old postmaster had exited (the server was down). */
+  readonly stoppedAt: number
+  /** Epoch ms when the new postmaster accepted connections again. */
+  readonly readyAt: number
 }
 
 const user = "postgres"
@@ -203,15 +221,24 @@ export const startTemporary = async (options: TemporaryOptions = {}): Promise<Em
   try {
     await initialise(dataDir)
     const port = await freePort()
-    const pid = await launch(dataDir, port, options.durable ? [] : testFlags)
+    const flags = options.durable ? [] : testFlags
+    const pid = await launch(dataDir, port, flags)
     return {
       url: urlFor(port),
       port,
       dataDir,
       started: true,
       stop: async () => {
-        await shutdown(pid)
+        // the postmaster running now: after a restart it is not the one launched first
+        await shutdown(runningPostmaster(dataDir) ?? pid)
         rmSync(root, { recursive: true, force: true })
+      },
+      restart: async (restartOptions = {}) => {
+        await shutdown(runningPostmaster(dataDir) ?? pid)
+        const stoppedAt = Date.now()
+        await sleep(restartOptions.downtimeMs ?? 0)
+        await launch(dataDir, port, flags)
+        return { stoppedAt, readyAt: Date.now() }
       }
     }
   } catch (error) {
