@@ -6,7 +6,7 @@ import { randomUUID } from "node:crypto"
 import { TestDatabase } from "@awa/testing"
 import { PgClient } from "@effect/sql-pg"
 import { assert, describe, it } from "@effect/vitest"
-import { Effect, Fiber, Layer, Queue, Random, Redacted, type Scope } from "effect"
+import { Deferred, Effect, Fiber, Layer, Queue, Random, Redacted, type Scope } from "effect"
 import { SqlClient } from "effect/sql"
 import { layer as pgLayer } from "../src/PgQueueStorage.ts"
 import {
@@ -556,6 +556,56 @@ describe("failed-job retention floor", () => {
           assert.strictEqual(back.state, "available")
           const [again] = yield* storage.claim(claimOf(q, 10))
           assert.strictEqual(again!.jobId, kept!.id)
+        })
+      )
+  )
+})
+
+describe("claim contention", () => {
+  it.live(
+    "a claim that finds its lane busy waits briefly for it instead of answering empty, and no longer than that",
+    () =>
+      withDatabase((url) =>
+        Effect.gen(function* () {
+          const storage = yield* QueueStorage
+          const q = fresh("busy")
+          yield* storage.enqueueMany(Array.from({ length: 10 }, (_, n) => job(q, n)))
+          // another worker mid-claim: its transaction holds the lane's claim lock for a while
+          let holderDone = false
+          // Holds the lane's claim lock (a claim in an open transaction) for `ms`; `locked` opens
+          // once the holder's claim has run, so the test claims strictly after it.
+          const holdFor = (ms: number) =>
+            Effect.gen(function* () {
+              const locked = yield* Deferred.make<void>()
+              const fiber = yield* Effect.gen(function* () {
+                const s = yield* QueueStorage
+                const c = yield* SqlClient.SqlClient
+                holderDone = false
+                const claimed = yield* c.withTransaction(
+                  Effect.tap(s.claim(claimOf(q, 2)), () =>
+                    Effect.andThen(Deferred.succeed(locked, undefined), Effect.sleep(ms))
+                  )
+                )
+                holderDone = true
+                return claimed
+              }).pipe(
+                Effect.provide(client(url, 1), { local: true }),
+                Effect.forkChild({ startImmediately: true })
+              )
+              yield* Deferred.await(locked)
+              return fiber
+            })
+          const first = yield* holdFor(40)
+          const waited = yield* storage.claim(claimOf(q, 5))
+          const held = yield* Fiber.join(first)
+          assert.strictEqual(waited.length, 5, "waited for the lane instead of reporting it empty")
+          const ids = new Set([...held, ...waited].map((c) => c.jobId))
+          assert.strictEqual(ids.size, 7, "no job handed out twice")
+          // a lane busy for longer than the bounded wait: empty, while the holder still holds it
+          const slow = yield* holdFor(1500)
+          assert.deepStrictEqual(yield* storage.claim(claimOf(q, 5)), [])
+          assert.isFalse(holderDone, "gave up while the holder still held the lane")
+          yield* Fiber.join(slow)
         })
       )
   )
