@@ -30,17 +30,26 @@
  * Output: a table on stdout and `bench/results/storage-latest.json`. No thresholds: figures
  * depend on the machine and on whatever else runs on it (the load average is recorded).
  */
-import { randomBytes } from "node:crypto"
 import { mkdirSync, writeFileSync } from "node:fs"
 import os from "node:os"
 import type { NewJob } from "@awa/core"
 import { Migrations } from "@awa/sql"
 import { type ClaimedJob, PgQueueStorage, QueueStorage } from "@awa/storage"
-import * as EmbeddedPostgres from "@awa/testing/EmbeddedPostgres"
 import { NodeRuntime } from "@effect/platform-node"
 import { PgClient } from "@effect/sql-pg"
 import { Console, Effect, Layer, Redacted } from "effect"
 import { Reactivity } from "effect/reactivity"
+import {
+  acquireServer,
+  createDatabase,
+  databaseName,
+  dropDatabase,
+  now,
+  perJob,
+  round,
+  sum,
+  table
+} from "./lib.ts"
 
 // ---------------------------------------------------------------------------------------------
 // Settings
@@ -64,44 +73,19 @@ const parseJobs = (argv: ReadonlyArray<string>): number => {
 const newJobs = (count: number, offset: number): Array<NewJob> =>
   Array.from({ length: count }, (_, i) => ({ kind: "bench", queue, args: { seq: offset + i } }))
 
-const now = () => performance.now()
-const perJob = (value: number, jobs: number) => (jobs === 0 ? 0 : value / jobs)
-const round = (value: number, digits = 2) => Number(value.toFixed(digits))
-const sum = (values: ReadonlyArray<number>) => values.reduce((a, b) => a + b, 0)
-
 // ---------------------------------------------------------------------------------------------
 // Server, database, observer
-
-const acquireServer = Effect.acquireRelease(
-  Effect.promise(() =>
-    EmbeddedPostgres.resolve(process.env, () => EmbeddedPostgres.startTemporary({ durable: true }))
-  ),
-  (server) => Effect.promise(() => server.stop())
-)
-
-/** Runs `f` on a one-connection client to `url`. */
-const withClient = <A, E>(url: string, f: (sql: PgClient.PgClient) => Effect.Effect<A, E>) =>
-  PgClient.makeClient({ url: Redacted.make(url), applicationName: "awa-bench-admin" }).pipe(
-    Effect.flatMap(f),
-    Effect.scoped,
-    Effect.provide(Reactivity.layer)
-  )
 
 /** A fresh, migrated database on the server; dropped when the scope closes. */
 const acquireDatabase = (serverUrl: string) =>
   Effect.acquireRelease(
     Effect.gen(function* () {
-      const name = `awa_bench_${randomBytes(4).toString("hex")}`
-      yield* withClient(serverUrl, (sql) => sql.unsafe(`CREATE DATABASE ${name}`).unprepared)
-      const url = EmbeddedPostgres.withDatabase(serverUrl, name)
+      const name = databaseName("awa_bench")
+      const url = yield* createDatabase(serverUrl, name)
       yield* Migrations.migrate().pipe(Effect.provide(PgClient.layer({ url: Redacted.make(url) })))
       return { name, url }
     }),
-    ({ name }) =>
-      withClient(
-        serverUrl,
-        (sql) => sql.unsafe(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`).unprepared
-      ).pipe(Effect.ignore)
+    ({ name }) => dropDatabase(serverUrl, name)
   )
 
 interface FamilyStats {
@@ -391,18 +375,6 @@ const runPhase = (
 
 // ---------------------------------------------------------------------------------------------
 // Report
-
-const pad = (cells: ReadonlyArray<string | number>, widths: ReadonlyArray<number>) =>
-  cells.map((c, i) => (i === 0 ? String(c).padEnd(widths[i]!) : String(c).padStart(widths[i]!))).join("  ")
-
-const table = (header: ReadonlyArray<string>, rows: ReadonlyArray<ReadonlyArray<string | number>>) => {
-  const widths = header.map((h, i) => Math.max(h.length, ...rows.map((r) => String(r[i]).length)))
-  return [
-    pad(header, widths),
-    widths.map((w) => "-".repeat(w)).join("  "),
-    ...rows.map((r) => pad(r, widths))
-  ].join("\n")
-}
 
 const isCatalog = (family: string) => family.startsWith("pg_catalog.")
 

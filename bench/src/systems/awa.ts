@@ -1,0 +1,101 @@
+/**
+ * Awa through its Effect API: `Awa.layerPg` + `AwaClient.insert` / `insertMany` for producers,
+ * `Awa.worker` with an Effect handler for consumers.
+ *
+ * Settings: `maxConcurrency: 50`, defaults otherwise (poll 200 ms as a fallback to LISTEN/NOTIFY,
+ * completion batches of up to 512 with 1 ms linger, enqueue chunks of 5,000, leader maintenance
+ * on), except `tracing: false`: with tracing on (the default) every job stores its producer's
+ * `traceparent` in its metadata, which the peers do not do.
+ */
+import { Job } from "@awa/core"
+import { Awa, AwaClient, Handler } from "@awa/runtime"
+import { PgClient } from "@effect/sql-pg"
+import { Effect, Exit, Layer, ManagedRuntime, Redacted, References, Schema, Scope } from "effect"
+import { type AdapterFactory, inFlight } from "./types.ts"
+
+const queue = "bench"
+const poolSize = 10
+
+const BenchJob = Job.define({ kind: "bench", args: Schema.Struct({ seq: Schema.Number }), queue })
+
+/**
+ * For investigations only: `AWA_WORKER_OPTIONS` (JSON) is merged into the worker options, e.g.
+ * `{"maintenance":false}` or `{"completion":{"linger":"5 millis"}}`; it is recorded in the settings.
+ */
+const overrides = JSON.parse(process.env.AWA_WORKER_OPTIONS ?? "{}") as Record<string, unknown>
+
+export const make: AdapterFactory = async (url) => {
+  const pg = PgClient.layer({
+    url: Redacted.make(url),
+    maxConnections: poolSize,
+    applicationName: "bench-awa"
+  })
+  const runtime = ManagedRuntime.make(
+    Awa.layerPg({ migrateOnStart: true, tracing: false }).pipe(
+      Layer.provideMerge(pg),
+      // warnings and errors only, as for the peers ("became maintenance leader" is info)
+      Layer.provideMerge(Layer.succeed(References.MinimumLogLevel, "Warn"))
+    )
+  )
+  await runtime.runPromise(Effect.void)
+  const client = await runtime.runPromise(Effect.service(AwaClient.AwaClient))
+  let workers: Scope.Closeable | undefined
+
+  return {
+    name: "awa",
+    version: "0.1.0 (this repository)",
+    settings: {
+      maxConcurrency: inFlight,
+      pollInterval: "200 ms (default; fallback to LISTEN/NOTIFY)",
+      tracing: false,
+      completion: "default: batches ≤ 512, linger 1 ms",
+      enqueueChunkSize: "5,000 (default)",
+      maintenance: "default (leader: rotate 1 s, promote 250 ms, completed retention 1 day)",
+      poolSize,
+      ...(Object.keys(overrides).length > 0 ? { overrides } : {})
+    },
+    // migrateOnStart did it when the runtime was built
+    install: async () => {},
+    enqueueSequential: (seqs) =>
+      runtime.runPromise(Effect.forEach(seqs, (seq) => client.insert(BenchJob, { seq }), { discard: true })),
+    enqueueOne: (seq) => runtime.runPromise(Effect.asVoid(client.insert(BenchJob, { seq }))),
+    enqueueBatch: (seqs) =>
+      runtime.runPromise(
+        Effect.asVoid(
+          client.insertMany(
+            BenchJob,
+            seqs.map((seq) => ({ seq }))
+          )
+        )
+      ),
+    startWorkers: async (onStart) => {
+      const handler = Handler.handler(BenchJob, ({ seq }) => Effect.sync(() => onStart(seq)))
+      const scope = await runtime.runPromise(Scope.make())
+      await runtime.runPromise(
+        Layer.buildWithScope(
+          Awa.worker({
+            queues: { [queue]: { maxConcurrency: inFlight } },
+            handlers: [handler],
+            tracing: false,
+            shutdownTimeout: "10 seconds",
+            ...overrides
+          }),
+          scope
+        )
+      )
+      workers = scope
+    },
+    stopWorkers: async () => {
+      const scope = workers
+      workers = undefined
+      if (scope !== undefined) await runtime.runPromise(Scope.close(scope, Exit.void))
+    },
+    openJobs: async () => {
+      const counts = await runtime.runPromise(client.storage.countByQueueState)
+      return counts
+        .filter((c) => c.queue === queue && c.state !== "completed")
+        .reduce((n, c) => n + c.count, 0)
+    },
+    close: () => runtime.dispose()
+  }
+}
