@@ -21,7 +21,7 @@ export interface ExecutorOptions<R> {
   /** What to do with a job whose kind has no handler here. Default "fail". */
   readonly onUnknownKind: "fail" | "retry"
   readonly batcher: CompletionBatcher
-  /** Propagate `awa:traceparent` into handler spans. Default true. */
+  /** Wrap each attempt in a consumer span carrying `awa:traceparent`; off = no span at all. Default true. */
   readonly tracing: boolean
   /** Writes progress not yet carried by a heartbeat, before the outcome is submitted. */
   readonly flushProgress: (
@@ -162,6 +162,8 @@ export const make = <R>(options: ExecutorOptions<R>) => {
 
   /** Wraps the attempt in a consumer span: child of the producer's span on attempt 1, linked after. */
   const traced = <A, E>(job: ClaimedJob, effect: Effect.Effect<A, E, R>) => {
+    // With tracing off there is no span at all: a span per attempt is measurable per-job cost.
+    if (!options.tracing) return effect
     const attributes = {
       "messaging.system": "awa",
       "messaging.operation.type": "process",
@@ -170,7 +172,7 @@ export const make = <R>(options: ExecutorOptions<R>) => {
       "awa.job.kind": job.kind,
       "awa.job.attempt": job.attempt
     }
-    const producer = options.tracing ? Traceparent.decode(job.metadata[Traceparent.metadataKey]) : undefined
+    const producer = Traceparent.decode(job.metadata[Traceparent.metadataKey])
     if (producer === undefined)
       return Effect.withSpan(effect, `process ${job.kind}`, { kind: "consumer", attributes })
     const external = Tracer.externalSpan(producer)

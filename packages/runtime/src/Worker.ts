@@ -65,7 +65,7 @@ export interface WorkerOptions<R> {
   readonly shutdownTimeout?: Duration.Input | undefined
   /** A claimed job whose kind has no handler here: fail it (default) or retry it. */
   readonly onUnknownKind?: "fail" | "retry" | undefined
-  /** Propagate the producer's trace context into handler spans. Default true. */
+  /** A consumer span per attempt, child of (or linked to) the producer span. Off: no span at all. Default true. */
   readonly tracing?: boolean | undefined
   /** Event-loop delay that logs a stall warning. Default 1 s. */
   readonly stallWarning?: Duration.Input | undefined

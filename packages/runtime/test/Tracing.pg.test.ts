@@ -90,4 +90,31 @@ describe("trace propagation", () => {
       assert.isUndefined((yield* client.storage.getJob(job.id)).metadata[Traceparent.metadataKey])
     }).pipe(Effect.provide(Awa.layerPg({ tracing: false }).pipe(Layer.provideMerge(TestDatabase.layer()))))
   )
+
+  it.live("a worker with tracing off opens no span per attempt", () => {
+    const { spans, tracer } = recordingTracer()
+    return Effect.gen(function* () {
+      const client = yield* AwaClient
+      const job = yield* client.insert(Traced, { n: 3 })
+      yield* eventually(
+        Effect.map(client.storage.getJob(job.id), (j) => j.state === "completed"),
+        10_000,
+        "completed"
+      ).pipe(
+        Effect.provide(
+          Awa.worker({
+            queues: { traces: {} },
+            handlers: [handler(Traced, () => Effect.void)],
+            tracing: false,
+            maintenance: false
+          })
+        ),
+        Effect.scoped
+      )
+      assert.deepStrictEqual(
+        spans.filter((s) => s.name.startsWith("process ")),
+        []
+      )
+    }).pipe(Effect.provide(AwaLive), Effect.withTracer(tracer))
+  })
 })
