@@ -360,7 +360,10 @@ export const make = Effect.fnUntraced(function* <R>(options: WorkerOptions<R>) {
     Stream.runForEach((signal) =>
       signal._tag === "Wake"
         ? (dispatchers.get(signal.queue)?.wake ?? Effect.void)
-        : executor.interrupt(signal.token.jobId, signal.token.runLease)
+        : signal._tag === "Cancel"
+          ? executor.interrupt(signal.token.jobId, signal.token.runLease)
+          : // (re)subscribed: wake-ups sent while nobody listened were lost, so look now
+            Effect.forEach(dispatchers.values(), (d) => d.wake, { discard: true })
     ),
     Effect.catchCause((cause) => Effect.logWarning("notification listener lost; re-subscribing", cause)),
     Effect.andThen(Effect.sleep(1000)),

@@ -22,6 +22,11 @@ import type { AttemptToken } from "./QueueStorage.ts"
 export type Signal =
   | { readonly _tag: "Wake"; readonly queue: string }
   | { readonly _tag: "Cancel"; readonly token: AttemptToken }
+  /**
+   * First element of every (re)subscription, once Postgres has confirmed both LISTENs:
+   * notifications sent while nobody listened are lost, so a subscriber should look for work now.
+   */
+  | { readonly _tag: "Subscribed" }
 
 export class StorageSignals extends Context.Service<
   StorageSignals,
@@ -48,15 +53,22 @@ export const layerPg = (options: { readonly schema?: string | undefined } = {}) 
     Effect.gen(function* () {
       const sql = yield* PgClient.PgClient
       const schema = yield* Migrations.checkSchemaName(options.schema ?? Migrations.defaultSchema)
-      const listen = (channel: string) => Stream.unwrap(Effect.map(sql.listen(channel), Stream.fromQueue))
-      const wakes = Stream.map(
-        listen(wakeChannel(schema)),
-        (n): Signal => ({ _tag: "Wake", queue: n.payload })
+      const signals = Stream.unwrap(
+        Effect.gen(function* () {
+          // sql.listen returns once Postgres confirmed the LISTEN; the queues live as long as the stream
+          const wakeQueue = yield* sql.listen(wakeChannel(schema))
+          const cancelQueue = yield* sql.listen(cancelChannel(schema))
+          const wakes = Stream.map(
+            Stream.fromQueue(wakeQueue),
+            (n): Signal => ({ _tag: "Wake", queue: n.payload })
+          )
+          const cancels = Stream.flatMap(Stream.fromQueue(cancelQueue), (n) =>
+            Stream.fromIterable(parseCancel(n.payload))
+          )
+          return Stream.concat(Stream.succeed<Signal>({ _tag: "Subscribed" }), Stream.merge(wakes, cancels))
+        })
       )
-      const cancels = Stream.flatMap(listen(cancelChannel(schema)), (n) =>
-        Stream.fromIterable(parseCancel(n.payload))
-      )
-      return StorageSignals.of({ signals: Stream.merge(wakes, cancels) })
+      return StorageSignals.of({ signals })
     })
   )
 
