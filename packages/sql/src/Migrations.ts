@@ -84,12 +84,7 @@ const readVersionInTx = Effect.fnUntraced(function* (sql: SqlClient.SqlClient, s
  */
 export const currentVersion = Effect.fn("Migrations.currentVersion")(function* (options: SchemaOptions = {}) {
   const schema = yield* checkSchemaName(options.schema ?? defaultSchema)
-  const sql = yield* SqlClient.SqlClient
-  const [present] = yield* sql<{
-    ok: boolean
-  }>`SELECT to_regclass(${`${schema}.schema_version`}) IS NOT NULL AS ok`
-  if (!present?.ok) return 0
-  return yield* readVersionInTx(sql, schema)
+  return Math.max(0, ...(yield* appliedVersions(schema)))
 })
 
 // Concurrent DDL can still deadlock against other sessions touching the same catalogs; retried
