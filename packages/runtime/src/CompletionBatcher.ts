@@ -7,9 +7,9 @@
  * goes away.
  */
 
-import type { AttemptToken, FinalizeResult, Outcome } from "@awa/storage"
+import type { AttemptToken, FinalizeItem, FinalizeResult, Outcome } from "@awa/storage"
 import { QueueStorage } from "@awa/storage"
-import { type Cause, Deferred, type Duration, Effect, Exit, Queue, Schedule, Schema } from "effect"
+import { Deferred, type Duration, Effect, Queue, Schedule, Schema } from "effect"
 import { SqlError } from "effect/sql"
 
 export interface CompletionBatcherOptions {
@@ -33,10 +33,10 @@ export interface CompletionBatcher {
   ) => Effect.Effect<FinalizeResult, SqlError.SqlError | CompletionBatcherClosed | unknown>
 }
 
-interface Pending {
-  readonly token: AttemptToken
-  readonly outcome: Outcome
-  readonly done: Deferred.Deferred<FinalizeResult, unknown>
+/** Items flushed by one storage call; every submitter of the batch waits on its one `Deferred`. */
+interface Batch {
+  readonly items: Array<FinalizeItem>
+  readonly done: Deferred.Deferred<ReadonlyArray<FinalizeResult>, unknown>
 }
 
 /**
@@ -58,43 +58,61 @@ const retryLostConnection = Schedule.min([
 export const make = Effect.fnUntraced(function* (options: CompletionBatcherOptions = {}) {
   const storage = yield* QueueStorage
   const maxBatch = options.maxBatch ?? 512
-  const pending = yield* Queue.bounded<Pending, Cause.Done>(options.capacity ?? 4096)
+  const capacity = options.capacity ?? 4096
+  const linger = options.linger ?? "1 millis"
 
-  // One call's exit fans out: each waiter gets its own result, or the batch's error.
-  const flush = (batch: ReadonlyArray<Pending>) =>
-    storage.finalizeMany(batch.map(({ token, outcome }) => ({ ...token, outcome }))).pipe(
+  // Plain mutable state, touched only between fiber yields on the JS thread. Batches fill in
+  // order; at most `maxBatch` items each. A Deferred per batch instead of one per item: this is
+  // per-job cost on the hot path.
+  const batches: Array<Batch> = []
+  let pending = 0
+  let closed = false
+  // Rung when the first item of an empty batcher arrives; the flusher sleeps on it.
+  const bell = yield* Queue.sliding<void>(1)
+  // Submitters waiting for room all wait on the current one; replaced after each flush.
+  let room = yield* Deferred.make<void>()
+
+  const newBatch = (): Batch => ({
+    items: [],
+    done: Deferred.makeUnsafe<ReadonlyArray<FinalizeResult>, unknown>()
+  })
+
+  // One call's exit fans out: each waiter picks its own result, or gets the batch's error.
+  const flush = (batch: Batch) =>
+    storage.finalizeMany(batch.items).pipe(
       Effect.retry(retryLostConnection),
       Effect.exit,
-      Effect.flatMap((exit) =>
-        Effect.forEach(
-          batch,
-          (p, i) =>
-            Deferred.done(
-              p.done,
-              Exit.map(exit, (results) => results[i]!)
-            ),
-          { discard: true }
-        )
-      ),
-      Effect.withSpan("CompletionBatcher.flush", { attributes: { size: batch.length } })
+      Effect.flatMap((exit) => Deferred.done(batch.done, exit)),
+      Effect.withSpan("CompletionBatcher.flush", { attributes: { size: batch.items.length } })
     )
 
+  const takeBatch = Effect.sync(() => {
+    const batch = batches.shift()
+    if (batch !== undefined) pending -= batch.items.length
+    return batch
+  })
+
+  const flushNext = Effect.gen(function* () {
+    const batch = yield* takeBatch
+    if (batch === undefined) return false
+    yield* flush(batch)
+    const waiting = room
+    room = Deferred.makeUnsafe<void>()
+    yield* Deferred.succeed(waiting, undefined)
+    return true
+  })
+
   // Taken items must reach storage: only the wait for the first one is interruptible.
-  const step = Effect.uninterruptibleMask((restore) =>
-    Effect.gen(function* () {
-      const first = yield* restore(Queue.takeBetween(pending, 1, maxBatch))
-      yield* Effect.sleep(options.linger ?? "1 millis")
-      const rest = yield* Queue.takeBetween(pending, 0, maxBatch - first.length)
-      yield* flush([...first, ...rest])
-    })
-  )
+  const step = Effect.gen(function* () {
+    if (batches.length === 0) yield* Queue.take(bell)
+    yield* Effect.uninterruptible(Effect.andThen(Effect.sleep(linger), flushNext))
+  })
 
   // Registered before the fork, so it runs after the loop stops: refuse new work, flush the rest.
   yield* Effect.addFinalizer(() =>
     Effect.gen(function* () {
-      yield* Queue.end(pending)
-      const left = yield* Queue.clear(pending)
-      for (let i = 0; i < left.length; i += maxBatch) yield* flush(left.slice(i, i + maxBatch))
+      closed = true
+      while (yield* flushNext) {}
     })
   )
   yield* step.pipe(
@@ -104,12 +122,19 @@ export const make = Effect.fnUntraced(function* (options: CompletionBatcherOptio
     Effect.forkScoped
   )
 
-  const submit = (token: AttemptToken, outcome: Outcome) =>
-    Effect.gen(function* () {
-      const done = yield* Deferred.make<FinalizeResult, unknown>()
-      const offered = yield* Queue.offer(pending, { token, outcome, done })
-      if (!offered) return yield* new CompletionBatcherClosed()
-      return yield* Deferred.await(done)
+  const submit = (token: AttemptToken, outcome: Outcome): Effect.Effect<FinalizeResult, unknown> =>
+    Effect.suspend(() => {
+      if (closed) return Effect.fail(new CompletionBatcherClosed())
+      if (pending >= capacity) return Effect.andThen(Deferred.await(room), submit(token, outcome))
+      let batch = batches.at(-1)
+      if (batch === undefined || batch.items.length >= maxBatch) {
+        batch = newBatch()
+        batches.push(batch)
+      }
+      const index = batch.items.push({ jobId: token.jobId, runLease: token.runLease, outcome }) - 1
+      pending++
+      if (pending === 1) Queue.offerUnsafe(bell, undefined)
+      return Effect.map(Deferred.await(batch.done), (results) => results[index]!)
     })
   return { submit } satisfies CompletionBatcher
 })

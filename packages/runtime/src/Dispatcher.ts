@@ -1,18 +1,31 @@
 /**
- * One dispatcher per queue: claims up to the free capacity, hands each job to the executor in
- * the worker's `FiberSet`, and sleeps until a wake-up (LISTEN/NOTIFY), freed capacity, or the
- * poll interval.
+ * One dispatcher per queue: claims jobs, holds them in a local buffer, and starts each on the
+ * executor as capacity frees up. It sleeps until a wake-up (LISTEN/NOTIFY), freed capacity, or
+ * the poll interval.
  *
- * **Guarantees** Never claims more than the queue's free capacity; a claim error is logged and
- * retried after the poll interval (the dispatcher never dies on a database error).
+ * **Claiming ahead** A claim round trip costs about as much for 500 jobs as for 50, so claiming
+ * only the free capacity caps a busy queue at `maxConcurrency` jobs per round trip, and leaves the
+ * handlers idle while each claim is in flight. The dispatcher therefore claims up to `prefetch`
+ * jobs beyond the free capacity, sized to what the queue actually gets through in about two
+ * claim round trips (a measured rate, so slow handlers get next to nothing buffered), and claims
+ * the next batch while the buffer still feeds the handlers. A buffered job is a claimed attempt:
+ * it is heartbeated and cancellable from the moment it is held, and its deadline counts from the
+ * claim (docs/adr/0011-claim-ahead.md).
+ *
+ * **Guarantees** Never more than `maxConcurrency` handlers at once; never more than `prefetch`
+ * jobs waiting; jobs start in claim order (FIFO per lane is kept). A claim error is logged and
+ * retried after the poll interval (the dispatcher never dies on a database error). On `stop`,
+ * jobs still waiting are given back (snoozed with no delay) instead of starting.
  */
-import type { ClaimedJob } from "@awa/storage"
 import { QueueStorage } from "@awa/storage"
-import { Effect, FiberSet, Queue, Ref } from "effect"
+import { Clock, Effect, type FiberSet, Queue } from "effect"
+import type { Executor, RunningAttempt } from "./Executor.ts"
 
 export interface DispatcherConfig {
   readonly queue: string
   readonly maxConcurrency: number
+  /** Most claimed jobs waiting here for capacity; 0 = claim only free capacity. */
+  readonly prefetch: number
   readonly pollIntervalMs: number
   readonly deadlineMs: number
   readonly agingIntervalMs: number
@@ -20,77 +33,160 @@ export interface DispatcherConfig {
 
 /** Longest wait for more capacity before claiming into a small free slot count. */
 const claimLingerMs = 2
+/** The buffer aims to cover this many claim round trips of work. */
+const lookaheadRoundTrips = 2
+/** Weight of the newest sample in the moving averages of rate and claim latency. */
+const smoothing = 0.3
 
 export interface Dispatcher<R> {
   /** Rings the doorbell: something may be claimable now. */
   readonly wake: Effect.Effect<void>
   /** The loop; runs until interrupted. */
   readonly loop: Effect.Effect<never, never, R>
+  /** Stops starting buffered jobs and gives them back. Call after interrupting `loop`. */
+  readonly stop: Effect.Effect<void>
+  /** Handlers running now. */
   readonly inFlight: Effect.Effect<number>
+  /** Claimed jobs waiting for capacity. */
+  readonly buffered: Effect.Effect<number>
 }
 
 export const make = Effect.fnUntraced(function* <R>(
   config: DispatcherConfig,
   fibers: FiberSet.FiberSet<unknown, unknown>,
-  runJob: (job: ClaimedJob, release: Effect.Effect<void>) => Effect.Effect<void, never, R>
+  executor: Executor<R>
 ) {
   const storage = yield* QueueStorage
-  const inFlight = yield* Ref.make(0)
+  // Plain mutable state: every reader and writer runs on the JS thread between fiber yields, and
+  // a Ref per started job was measurable per-job cost in the drain profile.
+  let inFlight = 0
+  let stopping = false
+  const buffer: Array<RunningAttempt> = []
+  let head = 0
+  const bufferedCount = () => buffer.length - head
+
+  // Throughput (jobs finished per ms) and claim latency, as moving averages.
+  let finished = 0
+  let finishedAtLastClaim = 0
+  let lastClaimAt: number | undefined
+  let rate = 0
+  let claimLatencyMs = 1
+
   // Sliding queues of capacity 1: repeated rings while busy collapse into one.
   const wakeBell = yield* Queue.sliding<void>(1)
   const capacityBell = yield* Queue.sliding<void>(1)
   const ring = (bell: Queue.Queue<void>) => Effect.asVoid(Queue.offer(bell, undefined))
-  const release = Effect.andThen(
-    Ref.update(inFlight, (n) => n - 1),
-    ring(capacityBell)
-  )
+
+  /** How many jobs to keep waiting here: about two claim round trips of work, at most `prefetch`. */
+  const prefetchTarget = () =>
+    config.prefetch === 0
+      ? 0
+      : Math.min(config.prefetch, Math.ceil(rate * claimLatencyMs * lookaheadRoundTrips))
+
+  const takeNext = (): RunningAttempt | undefined => {
+    if (head === buffer.length) return undefined
+    const entry = buffer[head]!
+    buffer[head++] = undefined as unknown as RunningAttempt
+    if (head === buffer.length) {
+      buffer.length = 0
+      head = 0
+    }
+    return entry
+  }
+
+  // Called once per attempt, from the attempt's own fiber, as soon as its handler is done: the
+  // freed slot goes straight to the next buffered job, without a trip through the loop.
+  const release: Effect.Effect<void, never, R> = Effect.suspend(() => {
+    inFlight--
+    finished++
+    const next = stopping ? undefined : takeNext()
+    if (next !== undefined) {
+      inFlight++
+      const started = executor.start(fibers, next, release)
+      return bufferedCount() * 2 <= prefetchTarget() ? Effect.andThen(started, ring(capacityBell)) : started
+    }
+    return ring(capacityBell)
+  })
+
+  const startBuffered = Effect.suspend(() => {
+    const starts: Array<Effect.Effect<void, never, R>> = []
+    while (inFlight < config.maxConcurrency) {
+      const next = takeNext()
+      if (next === undefined) break
+      inFlight++
+      starts.push(executor.start(fibers, next, release))
+    }
+    return Effect.all(starts, { discard: true })
+  })
 
   const waitForWork = Queue.take(wakeBell).pipe(Effect.timeoutOption(config.pollIntervalMs), Effect.asVoid)
 
-  // Claiming one job per freed slot costs a round trip per job: with little capacity free, wait
-  // briefly for more to free up (or for the linger to pass) so claims come in batches.
+  // Claiming a handful of jobs costs a round trip as much as a full batch: with little room,
+  // wait briefly for more to free up (or for the linger to pass) so claims come in batches.
   const batchThreshold = Math.max(1, Math.floor(config.maxConcurrency / 4))
   let lingered = false
 
   const claimOnce = Effect.gen(function* () {
-    const free = config.maxConcurrency - (yield* Ref.get(inFlight))
-    if (free <= 0) {
+    const now = yield* Clock.currentTimeMillis
+    if (lastClaimAt !== undefined && now > lastClaimAt) {
+      const sample = (finished - finishedAtLastClaim) / (now - lastClaimAt)
+      rate = rate === 0 ? sample : rate + smoothing * (sample - rate)
+    }
+    const want = config.maxConcurrency - inFlight + prefetchTarget() - bufferedCount()
+    if (want <= 0) {
       yield* Queue.take(capacityBell)
       return
     }
-    if (free < batchThreshold && !lingered) {
+    if (want < batchThreshold && !lingered) {
       lingered = true
       yield* Queue.take(capacityBell).pipe(Effect.timeoutOption(claimLingerMs))
       return
     }
     lingered = false
+    lastClaimAt = now
+    finishedAtLastClaim = finished
+    // Uninterruptible from the call to the hand-over: claimed jobs interrupted on the way would
+    // stay claimed with nobody running them until rescued as stale.
     const claimed = yield* storage
       .claim({
         queue: config.queue,
-        max: free,
+        max: want,
         deadlineMs: config.deadlineMs,
         agingIntervalMs: config.agingIntervalMs
       })
       .pipe(
+        Effect.flatMap((jobs) =>
+          Effect.map(Clock.currentTimeMillis, (heldAt) => {
+            claimLatencyMs += smoothing * (Math.max(1, heldAt - now) - claimLatencyMs)
+            for (const job of jobs) buffer.push(executor.hold(job, heldAt))
+            return jobs.length
+          })
+        ),
+        Effect.uninterruptible,
         Effect.catchCause((cause) =>
           Effect.logWarning(
             `claim failed on queue ${config.queue}; retrying after the poll interval`,
             cause
-          ).pipe(
-            Effect.andThen(Effect.sleep(config.pollIntervalMs)),
-            Effect.as([] as ReadonlyArray<ClaimedJob>)
-          )
+          ).pipe(Effect.andThen(Effect.sleep(config.pollIntervalMs)), Effect.as(0))
         )
       )
-    yield* Ref.update(inFlight, (n) => n + claimed.length)
-    for (const job of claimed) yield* FiberSet.run(fibers, runJob(job, release))
+    yield* startBuffered
     // A full batch means more may be waiting: claim again at once.
-    if (claimed.length < free) yield* waitForWork
+    if (claimed < want) yield* waitForWork
+  })
+
+  const stop = Effect.suspend(() => {
+    stopping = true
+    const unstarted: Array<RunningAttempt> = []
+    for (let next = takeNext(); next !== undefined; next = takeNext()) unstarted.push(next)
+    return executor.giveBack(unstarted)
   })
 
   return {
     wake: ring(wakeBell),
     loop: Effect.forever(claimOnce).pipe(Effect.annotateLogs({ module: "Dispatcher", queue: config.queue })),
-    inFlight: Ref.get(inFlight)
+    stop,
+    inFlight: Effect.sync(() => inFlight),
+    buffered: Effect.sync(bufferedCount)
   } satisfies Dispatcher<R>
 })

@@ -1,8 +1,11 @@
 /**
- * Runs one claimed attempt: decodes its args, runs its handler under the queue's deadline, maps
- * the exit to an `Outcome` and hands it to the `CompletionBatcher`.
+ * Holds the attempts this process claimed and runs each on its own fiber: decodes its args, runs
+ * its handler under the queue's deadline, maps the exit to an `Outcome` and hands it to the
+ * `CompletionBatcher`.
  *
  * **Guarantees**
+ * - A held attempt (claimed, maybe still waiting for capacity) is heartbeated and honours cancel
+ *   and rescue broadcasts from the moment it is held; one closed before it starts never runs.
  * - Every attempt that starts ends in exactly one submitted outcome, unless it was closed
  *   elsewhere (cancel or rescue broadcast, heartbeat reply), in which case it is interrupted and
  *   nothing is submitted: storage would report it stale anyway.
@@ -12,8 +15,9 @@
  */
 import { Backoff, Job, Traceparent } from "@awa/core"
 import type { AttemptToken, ClaimedJob, Outcome } from "@awa/storage"
-import { Cause, Clock, Duration, Effect, Exit, Fiber, Random, Schema, Tracer } from "effect"
+import { Cause, Clock, Duration, Effect, Exit, Fiber, FiberSet, Random, Schema, Tracer } from "effect"
 import type { CompletionBatcher } from "./CompletionBatcher.ts"
+import * as Deadlines from "./Deadlines.ts"
 import type { Handler, JobContext } from "./Handler.ts"
 
 export interface ExecutorOptions<R> {
@@ -33,16 +37,24 @@ export interface ExecutorOptions<R> {
 /** An attempt running in this process. */
 export interface RunningAttempt {
   readonly job: ClaimedJob
-  readonly startedAt: number
+  /** When this process received the claim. */
+  readonly heldAt: number
+  /** When the handler started; `heldAt` until then. */
+  startedAt: number
   progress: Readonly<Record<string, unknown>> | undefined
   /** Progress changed since the last heartbeat wrote it. */
   progressDirty: boolean
   fiber: Fiber.Fiber<unknown, unknown> | undefined
   /** Set when the attempt was closed elsewhere: its outcome is not submitted. */
   closedElsewhere: boolean
+  /** Set when its hard deadline passed: the interruption is recorded as a retry. */
+  deadlineExceeded: boolean
+  deadline: Deadlines.DeadlineNode | undefined
+  readonly key: string
 }
 
-const key = (jobId: bigint, runLease: bigint) => `${jobId}:${runLease}`
+const keyOf = (jobId: bigint, runLease: bigint) => `${jobId}:${runLease}`
+const complete: Outcome = { _tag: "Complete" }
 const maxDelayMs = 30 * 24 * 60 * 60 * 1000
 
 class DeadlineExceeded extends Schema.TaggedError<DeadlineExceeded>()("DeadlineExceeded", {}) {}
@@ -57,8 +69,9 @@ const messageOf = (error: unknown): string => {
   return String(error)
 }
 
-export const make = <R>(options: ExecutorOptions<R>) => {
+export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>) {
   const running = new Map<string, RunningAttempt>()
+  const deadlines = yield* Deadlines.make()
 
   // Delays come from user code (a custom backoff, a handler's RetryAfter/Snooze) and may be
   // anything, or throw. Storage takes whole milliseconds 0 – 30 days and rejects a finalize call
@@ -91,10 +104,21 @@ export const make = <R>(options: ExecutorOptions<R>) => {
   /** Maps a handler's exit to what storage should record. */
   const outcomeOf = (
     handler: Handler<R> | undefined,
-    job: ClaimedJob,
+    entry: RunningAttempt,
+    exit: Exit.Exit<Job.JobResult | void, unknown>
+  ): Effect.Effect<Outcome> => {
+    // the common case without a generator
+    if (Exit.isSuccess(exit) && (exit.value === undefined || exit.value._tag === "Completed"))
+      return Effect.succeed(complete)
+    return outcomeOfSlow(handler, entry, exit)
+  }
+  const outcomeOfSlow = (
+    handler: Handler<R> | undefined,
+    entry: RunningAttempt,
     exit: Exit.Exit<Job.JobResult | void, unknown>
   ) =>
     Effect.gen(function* (): Effect.fn.Return<Outcome> {
+      const job = entry.job
       const retry = (message: string) =>
         Effect.map(
           backoffMs(handler, job.attempt),
@@ -120,17 +144,36 @@ export const make = <R>(options: ExecutorOptions<R>) => {
         if (e instanceof Job.JobTerminalError) return { _tag: "Fail", error: e.message }
         return yield* retry(messageOf(e))
       }
-      if (Cause.hasInterruptsOnly(exit.cause)) return yield* retry("interrupted: worker shutting down")
+      if (Cause.hasInterruptsOnly(exit.cause))
+        return yield* retry(
+          entry.deadlineExceeded ? "hard deadline exceeded" : "interrupted: worker shutting down"
+        )
       return yield* retry(`defect: ${Cause.pretty(exit.cause).split("\n")[0]}`)
     })
 
+  // Decoders built once per kind, not per attempt.
+  const decoders = new Map<string, (input: unknown) => Effect.Effect<unknown, Schema.SchemaError>>()
+  const decoderOf = (handler: Handler<R>) => {
+    let decode = decoders.get(handler.definition.kind)
+    if (decode === undefined) {
+      decode = Schema.decodeUnknownEffect(handler.definition.args) as (
+        input: unknown
+      ) => Effect.Effect<unknown, Schema.SchemaError>
+      decoders.set(handler.definition.kind, decode)
+    }
+    return decode
+  }
+
   /** The handler's own effect, with decoding, deadline, abort signal and span. */
-  const attempt = (handler: Handler<R>, job: ClaimedJob, entry: RunningAttempt) =>
+  const attempt = (handler: Handler<R>, entry: RunningAttempt) =>
     Effect.gen(function* () {
-      const args = yield* Schema.decodeUnknownEffect(handler.definition.args)(job.args).pipe(
+      const job = entry.job
+      const args = yield* decoderOf(handler)(job.args).pipe(
         Effect.mapError((e) => new ArgsUndecodable({ message: e.message }))
       )
-      const controller = new AbortController()
+      // Created on first use: most handlers never look at their signal.
+      let controller: AbortController | undefined
+      const abort = Effect.sync(() => controller?.abort())
       const ctx: JobContext = {
         job: {
           id: job.jobId,
@@ -143,21 +186,18 @@ export const make = <R>(options: ExecutorOptions<R>) => {
           tags: job.tags,
           errors: job.errors
         },
-        signal: controller.signal,
+        get signal() {
+          controller ??= new AbortController()
+          return controller.signal
+        },
         setProgress: (progress) =>
           Effect.sync(() => {
             entry.progress = progress
             entry.progressDirty = true
           })
       }
-      const run = handler.run(args, ctx).pipe(Effect.onInterrupt(() => Effect.sync(() => controller.abort())))
-      if (job.deadlineAt === null) return yield* run
-      const remaining = Math.max(0, job.deadlineAt.getTime() - job.claimedAt.getTime())
-      return yield* Effect.timeoutOrElse(run, {
-        duration: remaining,
-        orElse: () =>
-          Effect.sync(() => controller.abort()).pipe(Effect.andThen(Effect.fail(new DeadlineExceeded())))
-      })
+      // The deadline is enforced by `deadlines`, which interrupts this fiber (see `hold`).
+      return yield* handler.run(args, ctx).pipe(Effect.onInterrupt(() => abort))
     })
 
   /** Wraps the attempt in a consumer span: child of the producer's span on attempt 1, linked after. */
@@ -186,63 +226,147 @@ export const make = <R>(options: ExecutorOptions<R>) => {
         })
   }
 
+  /** Forgets a finished attempt: no more heartbeats, deadline or broadcasts for it. */
+  const forget = (entry: RunningAttempt) => {
+    running.delete(entry.key)
+    if (entry.deadline !== undefined) deadlines.remove(entry.deadline)
+  }
+
+  /** Past its deadline: a running attempt is interrupted (recorded as a retry); a waiting one never starts. */
+  const expire = (entry: RunningAttempt) => () => {
+    entry.deadlineExceeded = true
+    return entry.fiber === undefined
+      ? Effect.void
+      : Effect.asVoid(Effect.forkDetach(Fiber.interrupt(entry.fiber), { startImmediately: true }))
+  }
+
   /**
-   * Runs one attempt to its durable outcome. `release` frees the worker's capacity; it is called
-   * exactly once, before the outcome is acknowledged.
+   * Takes a claimed attempt into this process: from here on it is heartbeated, its deadline runs,
+   * and a cancel or rescue broadcast for it is honoured even before it starts. `heldAt` is when
+   * the claim came back. The deadline counts from then, as storage's does from the claim.
    */
-  const run = (job: ClaimedJob, release: Effect.Effect<void>) =>
-    Effect.uninterruptibleMask((restore) =>
-      Effect.gen(function* () {
-        const handler = options.handlers.get(job.kind)
-        const entry: RunningAttempt = {
-          job,
-          startedAt: yield* Clock.currentTimeMillis,
-          progress: undefined,
-          progressDirty: false,
-          fiber: undefined,
-          closedElsewhere: false
-        }
-        running.set(key(job.jobId, job.runLease), entry)
-        let exit: Exit.Exit<Job.JobResult | void, unknown>
-        if (handler === undefined) {
-          exit =
-            options.onUnknownKind === "fail"
-              ? Exit.fail(new Job.JobTerminalError({ message: `unknown job kind: ${job.kind}` }))
-              : Exit.fail(new Error(`unknown job kind: ${job.kind}`))
-        } else {
-          const fiber = yield* Effect.forkChild(restore(traced(job, attempt(handler, job, entry))), {
-            startImmediately: true
-          })
-          entry.fiber = fiber
-          exit = yield* Effect.exit(restore(Fiber.join(fiber)))
-          if (Exit.isFailure(exit) && Cause.hasInterrupts(exit.cause)) yield* Fiber.interrupt(fiber)
-        }
-        // Whatever the handler returned (even `null`), the attempt must reach `release` and an
-        // outcome: an unexpected failure of the mapping itself becomes a retry with its reason.
-        const outcome = yield* outcomeOf(handler, job, exit).pipe(
-          Effect.catchCause((cause) =>
-            Effect.map(
-              backoffMs(handler, job.attempt),
-              (delayMs): Outcome => ({
-                _tag: "Retry",
-                delayMs,
-                error: `invalid handler outcome: ${Cause.pretty(cause).split("\n")[0]}`
-              })
+  const hold = (job: ClaimedJob, heldAt: number): RunningAttempt => {
+    const entry: RunningAttempt = {
+      job,
+      heldAt,
+      startedAt: heldAt,
+      progress: undefined,
+      progressDirty: false,
+      fiber: undefined,
+      closedElsewhere: false,
+      deadlineExceeded: false,
+      deadline: undefined,
+      key: keyOf(job.jobId, job.runLease)
+    }
+    if (job.deadlineAt !== null)
+      entry.deadline = deadlines.add(
+        heldAt,
+        job.deadlineAt.getTime() - job.claimedAt.getTime(),
+        expire(entry)
+      )
+    running.set(entry.key, entry)
+    return entry
+  }
+
+  const retryBecause =
+    (handler: Handler<R> | undefined, entry: RunningAttempt) => (cause: Cause.Cause<unknown>) =>
+      Effect.map(
+        backoffMs(handler, entry.job.attempt),
+        (delayMs): Outcome => ({
+          _tag: "Retry",
+          delayMs,
+          error: `invalid handler outcome: ${Cause.pretty(cause).split("\n")[0]}`
+        })
+      )
+
+  const logFinalizationFailure = (cause: Cause.Cause<unknown>) =>
+    Effect.logWarning("finalization failed; the attempt stays rescuable", cause)
+
+  /** Records the outcome of a finished (or interrupted) attempt; runs uninterruptibly. */
+  const settle = (
+    entry: RunningAttempt,
+    handler: Handler<R> | undefined,
+    exit: Exit.Exit<Job.JobResult | void, unknown>,
+    release: Effect.Effect<void, never, R>
+  ): Effect.Effect<void, never, R> => {
+    if (entry.deadline !== undefined) {
+      deadlines.remove(entry.deadline)
+      entry.deadline = undefined
+    }
+    // Whatever the handler returned (even `null`), the attempt must reach `release` and an
+    // outcome: an unexpected failure of the mapping itself becomes a retry with its reason.
+    return outcomeOf(handler, entry, exit).pipe(
+      Effect.catchCause(retryBecause(handler, entry)),
+      Effect.tap(() => release),
+      Effect.flatMap((outcome) =>
+        entry.closedElsewhere
+          ? Effect.void
+          : Effect.catchCause(
+              Effect.asVoid(options.batcher.submit(entry.job, outcome)),
+              logFinalizationFailure
             )
-          )
+      ),
+      Effect.ensuring(Effect.sync(() => forget(entry)))
+    )
+  }
+
+  /**
+   * Starts a held attempt on its own fiber in `fibers` and runs it to its durable outcome.
+   * `release` frees the worker's capacity; it is called exactly once, before the outcome is
+   * acknowledged. The fiber is the one `interrupt` (cancel, rescue), the deadline and shutdown
+   * interrupt: its exit handler maps the interruption to a retry, or to nothing when closed
+   * elsewhere. An attempt closed elsewhere before it started is dropped, and `release` is still
+   * called; one whose deadline passed while it waited is recorded as a retry without running.
+   */
+  const start = (
+    fibers: FiberSet.FiberSet<unknown, unknown>,
+    entry: RunningAttempt,
+    release: Effect.Effect<void, never, R>
+  ): Effect.Effect<void, never, R> =>
+    Effect.suspend(() => {
+      if (entry.closedElsewhere) {
+        forget(entry)
+        return release
+      }
+      const handler = options.handlers.get(entry.job.kind)
+      const body: Effect.Effect<Job.JobResult | void, unknown, R> = entry.deadlineExceeded
+        ? Effect.fail(new DeadlineExceeded())
+        : handler === undefined
+          ? options.onUnknownKind === "fail"
+            ? Effect.fail(new Job.JobTerminalError({ message: `unknown job kind: ${entry.job.kind}` }))
+            : Effect.fail(new Error(`unknown job kind: ${entry.job.kind}`))
+          : traced(entry.job, attempt(handler, entry))
+      return Effect.flatMap(Clock.currentTimeMillis, (now) => {
+        entry.startedAt = now
+        return Effect.map(
+          FiberSet.run(
+            fibers,
+            Effect.onExit(body, (exit) => settle(entry, handler, exit, release)),
+            // not nested in the caller's stack: a release starting the next attempt would recurse
+            { startImmediately: false }
+          ),
+          (fiber) => {
+            entry.fiber = fiber
+          }
         )
-        yield* release
-        if (!entry.closedElsewhere) {
-          yield* options.batcher
-            .submit(job, outcome)
-            .pipe(
-              Effect.catchCause((cause) =>
-                Effect.logWarning("finalization failed; the attempt stays rescuable", cause)
-              )
-            )
-        }
-        running.delete(key(job.jobId, job.runLease))
       })
+    })
+
+  /**
+   * Gives back held attempts that never started (shutdown): snoozed with no delay, so they run
+   * again soon, behind the jobs of their lane that are still queued, with the same attempt number.
+   */
+  const giveBack = (entries: ReadonlyArray<RunningAttempt>) =>
+    Effect.forEach(
+      entries,
+      (entry) =>
+        options.batcher.submit(entry.job, { _tag: "Snooze", delayMs: 0 }).pipe(
+          Effect.catchCause((cause) =>
+            Effect.logWarning("giving back an unstarted attempt failed; it stays rescuable", cause)
+          ),
+          Effect.ensuring(Effect.sync(() => forget(entry)))
+        ),
+      { concurrency: "unbounded", discard: true }
     )
 
   /**
@@ -254,7 +378,7 @@ export const make = <R>(options: ExecutorOptions<R>) => {
    */
   const interrupt = (jobId: bigint, runLease: bigint) =>
     Effect.suspend(() => {
-      const entry = running.get(key(jobId, runLease))
+      const entry = running.get(keyOf(jobId, runLease))
       if (entry === undefined) return Effect.void
       entry.closedElsewhere = true
       return entry.fiber === undefined
@@ -262,7 +386,15 @@ export const make = <R>(options: ExecutorOptions<R>) => {
         : Effect.asVoid(Effect.forkDetach(Fiber.interrupt(entry.fiber), { startImmediately: true }))
     })
 
-  return { run, interrupt, running: running as ReadonlyMap<string, RunningAttempt> }
-}
+  return {
+    hold,
+    start,
+    giveBack,
+    interrupt,
+    /** Enforces hard deadlines; fork it for the worker's lifetime. */
+    deadlines: deadlines.run,
+    running: running as ReadonlyMap<string, RunningAttempt>
+  }
+})
 
-export type Executor<R> = ReturnType<typeof make<R>>
+export type Executor<R> = Effect.Success<ReturnType<typeof make<R>>>

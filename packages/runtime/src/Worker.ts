@@ -23,6 +23,12 @@ import * as Leader from "./Leader.ts"
 export interface QueueOptions {
   /** Handlers of this queue running at once. Default 10 (1–10,000). */
   readonly maxConcurrency?: number | undefined
+  /**
+   * Most jobs claimed ahead of free capacity, waiting in this process (0–10,000). The dispatcher
+   * sizes its buffer to about two claim round trips of the queue's measured throughput, up to
+   * this; 0 claims only free capacity. Default 512.
+   */
+  readonly prefetch?: number | undefined
   /** Claim at least this often without a wake-up. Default 200 ms (10 ms – 1 min). */
   readonly pollInterval?: Duration.Input | undefined
   /** Hard deadline per attempt; 0 = none. Default 5 min (0, or 10 ms – 7 days). */
@@ -151,6 +157,7 @@ export const resolveConfig = <R>(options: WorkerOptions<R>) =>
       queues.push({
         queue,
         maxConcurrency: integer(issues, `queues.${queue}.maxConcurrency`, q.maxConcurrency, 10, 1, 10_000),
+        prefetch: integer(issues, `queues.${queue}.prefetch`, q.prefetch, 512, 0, 10_000),
         pollIntervalMs: durationMs(issues, `queues.${queue}.pollInterval`, q.pollInterval, 200, 10, 60_000),
         deadlineMs: durationMs(issues, `queues.${queue}.deadline`, q.deadline, 300_000, 10, 7 * day, true),
         agingIntervalMs: durationMs(
@@ -341,17 +348,20 @@ export const make = Effect.fnUntraced(function* <R>(options: WorkerOptions<R>) {
   yield* Effect.addFinalizer(() =>
     FiberSet.awaitEmpty(fibers).pipe(Effect.timeoutOption(config.shutdownTimeoutMs), Effect.asVoid)
   )
-  const executor = Executor.make<R>({
+  const executor = yield* Executor.make<R>({
     handlers: new Map(options.handlers.map((h) => [h.definition.kind, h])),
     onUnknownKind: options.onUnknownKind ?? "fail",
     batcher,
     tracing: options.tracing ?? true,
     flushProgress: (token, progress) => Effect.asVoid(storage.heartbeatMany([{ ...token, progress }]))
   })
+  yield* Effect.forkScoped(executor.deadlines)
   const dispatchers = new Map<string, Dispatcher.Dispatcher<R>>()
   for (const queue of config.queues) {
-    const dispatcher = yield* Dispatcher.make(queue, fibers, executor.run)
+    const dispatcher = yield* Dispatcher.make(queue, fibers, executor)
     dispatchers.set(queue.queue, dispatcher)
+    // Registered before the loop is forked, so it runs after the loop is interrupted.
+    yield* Effect.addFinalizer(() => dispatcher.stop)
     yield* Effect.forkScoped(dispatcher.loop)
   }
 
@@ -377,9 +387,7 @@ export const make = Effect.fnUntraced(function* <R>(options: WorkerOptions<R>) {
     const now = yield* Clock.currentTimeMillis
     // Older than half an interval: the first heartbeat comes within 1.5 intervals of the start,
     // while jobs shorter than half an interval never write anything.
-    const due = [...executor.running.values()].filter(
-      (a) => now - a.startedAt >= config.heartbeatIntervalMs / 2
-    )
+    const due = [...executor.running.values()].filter((a) => now - a.heldAt >= config.heartbeatIntervalMs / 2)
     for (let i = 0; i < due.length; i += 500) {
       const chunk = due.slice(i, i + 500)
       const closed = yield* storage.heartbeatMany(

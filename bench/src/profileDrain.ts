@@ -1,0 +1,84 @@
+/**
+ * Profiles one system's drain and nothing else: enqueues a backlog, then records a V8 CPU
+ * profile of this process only while the workers drain it (the `--cpu-prof` of `npm run bench`
+ * covers the child's whole life: start-up, warm-up and the backlog's enqueue).
+ *
+ *   node bench/src/profileDrain.ts [--system awa] [--jobs 20000]
+ *
+ * Writes bench/results/drain-<system>-<time>.cpuprofile (open it in Chrome DevTools or
+ * speedscope) and prints jobs/s and this process's CPU per 1,000 jobs. Postgres: `DATABASE_URL`,
+ * or a temporary embedded server with durability on.
+ */
+import { mkdirSync, writeFileSync } from "node:fs"
+import { Session } from "node:inspector/promises"
+import { join } from "node:path"
+import { EmbeddedPostgres } from "@awa/testing"
+import { Effect } from "effect"
+import { createDatabase, databaseName, dropDatabase } from "./lib.ts"
+import type { SystemName } from "./systems/types.ts"
+
+const arg = (name: string, fallback: string) => {
+  const i = process.argv.indexOf(name)
+  return i >= 0 ? process.argv[i + 1]! : fallback
+}
+const system = arg("--system", "awa") as SystemName
+const jobs = Number(arg("--jobs", "20000"))
+const resultsDir = join(import.meta.dirname, "..", "results")
+
+const factories = {
+  awa: async () => (await import("./systems/awa.ts")).make,
+  "graphile-worker": async () => (await import("./systems/graphile.ts")).make,
+  "pg-boss": async () => (await import("./systems/pgboss.ts")).make
+} satisfies Record<SystemName, unknown>
+
+const main = async () => {
+  const server = process.env.DATABASE_URL
+    ? undefined
+    : await EmbeddedPostgres.startTemporary({ durable: true })
+  const baseUrl = process.env.DATABASE_URL ?? server!.url
+  const database = databaseName("profile_drain")
+  const url = await Effect.runPromise(createDatabase(baseUrl, database))
+  try {
+    const adapter = await (await factories[system]())(url)
+    await adapter.install()
+    for (let seq = 0; seq < jobs; seq += 1000)
+      await adapter.enqueueBatch(Array.from({ length: Math.min(1000, jobs - seq) }, (_, i) => seq + i))
+    let started = 0
+    let resolveDone: () => void = () => {}
+    const done = new Promise<void>((resolve) => {
+      resolveDone = resolve
+    })
+    const session = new Session()
+    session.connect()
+    await session.post("Profiler.enable")
+    await session.post("Profiler.start")
+    const cpu0 = process.cpuUsage()
+    const t0 = performance.now()
+    await adapter.startWorkers(() => {
+      if (++started === jobs) resolveDone()
+    })
+    await done
+    while ((await adapter.openJobs()) > 0) await new Promise((r) => setTimeout(r, 5))
+    const ms = performance.now() - t0
+    const cpu = process.cpuUsage(cpu0)
+    const { profile } = await session.post("Profiler.stop")
+    await adapter.stopWorkers()
+    await adapter.close()
+    mkdirSync(resultsDir, { recursive: true })
+    const file = join(
+      resultsDir,
+      `drain-${system}-${new Date().toISOString().replace(/[:.]/g, "-")}.cpuprofile`
+    )
+    writeFileSync(file, JSON.stringify(profile))
+    const cpuMs = (cpu.user + cpu.system) / 1000
+    console.log(
+      `${system}: ${jobs} jobs in ${ms.toFixed(0)} ms = ${Math.round((jobs / ms) * 1000)} jobs/s; ` +
+        `this process ${((cpuMs / jobs) * 1000).toFixed(1)} ms CPU per 1,000 jobs\nprofile: ${file}`
+    )
+  } finally {
+    await Effect.runPromise(dropDatabase(baseUrl, database))
+    await server?.stop()
+  }
+}
+
+await main()
