@@ -128,9 +128,13 @@ export const make = Effect.fnUntraced(function* <R>(
 
   const claimOnce = Effect.gen(function* () {
     const now = yield* Clock.currentTimeMillis
-    if (lastClaimAt !== undefined && now > lastClaimAt) {
+    // One rate sample per elapsed interval between claims; claims in the same millisecond share it.
+    if (lastClaimAt === undefined) lastClaimAt = now
+    else if (now > lastClaimAt) {
       const sample = (finished - finishedAtLastClaim) / (now - lastClaimAt)
       rate = rate === 0 ? sample : rate + smoothing * (sample - rate)
+      lastClaimAt = now
+      finishedAtLastClaim = finished
     }
     const want = config.maxConcurrency - inFlight + prefetchTarget() - bufferedCount()
     if (want <= 0) {
@@ -143,8 +147,6 @@ export const make = Effect.fnUntraced(function* <R>(
       return
     }
     lingered = false
-    lastClaimAt = now
-    finishedAtLastClaim = finished
     // Uninterruptible from the call to the hand-over: claimed jobs interrupted on the way would
     // stay claimed with nobody running them until rescued as stale.
     const claimed = yield* storage

@@ -45,6 +45,8 @@ export interface RunningAttempt {
   /** Progress changed since the last heartbeat wrote it. */
   progressDirty: boolean
   fiber: Fiber.Fiber<unknown, unknown> | undefined
+  /** Its fiber has begun running (until then, an interruption would skip its exit handler). */
+  begun: boolean
   /** Set when the attempt was closed elsewhere: its outcome is not submitted. */
   closedElsewhere: boolean
   /** Set when its hard deadline passed: the interruption is recorded as a retry. */
@@ -107,8 +109,8 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
     entry: RunningAttempt,
     exit: Exit.Exit<Job.JobResult | void, unknown>
   ): Effect.Effect<Outcome> => {
-    // the common case without a generator
-    if (Exit.isSuccess(exit) && (exit.value === undefined || exit.value._tag === "Completed"))
+    // the common case without a generator; anything else (even `null`) takes the careful path
+    if (Exit.isSuccess(exit) && (exit.value === undefined || exit.value?._tag === "Completed"))
       return Effect.succeed(complete)
     return outcomeOfSlow(handler, entry, exit)
   }
@@ -235,10 +237,18 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
   /** Past its deadline: a running attempt is interrupted (recorded as a retry); a waiting one never starts. */
   const expire = (entry: RunningAttempt) => () => {
     entry.deadlineExceeded = true
-    return entry.fiber === undefined
+    return interruptIfBegun(entry)
+  }
+
+  /**
+   * Interrupts the attempt's fiber once it has begun. A fiber interrupted before it begins never
+   * runs its exit handler (no release, no outcome), so one not yet begun is left to see the flags
+   * set by the caller when it does.
+   */
+  const interruptIfBegun = (entry: RunningAttempt) =>
+    entry.fiber === undefined || !entry.begun
       ? Effect.void
       : Effect.asVoid(Effect.forkDetach(Fiber.interrupt(entry.fiber), { startImmediately: true }))
-  }
 
   /**
    * Takes a claimed attempt into this process: from here on it is heartbeated, its deadline runs,
@@ -253,6 +263,7 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
       progress: undefined,
       progressDirty: false,
       fiber: undefined,
+      begun: false,
       closedElsewhere: false,
       deadlineExceeded: false,
       deadline: undefined,
@@ -295,7 +306,8 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
     }
     // Whatever the handler returned (even `null`), the attempt must reach `release` and an
     // outcome: an unexpected failure of the mapping itself becomes a retry with its reason.
-    return outcomeOf(handler, entry, exit).pipe(
+    // suspended, so that even a throw while mapping becomes a cause handled below
+    return Effect.suspend(() => outcomeOf(handler, entry, exit)).pipe(
       Effect.catchCause(retryBecause(handler, entry)),
       Effect.tap(() => release),
       Effect.flatMap((outcome) =>
@@ -329,13 +341,16 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
         return release
       }
       const handler = options.handlers.get(entry.job.kind)
-      const body: Effect.Effect<Job.JobResult | void, unknown, R> = entry.deadlineExceeded
-        ? Effect.fail(new DeadlineExceeded())
-        : handler === undefined
-          ? options.onUnknownKind === "fail"
-            ? Effect.fail(new Job.JobTerminalError({ message: `unknown job kind: ${entry.job.kind}` }))
-            : Effect.fail(new Error(`unknown job kind: ${entry.job.kind}`))
-          : traced(entry.job, attempt(handler, entry))
+      // Decided when the fiber begins: a cancel or deadline may land between fork and begin.
+      const body = Effect.suspend((): Effect.Effect<Job.JobResult | void, unknown, R> => {
+        entry.begun = true
+        if (entry.closedElsewhere) return Effect.interrupt
+        if (entry.deadlineExceeded) return Effect.fail(new DeadlineExceeded())
+        if (handler !== undefined) return traced(entry.job, attempt(handler, entry))
+        return options.onUnknownKind === "fail"
+          ? Effect.fail(new Job.JobTerminalError({ message: `unknown job kind: ${entry.job.kind}` }))
+          : Effect.fail(new Error(`unknown job kind: ${entry.job.kind}`))
+      })
       return Effect.flatMap(Clock.currentTimeMillis, (now) => {
         entry.startedAt = now
         return Effect.map(
@@ -381,9 +396,7 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
       const entry = running.get(keyOf(jobId, runLease))
       if (entry === undefined) return Effect.void
       entry.closedElsewhere = true
-      return entry.fiber === undefined
-        ? Effect.void
-        : Effect.asVoid(Effect.forkDetach(Fiber.interrupt(entry.fiber), { startImmediately: true }))
+      return interruptIfBegun(entry)
     })
 
   return {

@@ -5,12 +5,24 @@
 import { Backoff, Job } from "@awa/core"
 import { QueueStorage } from "@awa/storage"
 import { assert, describe, it } from "@effect/vitest"
-import { Clock, Effect, Exit, Layer, Random, Schema, Scope } from "effect"
+import {
+  Clock,
+  Context,
+  Deferred,
+  type Duration,
+  Effect,
+  Exit,
+  Fiber,
+  Layer,
+  Random,
+  Schema,
+  Scope
+} from "effect"
 import { TestClock } from "effect/testing"
 import * as Awa from "../src/Awa.ts"
 import { AwaClient } from "../src/AwaClient.ts"
 import { handler } from "../src/Handler.ts"
-import type { WorkerOptions } from "../src/Worker.ts"
+import { Worker, type WorkerOptions } from "../src/Worker.ts"
 
 const Task = Job.define({ kind: "task", args: Schema.Struct({ n: Schema.Number }), queue: "sim" })
 
@@ -29,14 +41,18 @@ const maintenance = {
   rescueInterval: "1 second"
 } as const
 
-/** Starts a worker on the simulation layer in a scope the test closes. */
-const startWorker = <R>(options: WorkerOptions<R>) =>
+/** Starts a worker on the simulation layer; returns its service and how to stop it. */
+const startWorkerService = <R>(options: WorkerOptions<R>) =>
   Effect.gen(function* () {
     const scope = yield* Scope.make()
-    yield* Layer.buildWithScope(Awa.worker(options), scope)
+    const context = yield* Layer.buildWithScope(Awa.worker(options), scope)
     yield* advance(50)
-    return Scope.close(scope, Exit.void)
+    return { worker: Context.get(context, Worker), stop: Scope.close(scope, Exit.void) }
   })
+
+/** Starts a worker on the simulation layer in a scope the test closes. */
+const startWorker = <R>(options: WorkerOptions<R>) =>
+  Effect.map(startWorkerService(options), ({ stop }) => stop)
 
 const SimLive = Awa.layerSim()
 
@@ -209,4 +225,144 @@ describe("Worker on the simulation layer", () => {
       yield* stop
     }).pipe(Effect.provide(SimLive))
   )
+
+  describe("claiming ahead of free capacity", () => {
+    /**
+     * A worker with one slot whose dispatcher has measured some throughput: one quick job first,
+     * so the next claim takes a job beyond the free slot. Then a blocker and a victim are
+     * enqueued together: the blocker runs, the victim waits in the buffer.
+     */
+    const blockerAndVictim = (
+      options: Omit<Partial<WorkerOptions<never>>, "queues"> & { readonly deadline?: Duration.Input }
+    ) =>
+      Effect.gen(function* () {
+        const ran: Array<number> = []
+        const gate = yield* Deferred.make<void>()
+        const { worker, stop } = yield* startWorkerService({
+          queues: {
+            sim: {
+              maxConcurrency: 1,
+              prefetch: 8,
+              pollInterval: "50 millis",
+              deadline: options.deadline ?? 0
+            }
+          },
+          handlers: [
+            handler(Job.define({ ...Task, backoff: () => 60_000 }), ({ n }) =>
+              Effect.gen(function* () {
+                ran.push(n)
+                if (n === 1) yield* Deferred.await(gate)
+              })
+            )
+          ],
+          maintenance,
+          ...options
+        })
+        const client = yield* AwaClient
+        yield* client.insert(Task, { n: 0 })
+        yield* advance(200)
+        const [blocker, victim] = yield* client.insertMany(Task, [{ n: 1 }, { n: 2 }])
+        yield* advance(60)
+        assert.deepStrictEqual(ran, [0, 1], "the blocker runs")
+        assert.strictEqual(yield* worker.running, 2, "the victim is held, waiting")
+        return { ran, gate, stop, worker, client, blocker: blocker!, victim: victim! }
+      })
+
+    it.effect("never runs more than maxConcurrency handlers, and starts jobs in lane order", () =>
+      Effect.gen(function* () {
+        const starts: Array<number> = []
+        let running = 0
+        let most = 0
+        const stop = yield* startWorker({
+          queues: { sim: { maxConcurrency: 3, prefetch: 50, pollInterval: "50 millis" } },
+          handlers: [
+            handler(Task, ({ n }) =>
+              Effect.gen(function* () {
+                starts.push(n)
+                most = Math.max(most, ++running)
+                yield* Effect.sleep(10 + (n % 4) * 10)
+                running--
+              })
+            )
+          ],
+          maintenance
+        })
+        const client = yield* AwaClient
+        yield* client.insertMany(
+          Task,
+          Array.from({ length: 40 }, (_, n) => ({ n }))
+        )
+        yield* advance(2_000, 5)
+        assert.deepStrictEqual(
+          starts,
+          Array.from({ length: 40 }, (_, n) => n)
+        )
+        assert.strictEqual(most, 3)
+        yield* stop
+      }).pipe(Effect.provide(SimLive))
+    )
+
+    it.effect("a job cancelled while it waits in the buffer never runs", () =>
+      Effect.gen(function* () {
+        const { ran, gate, stop, worker, client, victim } = yield* blockerAndVictim({
+          heartbeatInterval: "1 second"
+        })
+        yield* client.storage.cancelJob(victim.id, "no longer wanted")
+        // the next heartbeat covers held attempts and learns the victim's attempt was closed
+        yield* advance(1_500)
+        yield* Deferred.succeed(gate, undefined)
+        yield* advance(500)
+        assert.deepStrictEqual(ran, [0, 1])
+        assert.strictEqual((yield* client.storage.getJob(victim.id)).state, "cancelled")
+        assert.strictEqual(yield* worker.running, 0)
+        yield* stop
+      }).pipe(Effect.provide(SimLive))
+    )
+
+    it.effect("a job whose deadline passes while it waits is retried without running", () =>
+      Effect.gen(function* () {
+        const { ran, stop, client, blocker, victim } = yield* blockerAndVictim({ deadline: "1 second" })
+        yield* advance(1_200)
+        assert.deepStrictEqual(ran, [0, 1], "the victim never started")
+        for (const id of [blocker.id, victim.id]) {
+          const view = yield* client.storage.getJob(id)
+          assert.deepStrictEqual(
+            [view.state, view.errors.at(-1)?.error],
+            ["retryable", "hard deadline exceeded"]
+          )
+        }
+        yield* stop
+      }).pipe(Effect.provide(SimLive))
+    )
+
+    it.effect("jobs still waiting at shutdown are given back with their attempt number and run later", () =>
+      Effect.gen(function* () {
+        const { ran, stop, client, blocker, victim } = yield* blockerAndVictim({
+          shutdownTimeout: "100 millis"
+        })
+        // shutdown waits 100 ms (virtual) for the blocker, then interrupts it
+        const stopping = yield* Effect.forkChild(stop)
+        yield* advance(300)
+        yield* Fiber.join(stopping)
+        const interrupted = yield* client.storage.getJob(blocker.id)
+        assert.deepStrictEqual(
+          [interrupted.state, interrupted.errors.at(-1)?.error],
+          ["retryable", "interrupted: worker shutting down"]
+        )
+        const given = yield* client.storage.getJob(victim.id)
+        assert.deepStrictEqual([given.state, given.attempt, given.errors.length], ["scheduled", 0, 0])
+        assert.deepStrictEqual(ran, [0, 1])
+        const again = yield* startWorker({
+          queues: { sim: { pollInterval: "50 millis" } },
+          handlers: [handler(Task, ({ n }) => Effect.sync(() => void ran.push(n)))],
+          maintenance
+        })
+        yield* advance(1_000)
+        const view = yield* client.storage.getJob(victim.id)
+        assert.deepStrictEqual([view.state, view.attempt], ["completed", 1])
+        assert.strictEqual(ran.filter((n) => n === 2).length, 1)
+        yield* again
+      }).pipe(Effect.provide(SimLive))
+    )
+  })
 })
