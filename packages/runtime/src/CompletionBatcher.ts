@@ -19,6 +19,8 @@ export interface CompletionBatcherOptions {
   readonly maxBatch?: number | undefined
   /** How long to wait for more items after the first. Default 1 ms. */
   readonly linger?: Duration.Input | undefined
+  /** Storage calls in flight at once, each with its own batch. Default 2. */
+  readonly concurrency?: number | undefined
 }
 
 export class CompletionBatcherClosed extends Schema.TaggedError<CompletionBatcherClosed>()(
@@ -67,7 +69,7 @@ export const make = Effect.fnUntraced(function* (options: CompletionBatcherOptio
   const batches: Array<Batch> = []
   let pending = 0
   let closed = false
-  // Rung when the first item of an empty batcher arrives; the flusher sleeps on it.
+  // Rung when a batch is opened; idle flushers sleep on it.
   const bell = yield* Queue.sliding<void>(1)
   // Submitters waiting for room all wait on the current one; replaced after each flush.
   let room = yield* Deferred.make<void>()
@@ -115,12 +117,15 @@ export const make = Effect.fnUntraced(function* (options: CompletionBatcherOptio
       while (yield* flushNext) {}
     })
   )
-  yield* step.pipe(
-    Effect.forever,
-    Effect.ignoreCause,
-    Effect.annotateLogs({ module: "CompletionBatcher" }),
-    Effect.forkScoped
-  )
+  // While one call is on the server, the next batch fills and can go on another connection.
+  for (let i = 0; i < (options.concurrency ?? 2); i++) {
+    yield* step.pipe(
+      Effect.forever,
+      Effect.ignoreCause,
+      Effect.annotateLogs({ module: "CompletionBatcher" }),
+      Effect.forkScoped
+    )
+  }
 
   const submit = (token: AttemptToken, outcome: Outcome): Effect.Effect<FinalizeResult, unknown> =>
     Effect.suspend(() => {
@@ -130,10 +135,11 @@ export const make = Effect.fnUntraced(function* (options: CompletionBatcherOptio
       if (batch === undefined || batch.items.length >= maxBatch) {
         batch = newBatch()
         batches.push(batch)
+        // every new batch wakes a flusher, so a second one starts while the first is busy
+        Queue.offerUnsafe(bell, undefined)
       }
       const index = batch.items.push({ jobId: token.jobId, runLease: token.runLease, outcome }) - 1
       pending++
-      if (pending === 1) Queue.offerUnsafe(bell, undefined)
       return Effect.map(Deferred.await(batch.done), (results) => results[index]!)
     })
   return { submit } satisfies CompletionBatcher
