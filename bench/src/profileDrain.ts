@@ -14,7 +14,7 @@ import { Session } from "node:inspector/promises"
 import { join } from "node:path"
 import { EmbeddedPostgres } from "@awa/testing"
 import { Effect } from "effect"
-import { createDatabase, databaseName, dropDatabase } from "./lib.ts"
+import { createDatabase, databaseName, dropDatabase, withClient } from "./lib.ts"
 import type { SystemName } from "./systems/types.ts"
 
 const arg = (name: string, fallback: string) => {
@@ -48,6 +48,18 @@ const main = async () => {
     const done = new Promise<void>((resolve) => {
       resolveDone = resolve
     })
+    // statements and commits on the server during the drain (pg_stat_database counts transactions)
+    const commits = () =>
+      Effect.runPromise(
+        withClient(
+          baseUrl,
+          (sql) =>
+            sql<{
+              n: string
+            }>`SELECT xact_commit::text AS n FROM pg_stat_database WHERE datname = ${database}`
+        )
+      ).then((rows) => Number(rows[0]!.n))
+    const commits0 = await commits()
     const session = new Session()
     session.connect()
     await session.post("Profiler.enable")
@@ -62,7 +74,10 @@ const main = async () => {
     const ms = performance.now() - t0
     const cpu = process.cpuUsage(cpu0)
     const { profile } = await session.post("Profiler.stop")
+    // the count is flushed by backends at transaction end, at most every 10 s: close first
     await adapter.stopWorkers()
+    await new Promise((r) => setTimeout(r, 1000))
+    const transactions = (await commits()) - commits0
     await adapter.close()
     mkdirSync(resultsDir, { recursive: true })
     const file = join(
@@ -73,7 +88,8 @@ const main = async () => {
     const cpuMs = (cpu.user + cpu.system) / 1000
     console.log(
       `${system}: ${jobs} jobs in ${ms.toFixed(0)} ms = ${Math.round((jobs / ms) * 1000)} jobs/s; ` +
-        `this process ${((cpuMs / jobs) * 1000).toFixed(1)} ms CPU per 1,000 jobs\nprofile: ${file}`
+        `this process ${((cpuMs / jobs) * 1000).toFixed(1)} ms CPU per 1,000 jobs; ` +
+        `~${transactions} transactions on the server (${(jobs / transactions).toFixed(1)} jobs each)\nprofile: ${file}`
     )
   } finally {
     await Effect.runPromise(dropDatabase(baseUrl, database))

@@ -114,7 +114,7 @@ export const make = Effect.fnUntraced(function* <R>(
       const next = takeNext()
       if (next === undefined) break
       inFlight++
-      starts.push(executor.start(fibers, next, release))
+      starts.push(executor.start(fibers, next, release, true))
     }
     return Effect.all(starts, { discard: true })
   })

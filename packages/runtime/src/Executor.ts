@@ -333,7 +333,8 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
   const start = (
     fibers: FiberSet.FiberSet<unknown, unknown>,
     entry: RunningAttempt,
-    release: Effect.Effect<void, never, R>
+    release: Effect.Effect<void, never, R>,
+    immediately = false
   ): Effect.Effect<void, never, R> =>
     Effect.suspend(() => {
       if (entry.closedElsewhere) {
@@ -357,8 +358,9 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
           FiberSet.run(
             fibers,
             Effect.onExit(body, (exit) => settle(entry, handler, exit, release)),
-            // not nested in the caller's stack: a release starting the next attempt would recurse
-            { startImmediately: false }
+            // Only the dispatcher starts immediately (one less scheduler hop before the handler):
+            // from a release, the next attempt would run nested in the finishing one's stack.
+            { startImmediately: immediately }
           ),
           (fiber) => {
             entry.fiber = fiber
