@@ -161,7 +161,9 @@ describe("faults: worker processes", () => {
           const total = 4000
           const ids = (yield* client.insertMany(
             Work,
-            Array.from({ length: total }, (_, i) => ({ ms: (i * 37) % 21 })),
+            // 0–200 ms each (≥ 6.7 s of work for 60 slots): the drain outlasts the four rounds
+            // however fast claiming is (with 0–20 ms jobs it sometimes ended before the last)
+            Array.from({ length: total }, (_, i) => ({ ms: (i * 37) % 201 })),
             { queue: "work" }
           )).map((j) => j.id)
           yield* eventually(
