@@ -178,11 +178,42 @@ const rescuedError = {
   deadline_exceeded: "hard deadline exceeded"
 } as const
 
+/**
+ * One lane's available jobs in position order. Claims take the head, so leaving from the head is
+ * O(1) (a moving start index, compacted now and then); leaving from elsewhere (cancel) splices.
+ * A plain array with `splice(0, 1)` made a drain quadratic in the backlog.
+ */
+class Lane {
+  private items: Array<SimJob> = []
+  private start = 0
+  get size() {
+    return this.items.length - this.start
+  }
+  head(): SimJob | undefined {
+    return this.items[this.start]
+  }
+  push(job: SimJob) {
+    this.items.push(job)
+  }
+  remove(job: SimJob) {
+    if (this.items[this.start] === job) {
+      this.start++
+      if (this.start > 1024 && this.start * 2 > this.items.length) {
+        this.items = this.items.slice(this.start)
+        this.start = 0
+      }
+      return
+    }
+    const index = this.items.indexOf(job, this.start)
+    if (index >= 0) this.items.splice(index, 1)
+  }
+}
+
 export const make: Effect.Effect<QueueStorage["Service"]> = Effect.gen(function* () {
   /** Every stored job by id; insertion order is id order (ids only grow, jobs are never re-inserted). */
   const jobs = new Map<JobId, SimJob>()
   /** Available jobs per queue, then per priority (one lane each, shard 0), in position order. */
-  const lanes = new Map<string, Map<number, Array<SimJob>>>()
+  const lanes = new Map<string, Map<number, Lane>>()
   /** Unique key (hex) → the job holding it. */
   const keys = new Map<string, SimJob>()
   const paused = new Set<string>()
@@ -196,7 +227,7 @@ export const make: Effect.Effect<QueueStorage["Service"]> = Effect.gen(function*
   // ---------------------------------------------------------------------------------------------
   // State bookkeeping (synchronous; callers run it inside one Effect.sync/suspend step)
 
-  const laneOf = (job: SimJob): Array<SimJob> => {
+  const laneOf = (job: SimJob): Lane => {
     let queueLanes = lanes.get(job.queue)
     if (queueLanes === undefined) {
       queueLanes = new Map()
@@ -204,7 +235,7 @@ export const make: Effect.Effect<QueueStorage["Service"]> = Effect.gen(function*
     }
     let lane = queueLanes.get(job.priority)
     if (lane === undefined) {
-      lane = []
+      lane = new Lane()
       queueLanes.set(job.priority, lane)
     }
     return lane
@@ -218,11 +249,7 @@ export const make: Effect.Effect<QueueStorage["Service"]> = Effect.gen(function*
     laneOf(job).push(job)
   }
 
-  const leaveLane = (job: SimJob) => {
-    const lane = laneOf(job)
-    const index = lane.indexOf(job)
-    if (index >= 0) lane.splice(index, 1)
-  }
+  const leaveLane = (job: SimJob) => laneOf(job).remove(job)
 
   /** Makes the unique key follow the job's state: held while the state is in the mask. */
   const syncKey = (job: SimJob) => {
@@ -494,18 +521,18 @@ export const make: Effect.Effect<QueueStorage["Service"]> = Effect.gen(function*
       const queueLanes = lanes.get(queue)
       if (max === 0 || paused.has(queue) || queueLanes === undefined) return []
       const order = [...queueLanes.entries()]
-        .filter(([, lane]) => lane.length > 0)
+        .filter(([, lane]) => lane.size > 0)
         .map(([priority, lane]) => ({
           priority,
           lane,
-          headRunAt: lane[0]!.runAt,
-          effective: Backoff.effectivePriority(priority, now - lane[0]!.runAt, params.agingIntervalMs)
+          headRunAt: lane.head()!.runAt,
+          effective: Backoff.effectivePriority(priority, now - lane.head()!.runAt, params.agingIntervalMs)
         }))
         .sort((a, b) => a.effective - b.effective || a.headRunAt - b.headRunAt || a.priority - b.priority)
       const out: Array<ClaimedJob> = []
       for (const { lane } of order) {
-        while (out.length < max && lane.length > 0) {
-          const job = lane[0]!
+        while (out.length < max && lane.size > 0) {
+          const job = lane.head()!
           const holder = blocker(job, "running")
           if (holder !== undefined) {
             supersede(job, holder, now)
