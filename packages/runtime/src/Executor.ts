@@ -45,6 +45,8 @@ export interface RunningAttempt {
   /** Progress changed since the last heartbeat wrote it. */
   progressDirty: boolean
   fiber: Fiber.Fiber<unknown, unknown> | undefined
+  /** Created when the handler first reads `ctx.signal`; aborted when the attempt is interrupted. */
+  controller: AbortController | undefined
   /** Its fiber has begun running (until then, an interruption would skip its exit handler). */
   begun: boolean
   /** Set when the attempt was closed elsewhere: its outcome is not submitted. */
@@ -166,41 +168,43 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
     return decode
   }
 
-  /** The handler's own effect, with decoding, deadline, abort signal and span. */
+  /** The context a handler sees; its `AbortSignal` is created on first use (most never look). */
+  const contextOf = (entry: RunningAttempt): JobContext => {
+    const job = entry.job
+    return {
+      job: {
+        id: job.jobId,
+        kind: job.kind,
+        queue: job.queue,
+        attempt: job.attempt,
+        maxAttempts: job.maxAttempts,
+        runLease: job.runLease,
+        metadata: job.metadata,
+        tags: job.tags,
+        errors: job.errors
+      },
+      get signal() {
+        entry.controller ??= new AbortController()
+        return entry.controller.signal
+      },
+      setProgress: (progress) =>
+        Effect.sync(() => {
+          entry.progress = progress
+          entry.progressDirty = true
+        })
+    }
+  }
+
+  const undecodable = (e: Schema.SchemaError) => new ArgsUndecodable({ message: e.message })
+
+  /**
+   * The handler's own effect, after decoding its args. Its deadline is enforced by `deadlines`,
+   * and its signal aborted by `settle`, both through this fiber's interruption.
+   */
   const attempt = (handler: Handler<R>, entry: RunningAttempt) =>
-    Effect.gen(function* () {
-      const job = entry.job
-      const args = yield* decoderOf(handler)(job.args).pipe(
-        Effect.mapError((e) => new ArgsUndecodable({ message: e.message }))
-      )
-      // Created on first use: most handlers never look at their signal.
-      let controller: AbortController | undefined
-      const abort = Effect.sync(() => controller?.abort())
-      const ctx: JobContext = {
-        job: {
-          id: job.jobId,
-          kind: job.kind,
-          queue: job.queue,
-          attempt: job.attempt,
-          maxAttempts: job.maxAttempts,
-          runLease: job.runLease,
-          metadata: job.metadata,
-          tags: job.tags,
-          errors: job.errors
-        },
-        get signal() {
-          controller ??= new AbortController()
-          return controller.signal
-        },
-        setProgress: (progress) =>
-          Effect.sync(() => {
-            entry.progress = progress
-            entry.progressDirty = true
-          })
-      }
-      // The deadline is enforced by `deadlines`, which interrupts this fiber (see `hold`).
-      return yield* handler.run(args, ctx).pipe(Effect.onInterrupt(() => abort))
-    })
+    Effect.flatMap(Effect.mapError(decoderOf(handler)(entry.job.args), undecodable), (args) =>
+      handler.run(args, contextOf(entry))
+    )
 
   /** Wraps the attempt in a consumer span: child of the producer's span on attempt 1, linked after. */
   const traced = <A, E>(job: ClaimedJob, effect: Effect.Effect<A, E, R>) => {
@@ -263,6 +267,7 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
       progress: undefined,
       progressDirty: false,
       fiber: undefined,
+      controller: undefined,
       begun: false,
       closedElsewhere: false,
       deadlineExceeded: false,
@@ -304,6 +309,9 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
       deadlines.remove(entry.deadline)
       entry.deadline = undefined
     }
+    // cancel, rescue, deadline or shutdown: tell a handler that watches its signal
+    if (entry.controller !== undefined && Exit.isFailure(exit) && Cause.hasInterrupts(exit.cause))
+      entry.controller.abort()
     // Whatever the handler returned (even `null`), the attempt must reach `release` and an
     // outcome: an unexpected failure of the mapping itself becomes a retry with its reason.
     // suspended, so that even a throw while mapping becomes a cause handled below
