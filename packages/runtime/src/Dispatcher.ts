@@ -90,6 +90,10 @@ export const make = Effect.fnUntraced(function* <R>(
     if (head === buffer.length) {
       buffer.length = 0
       head = 0
+    } else if (head > 1024 && head * 2 > buffer.length) {
+      // under steady load the buffer may never run empty: drop the taken prefix now and then
+      buffer.splice(0, head)
+      head = 0
     }
     return entry
   }
