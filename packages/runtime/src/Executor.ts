@@ -73,6 +73,47 @@ const messageOf = (error: unknown): string => {
   return String(error)
 }
 
+/**
+ * A handler's `JobContext`, built lazily: most handlers read nothing from it, and the objects of
+ * an eager context were measurable allocation per job. Members are getters returning plain values
+ * or closures, so destructuring (`const { signal } = ctx`) works.
+ */
+class AttemptContext implements JobContext {
+  readonly #entry: RunningAttempt
+  #job: JobContext["job"] | undefined
+  constructor(entry: RunningAttempt) {
+    this.#entry = entry
+  }
+  get job(): JobContext["job"] {
+    const job = this.#entry.job
+    this.#job ??= {
+      id: job.jobId,
+      kind: job.kind,
+      queue: job.queue,
+      attempt: job.attempt,
+      maxAttempts: job.maxAttempts,
+      runLease: job.runLease,
+      metadata: job.metadata,
+      tags: job.tags,
+      errors: job.errors
+    }
+    return this.#job
+  }
+  /** Created on first use; aborted by the exit handler when the attempt is interrupted. */
+  get signal(): AbortSignal {
+    this.#entry.controller ??= new AbortController()
+    return this.#entry.controller.signal
+  }
+  get setProgress(): JobContext["setProgress"] {
+    const entry = this.#entry
+    return (progress) =>
+      Effect.sync(() => {
+        entry.progress = progress
+        entry.progressDirty = true
+      })
+  }
+}
+
 export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>) {
   const running = new Map<string, RunningAttempt>()
   const deadlines = yield* Deadlines.make()
@@ -168,32 +209,8 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
     return decode
   }
 
-  /** The context a handler sees; its `AbortSignal` is created on first use (most never look). */
-  const contextOf = (entry: RunningAttempt): JobContext => {
-    const job = entry.job
-    return {
-      job: {
-        id: job.jobId,
-        kind: job.kind,
-        queue: job.queue,
-        attempt: job.attempt,
-        maxAttempts: job.maxAttempts,
-        runLease: job.runLease,
-        metadata: job.metadata,
-        tags: job.tags,
-        errors: job.errors
-      },
-      get signal() {
-        entry.controller ??= new AbortController()
-        return entry.controller.signal
-      },
-      setProgress: (progress) =>
-        Effect.sync(() => {
-          entry.progress = progress
-          entry.progressDirty = true
-        })
-    }
-  }
+  /** The context a handler sees. */
+  const contextOf = (entry: RunningAttempt): JobContext => new AttemptContext(entry)
 
   const undecodable = (e: Schema.SchemaError) => new ArgsUndecodable({ message: e.message })
 
