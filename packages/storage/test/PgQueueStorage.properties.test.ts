@@ -610,3 +610,71 @@ describe("claim contention", () => {
       )
   )
 })
+
+describe("hot path plans", () => {
+  // Ring children (heap and indexes) that claim and finalize read.
+  const ringReads = Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    const [row] = yield* sql<{ seq: number; blocks: number }>`
+      SELECT coalesce(sum(s.seq_scan), 0)::int AS seq,
+             coalesce(sum(pg_stat_get_xact_blocks_fetched(s.relid)), 0)::int
+             + coalesce((SELECT sum(pg_stat_get_xact_blocks_fetched(i.indexrelid)) FROM pg_index i
+                         WHERE i.indrelid IN (SELECT x.relid FROM pg_stat_xact_user_tables x
+                                              WHERE x.schemaname = 'awa'
+                                                AND x.relname ~ '^(ready|ready_tombstones|claims|claim_marks|closures|terminal)_[0-9]+$')), 0)::int AS blocks
+      FROM pg_stat_xact_user_tables s
+      WHERE s.schemaname = 'awa' AND s.relname ~ '^(ready|ready_tombstones|claims|claim_marks|closures|terminal)_[0-9]+$'`
+    return row!
+  })
+
+  it.live(
+    "claim and finalize read the ring through indexes only, bounded by the batch, however much it retains",
+    () =>
+      Effect.flatMap(TestDatabase.acquire(), ({ url }) =>
+        Effect.gen(function* () {
+          const storage = yield* QueueStorage
+          const sql = yield* SqlClient.SqlClient
+          const q = fresh("plans")
+          // One connection: claim and finalize cache their (generic) plans in this session while
+          // the ring is nearly empty and its fresh partitions have no statistics ...
+          yield* storage.enqueueMany(Array.from({ length: 40 }, (_, n) => job(q, n)))
+          for (let i = 0; i < 10; i++) yield* completeAll(yield* storage.claim(claimOf(q, 3)))
+          // ... then it grows: 40,000 claimed and finished attempts retained (nothing pruned), and
+          // a backlog behind them.
+          for (let i = 0; i < 40; i++) {
+            yield* storage.enqueueMany(Array.from({ length: 1000 }, (_, n) => job(q, n)))
+            yield* completeAll(yield* storage.claim(claimOf(q, 1000)))
+          }
+          yield* storage.enqueueMany(Array.from({ length: 1000 }, (_, n) => job(q, n)))
+          const retained = yield* sql<{ claims: number; closures: number }>`
+            SELECT (SELECT count(*) FROM awa.claims)::int AS claims, (SELECT count(*) FROM awa.closures)::int AS closures`
+          assert.isAtLeast(retained[0]!.claims, 40_000)
+          assert.isAtLeast(retained[0]!.closures, 40_000)
+          const measure = (max: number) =>
+            sql.withTransaction(
+              Effect.gen(function* () {
+                // the backend's counters since its last statistics flush: take the difference
+                const before = yield* ringReads
+                const claimed = yield* storage.claim(claimOf(q, max))
+                const results = yield* completeAll(claimed)
+                assert.strictEqual(claimed.length, max)
+                assert.isTrue(results.every((r) => r._tag === "Applied"))
+                const after = yield* ringReads
+                return { seq: after.seq - before.seq, blocks: after.blocks - before.blocks }
+              })
+            )
+          const small = yield* measure(10)
+          const large = yield* measure(200)
+          assert.strictEqual(small.seq, 0, "a sequential scan of a ring partition")
+          assert.strictEqual(large.seq, 0, "a sequential scan of a ring partition")
+          // A scan of the retained claims alone would read well over 1,000 blocks; the batch's
+          // own rows take a few per partition plus a handful per job.
+          assert.isBelow(small.blocks, 450, `claim(10) + finalize(10) read ${small.blocks} ring blocks`)
+          // each further job: its own rows and index entries (~11 blocks), nothing retained
+          const perJob = (large.blocks - small.blocks) / 190
+          assert.isBelow(perJob, 16, `each further job read ${perJob} ring blocks`)
+        }).pipe(Effect.provide(client(url, 1)))
+      ),
+    120_000
+  )
+})
