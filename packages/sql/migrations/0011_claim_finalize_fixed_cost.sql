@@ -235,7 +235,7 @@ BEGIN
     SELECT DISTINCT ON (i.job_id, i.run_lease)
            i.o, i.outcome, i.delay_ms, i.message, i.reason, c.slot, c.generation, c.job_id, c.run_lease, c.attempt, c.lane_seq,
            r.kind, r.queue, r.priority, r.shard, r.args, r.metadata, r.tags, r.errors, r.max_attempts, r.created_at, r.run_at,
-           r.unique_key, r.unique_states, coalesce(a.progress, r.progress) AS progress,
+           r.unique_key, r.unique_states, coalesce(a.progress, r.progress) AS progress, a.found AS has_state,
            CASE i.outcome
              WHEN 'complete' THEN 'completed'
              WHEN 'cancel' THEN 'cancelled'
@@ -250,7 +250,7 @@ BEGIN
     JOIN batch_ready r ON r.slot = c.slot AND r.queue = c.queue AND r.priority = c.priority AND r.shard = c.shard
                       AND r.lane_seq = c.lane_seq
     LEFT JOIN LATERAL (
-      SELECT a.progress FROM attempt_state a WHERE a.job_id = c.job_id AND a.run_lease = c.run_lease LIMIT 1
+      SELECT a.progress, true AS found FROM attempt_state a WHERE a.job_id = c.job_id AND a.run_lease = c.run_lease LIMIT 1
     ) a ON true
     WHERE NOT EXISTS (SELECT 1 FROM batch_closures x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease)
     ORDER BY i.job_id, i.run_lease, i.o
@@ -293,10 +293,11 @@ BEGIN
            r.run_lease, r.max_attempts, v_now + r.delay_ms * interval '1 millisecond', r.created_at, r.unique_key, r.unique_states
     FROM resolved r WHERE r.new_state IN ('retryable', 'scheduled')
   ),
-  -- (resolved is estimated at one row, so these are primary-key probes per resolved row; an
-  -- extra `= ANY (batch)` condition here made every probe re-sort the array)
+  -- Primary-key probes, only for attempts that had a row (read above): most attempts never
+  -- heartbeat, so most batches delete nothing and probe nothing.
   del_state AS (
-    DELETE FROM attempt_state a USING resolved r WHERE a.job_id = r.job_id AND a.run_lease = r.run_lease
+    DELETE FROM attempt_state a USING resolved r
+    WHERE r.has_state AND a.job_id = r.job_id AND a.run_lease = r.run_lease
   ),
   rel_unique AS (
     DELETE FROM unique_claims u USING resolved r

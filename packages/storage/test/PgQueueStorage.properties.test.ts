@@ -699,6 +699,43 @@ describe("hot path plans", () => {
     return row!
   })
 
+  it.live("finalize removes the heartbeat state of the attempts it closes, and keeps their progress", () =>
+    withDatabase(() =>
+      Effect.gen(function* () {
+        const storage = yield* QueueStorage
+        const sql = yield* SqlClient.SqlClient
+        const q = fresh("state")
+        yield* storage.enqueueMany(Array.from({ length: 4 }, (_, n) => job(q, n)))
+        const [retried, completed, quiet, still] = yield* storage.claim(claimOf(q, 4))
+        yield* storage.heartbeatMany([
+          { jobId: retried!.jobId, runLease: retried!.runLease, progress: { step: 3 } },
+          { jobId: completed!.jobId, runLease: completed!.runLease },
+          { jobId: still!.jobId, runLease: still!.runLease }
+        ])
+        const results = yield* storage.finalizeMany([
+          {
+            jobId: retried!.jobId,
+            runLease: retried!.runLease,
+            outcome: { _tag: "Retry", delayMs: 60_000, error: "x" }
+          },
+          { jobId: completed!.jobId, runLease: completed!.runLease, outcome: { _tag: "Complete" } },
+          { jobId: quiet!.jobId, runLease: quiet!.runLease, outcome: { _tag: "Complete" } }
+        ])
+        assert.deepStrictEqual(
+          results.map((r) => (r._tag === "Applied" ? r.state : r._tag)),
+          ["retryable", "completed", "completed"]
+        )
+        const left = yield* sql<{ job_id: bigint }>`SELECT job_id FROM awa.attempt_state ORDER BY job_id`
+        assert.deepStrictEqual(
+          left.map((r) => r.job_id),
+          [still!.jobId],
+          "only the attempt still running keeps its state"
+        )
+        assert.deepStrictEqual((yield* storage.getJob(retried!.jobId)).progress, { step: 3 })
+      })
+    )
+  )
+
   it.live(
     "claim and finalize read the ring through indexes only, bounded by the batch, however much it retains",
     () =>
