@@ -72,10 +72,12 @@ DECLARE
   v_busy int[] := '{}'; -- indexes into v_prios/v_shards of lanes whose claim lock was taken in pass 1
   v_saved_timeout text := current_setting('lock_timeout');
 BEGIN
-  IF p_max <= 0 OR EXISTS (SELECT 1 FROM queue_meta m WHERE m.queue = p_queue AND m.paused) THEN
+  IF p_max <= 0 THEN
     RETURN;
   END IF;
-  SELECT array_agg(l.priority), array_agg(l.shard) INTO v_prios, v_shards FROM lanes l WHERE l.queue = p_queue;
+  -- the queue's lanes; none when it is paused
+  SELECT array_agg(l.priority), array_agg(l.shard) INTO v_prios, v_shards FROM lanes l
+  WHERE l.queue = p_queue AND NOT EXISTS (SELECT 1 FROM queue_meta m WHERE m.queue = p_queue AND m.paused);
   IF v_prios IS NULL THEN
     RETURN;
   END IF;
