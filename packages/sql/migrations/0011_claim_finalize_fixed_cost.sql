@@ -22,8 +22,10 @@ CREATE OR REPLACE FUNCTION :AWA_SCHEMA.lane_cursor(p_queue text, p_priority int,
 LANGUAGE plpgsql STABLE
 SET search_path = :AWA_SCHEMA, pg_catalog SET plan_cache_mode = force_generic_plan AS $$
 BEGIN
-  RETURN (SELECT coalesce(max(m.next_lane_seq), 0) FROM claim_marks m
-          WHERE m.queue = p_queue AND m.priority = p_priority AND m.shard = p_shard);
+  -- ORDER BY … LIMIT 1: the plan max() would use, without planning the aggregate too
+  RETURN coalesce((SELECT m.next_lane_seq FROM claim_marks m
+                   WHERE m.queue = p_queue AND m.priority = p_priority AND m.shard = p_shard
+                   ORDER BY m.next_lane_seq DESC LIMIT 1), 0);
 END
 $$;
 
@@ -142,8 +144,13 @@ BEGIN
         END;
       END IF;
       -- The cursor, in its own statement after the lane lock (see Guard and Mark slot above).
-      SELECT coalesce(max(m.next_lane_seq), 0) INTO v_cursor FROM claim_marks m
-      WHERE m.queue = p_queue AND m.priority = v_prios[v_k] AND m.shard = v_shards[v_k];
+      -- ORDER BY … LIMIT 1 rather than max(): the same index scans, planned once instead of
+      -- twice (max() is planned as an aggregate and as this query); re-planned after every
+      -- prune, whose TRUNCATE invalidates cached plans.
+      SELECT m.next_lane_seq INTO v_cursor FROM claim_marks m
+      WHERE m.queue = p_queue AND m.priority = v_prios[v_k] AND m.shard = v_shards[v_k]
+      ORDER BY m.next_lane_seq DESC LIMIT 1;
+      v_cursor := coalesce(v_cursor, 0);
       -- Pick, mark and claim in one statement. The pick is a MATERIALIZED CTE, so its LIMIT
       -- cannot be merged away, and the rows returned are the picked rows themselves (no second
       -- lookup of `ready`); the claims rows carry the same values.
