@@ -15,17 +15,21 @@
  * backends flush their table statistics):
  *   1. enqueue: `enqueueMany` in chunks of 1,000, one producer, N jobs;
  *   2. claim probe: `claim(max 1)` + complete, 50 times, against the N-job backlog;
- *   3. claim + complete: one claimer, claim 512 then `finalizeMany` Complete for all 512, until
+ *   3. claim probe: `claim(max 50)` + complete, 50 times (the runtime's claim size at low load);
+ *   4. claim + complete: one claimer, claim 512 then `finalizeMany` Complete for all 512, until
  *      the queue is empty;
- *   4. enqueue bulk: one `enqueueMany` of N jobs (split by the layer into chunks of 5,000 inside
+ *   5. enqueue bulk: one `enqueueMany` of N jobs (split by the layer into chunks of 5,000 inside
  *      one transaction);
- *   5. claim + complete again, draining the bulk backlog (which sits in one ring slot).
+ *   6. claim + complete again, draining the bulk backlog (which sits in one ring slot).
  * A maintenance fiber does what the leader would: `rotate` then `prune` (retention 0) every
  * second, throughout every phase. Before each phase: `CHECKPOINT`, then `pg_current_wal_lsn()`;
  * after it: WAL bytes (split by record type when `pg_walinspect` can be installed), full-page
  * images and commits per job, and per table family (ring children summed; system catalogs listed
  * too, since every TRUNCATE rewrites `pg_class` rows) the rows inserted, updated and deleted per
  * job and the dead tuples left, from `pg_stat_all_tables` read 1.5 s after the pool closed.
+ *
+ * When the server preloads `pg_stat_statements` (docs/benchmarks.md, "How the breakdown was
+ * obtained"), each call also gets its mean server execution time.
  *
  * Output: a table on stdout and `bench/results/storage-latest.json`. No thresholds: figures
  * depend on the machine and on whatever else runs on it (the load average is recorded).
@@ -58,6 +62,7 @@ const queue = "bench"
 const enqueueChunk = 1_000
 const claimBatch = 512
 const probeCalls = 50
+const probeBatch = 50
 const statsSettleMs = 1_500
 const retentionZero = { completedMs: 0, failedMs: 0, cancelledMs: 0 }
 const resultsFile = new URL("../results/storage-latest.json", import.meta.url)
@@ -155,6 +160,28 @@ const makeObserver = (sql: PgClient.PgClient) => ({
       commits: Number(db!.commits)
     } satisfies Snapshot
   }),
+  /**
+   * Server time per call from `pg_stat_statements`, when the server preloads it (see
+   * docs/benchmarks.md, "How the breakdown was obtained"); false otherwise.
+   */
+  enableStatements: sql.unsafe("CREATE EXTENSION IF NOT EXISTS pg_stat_statements").unprepared.pipe(
+    Effect.andThen(sql`SELECT pg_stat_statements_reset()`),
+    Effect.as(true),
+    Effect.catch(() => Effect.succeed(false))
+  ),
+  resetStatements: sql`SELECT pg_stat_statements_reset()`.pipe(Effect.asVoid),
+  /** Top-level calls of the storage functions: count and mean execution time (nested included). */
+  serverCalls: sql<{ fn: string; calls: number; mean_ms: number }>`
+    SELECT substring(query FROM '[.](claim|finalize|enqueue)[(]') AS fn, sum(calls)::int AS calls,
+           (sum(total_exec_time) / greatest(sum(calls), 1))::float8 AS mean_ms
+    FROM pg_stat_statements
+    WHERE toplevel AND dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND query ~ '[.](claim|finalize|enqueue)[(]'
+    GROUP BY 1`.pipe(
+    Effect.map((rows) =>
+      Object.fromEntries(rows.map((r) => [r.fn, { calls: r.calls, meanMs: round(Number(r.mean_ms), 3) }]))
+    )
+  ),
   settings: sql<{ name: string; setting: string }>`
     SELECT name, current_setting(name) AS setting FROM pg_settings
     WHERE name IN ('server_version', 'fsync', 'synchronous_commit', 'full_page_writes', 'wal_level',
@@ -194,6 +221,8 @@ interface Calls {
   readonly p50Ms: number
   readonly p95Ms: number
   readonly maxMs: number
+  /** Mean server execution time of the call (`pg_stat_statements`), when available. */
+  readonly serverMeanMs?: number | undefined
 }
 
 const summarize = (samples: Array<number>): Calls => {
@@ -325,10 +354,12 @@ const runPhase = (
   observer: Observer,
   url: string,
   name: string,
-  work: Effect.Effect<Work, unknown, QueueStorage>
+  work: Effect.Effect<Work, unknown, QueueStorage>,
+  statements: boolean
 ) =>
   Effect.gen(function* () {
     const checkpointed = yield* observer.checkpoint
+    if (statements) yield* observer.resetStatements
     const before = yield* observer.snapshot
     const lsn = yield* observer.lsn
     const tally: Tally = {}
@@ -344,6 +375,16 @@ const runPhase = (
       return { done, seconds: (now() - start) / 1000 }
     }).pipe(Effect.scoped, Effect.provide(workload))
     const endLsn = yield* observer.lsn
+    const server = statements ? yield* observer.serverCalls : {}
+    // claim(N) / finalizeMany(N) / enqueueMany: one size per phase, so the function names the call
+    const fnOf = (call: string) =>
+      call.startsWith("claim(") ? "claim" : call.startsWith("finalizeMany") ? "finalize" : "enqueue"
+    const calls = Object.fromEntries(
+      Object.entries(done.calls).map(([call, c]) => [
+        call,
+        { ...c, serverMeanMs: server[fnOf(call)]?.meanMs }
+      ])
+    )
     const walBytes = yield* observer.walBytes(lsn, endLsn)
     yield* Effect.sleep(statsSettleMs)
     const after = yield* observer.snapshot
@@ -362,7 +403,7 @@ const runPhase = (
         walByRecord.map((r) => [r.record, Math.round(perJob(r.bytes, done.jobs))])
       ),
       commitsPerJob: round(perJob(after.commits - before.commits, done.jobs), 4),
-      calls: done.calls,
+      calls,
       maintenance: tally,
       loadAfter: round(os.loadavg()[0]!),
       tables: tableDeltas(before, after, done.jobs)
@@ -406,9 +447,24 @@ const render = (report: Report): string => {
     ""
   )
   const calls = report.phases.flatMap((p) =>
-    Object.entries(p.calls).map(([call, c]) => [p.name, call, c.count, c.meanMs, c.p50Ms, c.p95Ms, c.maxMs])
+    Object.entries(p.calls).map(([call, c]) => [
+      p.name,
+      call,
+      c.count,
+      c.meanMs,
+      c.p50Ms,
+      c.p95Ms,
+      c.maxMs,
+      c.serverMeanMs ?? "n/a"
+    ])
   )
-  lines.push(table(["phase", "call", "calls", "mean ms", "p50 ms", "p95 ms", "max ms"], calls), "")
+  lines.push(
+    table(["phase", "call", "calls", "mean ms", "p50 ms", "p95 ms", "max ms", "server mean ms"], calls),
+    report.statements
+      ? "server mean ms: pg_stat_statements, top-level execution time of the call (nested statements included)"
+      : "server mean ms: n/a (the server does not preload pg_stat_statements)",
+    ""
+  )
   for (const p of report.phases) {
     const rows = Object.entries(p.tables)
       // Awa's tables when touched or dead; catalogs only when this phase wrote to them.
@@ -445,6 +501,8 @@ interface Report {
     readonly loadAfter: ReadonlyArray<number>
   }
   readonly postgres: Record<string, string>
+  /** Whether `pg_stat_statements` gave the server time per call. */
+  readonly statements: boolean
   readonly phases: ReadonlyArray<PhaseResult>
 }
 
@@ -462,13 +520,16 @@ const program = Effect.gen(function* () {
   const observer = makeObserver(yield* PgClient.makeClient({ url: Redacted.make(db.url) }))
   const settings = yield* observer.settings
   yield* observer.enableWalInspect
+  const statements = yield* observer.enableStatements
   yield* Console.log(`storage benchmark: ${jobs} jobs per phase, database ${db.name}`)
 
   const phase = (name: string, work: Effect.Effect<Work, unknown, QueueStorage>) =>
-    runPhase(observer, db.url, name, work)
+    runPhase(observer, db.url, name, work, statements)
   const phases = [
     yield* phase(`enqueue (chunks of ${enqueueChunk})`, enqueueChunked(newJobs(jobs, 0))),
     yield* phase("claim probe (max 1)", claimAndComplete(1, probeCalls)),
+    // the runtime's claim size at low load (one claim per wake-up, up to its free capacity)
+    yield* phase(`claim probe (max ${probeBatch})`, claimAndComplete(probeBatch, probeCalls)),
     yield* phase(`claim + complete (batch ${claimBatch})`, claimAndComplete(claimBatch)),
     yield* phase("enqueue (one bulk call)", enqueueBulk(newJobs(jobs, jobs))),
     yield* phase(`claim + complete (batch ${claimBatch}, bulk backlog)`, claimAndComplete(claimBatch))
@@ -488,6 +549,7 @@ const program = Effect.gen(function* () {
       loadAfter: loadAverage()
     },
     postgres: Object.fromEntries(settings.map((s) => [s.name, s.setting])),
+    statements,
     phases
   }
   yield* Console.log(`\n${render(report)}`)

@@ -197,6 +197,78 @@ describe("PgQueueStorage properties", () => {
     )
   )
 
+  it.live(
+    "exactly once, in lane order, with producers, claimers and a leader rotating and pruning without pause",
+    () =>
+      withDatabase((url) =>
+        Effect.gen(function* () {
+          const q = fresh("churn")
+          const total = 3000
+          const seen: Array<{ token: string; priority: number; n: number }> = []
+          const batches: Array<Array<{ priority: number; n: number }>> = []
+          const producer = Effect.gen(function* () {
+            const s = yield* QueueStorage
+            for (let i = 0; i < total / 100; i++) {
+              yield* s.enqueueMany(Array.from({ length: 100 }, (_, k) => job(q, i * 100 + k, 1 + (k % 2))))
+            }
+          }).pipe(Effect.provide(client(url, 1), { local: true }))
+          const claimer = Effect.gen(function* () {
+            const s = yield* QueueStorage
+            for (let idle = 0; idle < 400 && seen.length < total; ) {
+              const batch = yield* s.claim(claimOf(q, 13))
+              for (const c of batch)
+                seen.push({
+                  token: `${c.jobId}:${c.runLease}`,
+                  priority: c.priority,
+                  n: (c.args as { n: number }).n
+                })
+              if (batch.length > 0) {
+                batches.push(batch.map((c) => ({ priority: c.priority, n: (c.args as { n: number }).n })))
+                const results = yield* completeAll(batch)
+                assert.isTrue(results.every((r) => r._tag === "Applied"))
+              } else yield* Effect.sleep("5 millis")
+              idle = batch.length === 0 ? idle + 1 : 0
+            }
+          }).pipe(Effect.provide(client(url, 1), { local: true }))
+          // the leader's duties back to back: every claim races a rotation or a prune
+          let running = true
+          const leader = Effect.gen(function* () {
+            while (running) {
+              yield* tick(keepNothing)
+              yield* Effect.sleep("2 millis")
+            }
+          }).pipe(Effect.provide(client(url, 1), { local: true }))
+          const leaderFiber = yield* Effect.forkChild(leader, { startImmediately: true })
+          yield* Effect.all([producer, claimer, claimer, claimer, claimer], { concurrency: 5 })
+          running = false
+          yield* Fiber.join(leaderFiber)
+          assert.strictEqual(seen.length, total)
+          assert.strictEqual(new Set(seen.map((c) => c.token)).size, total, "a token handed out twice")
+          assert.strictEqual(new Set(seen.map((c) => c.n)).size, total, "a job handed out twice")
+          // FIFO per lane (one producer, so a lane's positions follow n): every claim took the
+          // lane's next rows, so within a lane the batches are disjoint, increasing runs of n
+          for (const priority of [1, 2]) {
+            const runs = batches
+              .map((b) => b.filter((c) => c.priority === priority).map((c) => c.n))
+              .filter((run) => run.length > 0)
+              .sort((a, b) => a[0]! - b[0]!)
+            for (const run of runs)
+              assert.deepStrictEqual(
+                run,
+                [...run].sort((a, b) => a - b)
+              )
+            for (let i = 1; i < runs.length; i++) assert.isBelow(runs[i - 1]!.at(-1)!, runs[i]![0]!)
+          }
+          const [rotations] = yield* Effect.flatMap(
+            SqlClient.SqlClient,
+            (sql) => sql<{ n: number }>`SELECT count(*)::int AS n FROM awa.ring_prunes WHERE ring = 'queue'`
+          )
+          assert.isAbove(rotations!.n, 2, "the ring was pruned while claims ran")
+        })
+      ),
+    120_000
+  )
+
   it.live("completion, rescue and cancel racing on one attempt close it exactly once", () =>
     withDatabase((url) =>
       Effect.gen(function* () {
@@ -608,5 +680,110 @@ describe("claim contention", () => {
           yield* Fiber.join(slow)
         })
       )
+  )
+})
+
+describe("hot path plans", () => {
+  // Ring children (heap and indexes) that claim and finalize read.
+  const ringReads = Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    const [row] = yield* sql<{ seq: number; blocks: number }>`
+      SELECT coalesce(sum(s.seq_scan), 0)::int AS seq,
+             coalesce(sum(pg_stat_get_xact_blocks_fetched(s.relid)), 0)::int
+             + coalesce((SELECT sum(pg_stat_get_xact_blocks_fetched(i.indexrelid)) FROM pg_index i
+                         WHERE i.indrelid IN (SELECT x.relid FROM pg_stat_xact_user_tables x
+                                              WHERE x.schemaname = 'awa'
+                                                AND x.relname ~ '^(ready|ready_tombstones|claims|claim_marks|closures|terminal)_[0-9]+$')), 0)::int AS blocks
+      FROM pg_stat_xact_user_tables s
+      WHERE s.schemaname = 'awa' AND s.relname ~ '^(ready|ready_tombstones|claims|claim_marks|closures|terminal)_[0-9]+$'`
+    return row!
+  })
+
+  it.live("finalize removes the heartbeat state of the attempts it closes, and keeps their progress", () =>
+    withDatabase(() =>
+      Effect.gen(function* () {
+        const storage = yield* QueueStorage
+        const sql = yield* SqlClient.SqlClient
+        const q = fresh("state")
+        yield* storage.enqueueMany(Array.from({ length: 4 }, (_, n) => job(q, n)))
+        const [retried, completed, quiet, still] = yield* storage.claim(claimOf(q, 4))
+        yield* storage.heartbeatMany([
+          { jobId: retried!.jobId, runLease: retried!.runLease, progress: { step: 3 } },
+          { jobId: completed!.jobId, runLease: completed!.runLease },
+          { jobId: still!.jobId, runLease: still!.runLease }
+        ])
+        const results = yield* storage.finalizeMany([
+          {
+            jobId: retried!.jobId,
+            runLease: retried!.runLease,
+            outcome: { _tag: "Retry", delayMs: 60_000, error: "x" }
+          },
+          { jobId: completed!.jobId, runLease: completed!.runLease, outcome: { _tag: "Complete" } },
+          { jobId: quiet!.jobId, runLease: quiet!.runLease, outcome: { _tag: "Complete" } }
+        ])
+        assert.deepStrictEqual(
+          results.map((r) => (r._tag === "Applied" ? r.state : r._tag)),
+          ["retryable", "completed", "completed"]
+        )
+        const left = yield* sql<{ job_id: bigint }>`SELECT job_id FROM awa.attempt_state ORDER BY job_id`
+        assert.deepStrictEqual(
+          left.map((r) => r.job_id),
+          [still!.jobId],
+          "only the attempt still running keeps its state"
+        )
+        assert.deepStrictEqual((yield* storage.getJob(retried!.jobId)).progress, { step: 3 })
+      })
+    )
+  )
+
+  it.live(
+    "claim and finalize read the ring through indexes only, bounded by the batch, however much it retains",
+    () =>
+      Effect.flatMap(TestDatabase.acquire(), ({ url }) =>
+        Effect.gen(function* () {
+          const storage = yield* QueueStorage
+          const sql = yield* SqlClient.SqlClient
+          const q = fresh("plans")
+          // One connection: claim and finalize cache their (generic) plans in this session while
+          // the ring is nearly empty and its fresh partitions have no statistics ...
+          yield* storage.enqueueMany(Array.from({ length: 40 }, (_, n) => job(q, n)))
+          for (let i = 0; i < 10; i++) yield* completeAll(yield* storage.claim(claimOf(q, 3)))
+          // ... then it grows: 40,000 claimed and finished attempts retained (nothing pruned), and
+          // a backlog behind them.
+          for (let i = 0; i < 40; i++) {
+            yield* storage.enqueueMany(Array.from({ length: 1000 }, (_, n) => job(q, n)))
+            yield* completeAll(yield* storage.claim(claimOf(q, 1000)))
+          }
+          yield* storage.enqueueMany(Array.from({ length: 1000 }, (_, n) => job(q, n)))
+          const retained = yield* sql<{ claims: number; closures: number }>`
+            SELECT (SELECT count(*) FROM awa.claims)::int AS claims, (SELECT count(*) FROM awa.closures)::int AS closures`
+          assert.isAtLeast(retained[0]!.claims, 40_000)
+          assert.isAtLeast(retained[0]!.closures, 40_000)
+          const measure = (max: number) =>
+            sql.withTransaction(
+              Effect.gen(function* () {
+                // the backend's counters since its last statistics flush: take the difference
+                const before = yield* ringReads
+                const claimed = yield* storage.claim(claimOf(q, max))
+                const results = yield* completeAll(claimed)
+                assert.strictEqual(claimed.length, max)
+                assert.isTrue(results.every((r) => r._tag === "Applied"))
+                const after = yield* ringReads
+                return { seq: after.seq - before.seq, blocks: after.blocks - before.blocks }
+              })
+            )
+          const small = yield* measure(10)
+          const large = yield* measure(200)
+          assert.strictEqual(small.seq, 0, "a sequential scan of a ring partition")
+          assert.strictEqual(large.seq, 0, "a sequential scan of a ring partition")
+          // A scan of the retained claims alone would read well over 1,000 blocks; the batch's
+          // own rows take a few per partition plus a handful per job.
+          assert.isBelow(small.blocks, 450, `claim(10) + finalize(10) read ${small.blocks} ring blocks`)
+          // each further job: its own rows and index entries (~11 blocks), nothing retained
+          const perJob = (large.blocks - small.blocks) / 190
+          assert.isBelow(perJob, 16, `each further job read ${perJob} ring blocks`)
+        }).pipe(Effect.provide(client(url, 1)))
+      ),
+    120_000
   )
 })
