@@ -162,6 +162,9 @@ BEGIN
         WHERE r.queue = p_queue AND r.priority = v_prios[v_k] AND r.shard = v_shards[v_k] AND r.lane_seq >= v_cursor
           AND NOT EXISTS (SELECT 1 FROM ready_tombstones t
                           WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard AND t.lane_seq = r.lane_seq)
+          -- Paused, checked again in the pick's own snapshot: the check above ran in an earlier
+          -- statement, and a job enqueued after a pause committed (seen here) must not be claimed.
+          AND NOT EXISTS (SELECT 1 FROM queue_meta m WHERE m.queue = p_queue AND m.paused)
         ORDER BY r.lane_seq LIMIT v_left
       ),
       mark AS (

@@ -786,4 +786,47 @@ describe("hot path plans", () => {
       ),
     120_000
   )
+
+  it.live(
+    "a claim in flight when a queue is paused never takes a job enqueued after the pause",
+    () =>
+      withDatabase((url) =>
+        Effect.gen(function* () {
+          const storage = yield* QueueStorage
+          const q = fresh("pause-race")
+          yield* storage.enqueueMany([job(q, 1)])
+          // Hold the lane's claim lock from another session: the claim below finds the lane busy
+          // and waits for it (up to 100 ms) after reading the queue's state, before its pick.
+          const lockHeld = yield* Deferred.make<void>()
+          const holder = yield* Effect.gen(function* () {
+            const c = yield* SqlClient.SqlClient
+            yield* c.withTransaction(
+              Effect.gen(function* () {
+                yield* c`SELECT pg_advisory_xact_lock(awa.lock_ns('claim'), awa.lane_key(${q}, 2, 0))`
+                yield* Deferred.succeed(lockHeld, undefined)
+                yield* Effect.sleep("60 millis")
+              })
+            )
+          }).pipe(
+            Effect.provide(client(url, 1), { local: true }),
+            Effect.forkChild({ startImmediately: true })
+          )
+          yield* Deferred.await(lockHeld)
+          const claiming = yield* Effect.forkChild(storage.claim(claimOf(q, 10)), { startImmediately: true })
+          yield* Effect.sleep("15 millis")
+          // while the claim waits: pause, then a new job; the holder then lets the claim go on
+          yield* storage.pauseQueue(q)
+          yield* storage.enqueueMany([job(q, 2)])
+          yield* Fiber.join(holder)
+          assert.deepStrictEqual(yield* Fiber.join(claiming), [], "nothing claimed from a paused queue")
+          yield* storage.resumeQueue(q)
+          const claimed = yield* storage.claim(claimOf(q, 10))
+          assert.deepStrictEqual(
+            claimed.map((c) => c.args),
+            [{ n: 1 }, { n: 2 }]
+          )
+        })
+      ),
+    30_000
+  )
 })
