@@ -13,7 +13,10 @@ import { Clock, Context, Duration, Effect, Layer, type Option, Schema } from "ef
 import type { SqlError } from "effect/sql"
 
 export interface AwaClientOptions {
-  /** Store the producer span's traceparent in job metadata. Default true. */
+  /**
+   * A producer span per insert call, its traceparent stored in job metadata. Off: no span at all
+   * and nothing stored. Default true.
+   */
   readonly tracing?: boolean | undefined
 }
 
@@ -77,14 +80,26 @@ export const make = Effect.fnUntraced(function* (options: AwaClientOptions = {})
       Effect.mapError((e) => new ValidationError({ field: "args", reason: e.message }))
     )
 
-  const insertMany = <A, I>(
-    job: Job.JobDefinition<A, I>,
-    args: ReadonlyArray<A>,
-    options?: Job.InsertOptions
-  ) =>
+  // A batch is encoded by one Schema run over the array (one Effect, not one per job).
+  const arrayCodecs = new WeakMap<Schema.Top, Schema.Top>()
+  const encodeAll = <A, I>(job: Job.JobDefinition<A, I>, args: ReadonlyArray<A>) => {
+    let codec = arrayCodecs.get(job.args) as Schema.Codec<ReadonlyArray<A>, ReadonlyArray<I>> | undefined
+    if (codec === undefined) {
+      codec = Schema.Array(job.args)
+      arrayCodecs.set(job.args, codec)
+    }
+    return Schema.encodeEffect(codec)(args).pipe(
+      Effect.mapError((e) => new ValidationError({ field: "args", reason: e.message }))
+    )
+  }
+
+  const send = <A, I>(job: Job.JobDefinition<A, I>, args: ReadonlyArray<A>, options?: Job.InsertOptions) =>
     Effect.gen(function* () {
       const { merged, runAt, metadata } = yield* prepare(job, options)
-      const encoded = yield* Effect.forEach(args, (a) => encode(job, a))
+      const encoded: ReadonlyArray<unknown> =
+        args.length === 1 ? [yield* encode(job, args[0]!)] : yield* encodeAll(job, args)
+      // one metadata and one tags object for the whole batch: storage checks them once
+      const tags = merged.tags
       return yield* storage.enqueueMany(
         encoded.map((e) => ({
           kind: job.kind,
@@ -93,21 +108,36 @@ export const make = Effect.fnUntraced(function* (options: AwaClientOptions = {})
           maxAttempts: merged.maxAttempts,
           args: e,
           metadata,
-          tags: merged.tags,
+          tags,
           runAt,
           unique: merged.unique
         }))
       )
-    }).pipe(
-      Effect.withSpan(`send ${job.kind}`, {
-        kind: "producer",
-        attributes: {
-          "messaging.system": "awa",
-          "messaging.operation.type": "send",
-          "awa.job.kind": job.kind
-        }
-      })
-    )
+    })
+
+  const insertMany = <A, I>(
+    job: Job.JobDefinition<A, I>,
+    args: ReadonlyArray<A>,
+    options?: Job.InsertOptions
+  ): Effect.Effect<ReadonlyArray<EnqueuedJob>, EnqueueError> =>
+    // With tracing off there is no producer span at all (as for the worker's consumer spans): a
+    // span per insert is measurable per-job cost. Its stack trace would only point here.
+    tracing
+      ? send(job, args, options).pipe(
+          Effect.withSpan(
+            `send ${job.kind}`,
+            {
+              kind: "producer",
+              attributes: {
+                "messaging.system": "awa",
+                "messaging.operation.type": "send",
+                "awa.job.kind": job.kind
+              }
+            },
+            { captureStackTrace: false }
+          )
+        )
+      : send(job, args, options)
 
   const cancelByUniqueKey = <A, I>(
     job: Job.JobDefinition<A, I>,

@@ -22,6 +22,7 @@ import {
   InvalidTransition,
   JobNotFound,
   type JobState,
+  limits,
   type NewJob,
   UniqueConflict,
   UniqueKey,
@@ -278,6 +279,15 @@ const batchChunk = (jobs: ReadonlyArray<CheckedJob>): BatchChunk => {
   }
 }
 
+/** Whether every job goes to the same lane (before checks: the defaults as checkNewJob fills them). */
+const oneLane = (jobs: ReadonlyArray<NewJob>) => {
+  const queue = jobs[0]!.queue ?? "default"
+  const priority = jobs[0]!.priority ?? limits.defaultPriority
+  return jobs.every(
+    (j) => (j.queue ?? "default") === queue && (j.priority ?? limits.defaultPriority) === priority
+  )
+}
+
 /** Indexes of `jobs` sorted by lane (the SQL lock order), stable. */
 const sortedByLane = (jobs: ReadonlyArray<CheckedJob>): ReadonlyArray<number> => {
   const order = jobs.map((_, i) => i)
@@ -337,42 +347,68 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
     return checked
   }
 
+  /**
+   * Several calls in one transaction, pipelined: chunk c + 1 is checked and rendered while the
+   * server inserts chunk c (one call in flight on the transaction's connection at a time, so the
+   * calls run in order). A chunk that fails its checks fails the whole batch once the call in
+   * flight has returned; the transaction (or the caller's savepoint) then rolls back what went in.
+   */
+  const enqueueChunks = (count: number, chunkAt: (c: number) => BatchChunk | ValidationError) =>
+    sql.withTransaction(
+      Effect.gen(function* () {
+        const out: Array<ReadonlyArray<EnqueuedJob>> = []
+        let inFlight: Fiber.Fiber<ReadonlyArray<EnqueuedJob>, SqlError.SqlError> | undefined
+        for (let c = 0; c < count; c++) {
+          const chunk = chunkAt(c)
+          if (inFlight !== undefined) out.push(yield* Fiber.join(inFlight))
+          if (chunk instanceof ValidationError) return yield* chunk
+          inFlight = yield* Effect.forkChild(enqueueChunk(chunk), { startImmediately: true })
+        }
+        if (inFlight !== undefined) out.push(yield* Fiber.join(inFlight))
+        return out.flat()
+      })
+    )
+
   const enqueueMany = (jobs: ReadonlyArray<NewJob>) =>
     Effect.gen(function* () {
       if (jobs.length === 0) return []
       const nowMillis = yield* Clock.currentTimeMillis
+      if (jobs.length <= chunkSize) {
+        const checked = checkAll(jobs, nowMillis)
+        if (checked instanceof ValidationError) return yield* checked
+        return checked.length === 1
+          ? yield* enqueueOne(checked[0]!)
+          : yield* enqueueChunk(batchChunk(checked))
+      }
+      const chunks = Math.ceil(jobs.length / chunkSize)
+      if (oneLane(jobs)) {
+        // One lane (an insertMany): input order is lock order, each chunk is checked in its turn.
+        return yield* enqueueChunks(chunks, (c) => {
+          const checked = checkAll(jobs.slice(c * chunkSize, (c + 1) * chunkSize), nowMillis)
+          return checked instanceof ValidationError ? checked : batchChunk(checked)
+        })
+      }
+      // Several lanes: each call locks its lanes in sorted order, so the rows are sorted by lane
+      // first (stable: FIFO inside a lane is kept). Then every lock is taken in one global order
+      // across the chunks, and two multi-chunk producers cannot deadlock. Sorting needs every
+      // job checked first.
       const checked = checkAll(jobs, nowMillis)
       if (checked instanceof ValidationError) return yield* checked
-      if (checked.length === 1) return yield* enqueueOne(checked[0]!)
-      if (checked.length <= chunkSize) return yield* enqueueChunk(batchChunk(checked))
-      // Several calls in one transaction: each call locks its lanes in sorted order, so the rows
-      // are sorted by lane first (stable: FIFO inside a lane is kept). Then every lock is taken in
-      // one global order across the chunks, and two multi-chunk producers cannot deadlock.
       const order = sortedByLane(checked)
-      const chunks = Math.ceil(order.length / chunkSize)
-      const chunkAt = (c: number) =>
+      const results = yield* enqueueChunks(chunks, (c) =>
         batchChunk(order.slice(c * chunkSize, (c + 1) * chunkSize).map((i) => checked[i]!))
-      // Pipelined: chunk c + 1 is rendered while the server inserts chunk c (one call in flight
-      // on the transaction's connection at a time, so the calls still run in order).
-      const results = yield* sql.withTransaction(
-        Effect.gen(function* () {
-          const out: Array<ReadonlyArray<EnqueuedJob>> = []
-          let inFlight = yield* Effect.forkChild(enqueueChunk(chunkAt(0)), { startImmediately: true })
-          for (let c = 1; c < chunks; c++) {
-            const next = chunkAt(c)
-            out.push(yield* Fiber.join(inFlight))
-            inFlight = yield* Effect.forkChild(enqueueChunk(next), { startImmediately: true })
-          }
-          out.push(yield* Fiber.join(inFlight))
-          return out.flat()
-        })
       )
       const enqueued = new Array<EnqueuedJob>(checked.length)
       for (let k = 0; k < results.length; k++) enqueued[order[k]!] = results[k]!
       return enqueued
     }).pipe(
       mapUniqueConflict,
-      Effect.withSpan("QueueStorage.enqueueMany", { attributes: { count: jobs.length } })
+      // no stack trace: it would point here, not at the caller
+      Effect.withSpan(
+        "QueueStorage.enqueueMany",
+        { attributes: { count: jobs.length } },
+        { captureStackTrace: false }
+      )
     )
 
   const claim = (params: ClaimParams) =>

@@ -248,16 +248,33 @@ describe("enqueue entry points", () => {
           )
           assert.strictEqual(error._tag, "UniqueConflict")
           assert.strictEqual((yield* storage.listJobs({ queue: q })).length, 1)
+          // chunks are checked in turn, while earlier ones go in: bad input in the last chunk
+          // still leaves nothing stored
+          const bad: Array<NewJob> = [...jobs.slice(0, 9), { kind: "c", queue: q, args: { n: Number.NaN } }]
+          const enqueueBad = inChunksOf3(Effect.flatMap(QueueStorage, (s) => s.enqueueMany(bad)))
+          const invalid = yield* Effect.flip(enqueueBad)
+          assert.strictEqual(invalid._tag, "ValidationError")
+          if (invalid._tag === "ValidationError") assert.strictEqual(invalid.field, "args.n")
+          assert.strictEqual((yield* storage.listJobs({ queue: q })).length, 1)
+          // inside the caller's transaction, which goes on and commits: still none of them
+          const sql = yield* SqlClient.SqlClient
+          yield* sql.withTransaction(
+            Effect.gen(function* () {
+              yield* Effect.flip(enqueueBad)
+              yield* storage.enqueueMany([{ kind: "c", queue: q, args: { n: 100 } }])
+            })
+          )
+          assert.strictEqual((yield* storage.listJobs({ queue: q })).length, 2)
           // without the conflicting job the other 10 go in, in order, with ids in input order
           const ok = yield* inChunksOf3(Effect.flatMap(QueueStorage, (s) => s.enqueueMany(jobs.slice(0, 10))))
           assert.strictEqual(ok.length, 10)
           const claimed = yield* storage.claim({ queue: q, max: 20, deadlineMs: 0, agingIntervalMs: 0 })
           assert.deepStrictEqual(
             claimed.map((c) => (c.args as { n: number }).n),
-            [10, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
+            [10, 100, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
           )
           assert.deepStrictEqual(
-            claimed.slice(1).map((c) => c.jobId),
+            claimed.slice(2).map((c) => c.jobId),
             ok.map((e) => e.id)
           )
         })
