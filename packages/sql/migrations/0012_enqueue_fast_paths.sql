@@ -8,8 +8,8 @@
 -- server parses, field by field) kind, queue, priority, metadata, tags and options that are the
 -- same for every row of an `insertMany`.
 --
--- Two new entry points, with enqueue(jsonb)'s semantics, locks and writes unchanged (it stays for
--- cron and for callers of the older wire format):
+-- Two new entry points with enqueue(jsonb)'s semantics, locks and writes; enqueue(jsonb) stays for
+-- cron and for callers of the older wire format, re-created at the end with the same savings:
 --   enqueue_one(...)            one job, typed parameters, straight-line PL/pgSQL;
 --   enqueue_batch(headers, args, header_of, keys)
 --                               rows that share a header (kind, queue, priority, metadata, tags,
@@ -292,5 +292,114 @@ BEGIN
   PERFORM pg_notify('awa_wake_:AWA_SCHEMA', q.queue)
   FROM (SELECT DISTINCT x.queue FROM jsonb_to_recordset(p_headers) AS x(queue text, run_at timestamptz)
         WHERE x.run_at IS NULL OR x.run_at <= v_now) q;
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- enqueue(jsonb), 0003's body with four changes (callers: cron, and code of the previous version
+-- during a rolling upgrade): the lane-lock key inline (the same key, without re-planning
+-- lane_key() on every call), the slot lock through enqueue_ready_slot() (no dynamic SQL), args
+-- that are JSON null stored as JSON null (they became SQL NULL and violated NOT NULL), and no
+-- unique-conflict query when no row has a key.
+-- enqueue(rows jsonb) -> (ord, job_id, state)
+-- Input: a JSON array of {kind, queue, priority, args, metadata, tags, max_attempts, run_at?,
+--        unique_key? (hex), unique_states}. All-or-nothing inside the caller's transaction.
+-- Locks: enqueue lock of every touched lane, blocking, in sorted lane order (no deadlock between
+--        multi-lane producers); held to commit, so positions commit in lane order.
+-- Writes: ready rows (available now) or deferred rows (future run_at); unique_claims; NOTIFY.
+-- Errors: SQLSTATE AWU01 (unique conflict; DETAIL = key hex, HINT = holder job id).
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.enqueue(p_rows jsonb)
+RETURNS TABLE (ord int, job_id bigint, state text)
+LANGUAGE plpgsql SET search_path = :AWA_SCHEMA, pg_catalog AS $$
+#variable_conflict use_column
+DECLARE
+  v_now timestamptz := now();
+  v_n int := jsonb_array_length(p_rows);
+  v_lane record;
+  v_ring record;
+  v_ids bigint[];
+  v_pos bigint[];
+  v_n_ready int;
+  v_conflict record;
+BEGIN
+  FOR v_lane IN
+    -- byte order (C collation): the TypeScript side sorts multi-call batches the same way
+    SELECT DISTINCT r.queue COLLATE "C" AS queue, r.priority
+    FROM jsonb_to_recordset(p_rows) AS r(queue text, priority int, run_at timestamptz)
+    WHERE r.run_at IS NULL OR r.run_at <= v_now
+    ORDER BY 1, 2
+  LOOP
+    -- = lane_key(queue, priority, 0), written with immutable operators so it is inlined
+    PERFORM pg_advisory_xact_lock(lock_ns('enqueue'),
+                                  hashtext(v_lane.queue || chr(31) || v_lane.priority::text || chr(31) || '0'));
+    INSERT INTO lanes (queue, priority, shard)
+    SELECT v_lane.queue, v_lane.priority, 0
+    WHERE NOT EXISTS (SELECT 1 FROM lanes l WHERE l.queue = v_lane.queue AND l.priority = v_lane.priority AND l.shard = 0)
+    ON CONFLICT DO NOTHING;
+  END LOOP;
+
+  -- After the lane locks: the slot is never older than the lane's previous rows.
+  SELECT o_generation AS generation, o_slot AS slot INTO v_ring FROM enqueue_ready_slot();
+  SELECT array_agg(v ORDER BY v) INTO v_ids FROM (SELECT nextval('job_id_seq') AS v FROM generate_series(1, v_n)) s;
+  SELECT count(*) INTO v_n_ready FROM jsonb_to_recordset(p_rows) AS r(run_at timestamptz)
+  WHERE r.run_at IS NULL OR r.run_at <= v_now;
+  SELECT array_agg(v ORDER BY v) INTO v_pos FROM (SELECT nextval('lane_seq') AS v FROM generate_series(1, v_n_ready)) s;
+
+  RETURN QUERY
+  WITH input AS (
+    -- args from the element itself: JSON null stays JSON null (jsonb_to_record made it SQL NULL)
+    SELECT x_e.o::int AS o, v_ids[x_e.o] AS id, x.kind, x.queue, x.priority, x_e.v -> 'args' AS args, x.metadata,
+           ARRAY(SELECT jsonb_array_elements_text(x.tags)) AS tags, x.max_attempts,
+           coalesce(x.run_at, v_now) AS run_at, (x.run_at IS NULL OR x.run_at <= v_now) AS ready,
+           decode(x.unique_key, 'hex') AS unique_key, coalesce(x.unique_states, 0) AS unique_states
+    FROM jsonb_array_elements(p_rows) WITH ORDINALITY AS x_e(v, o), jsonb_to_record(x_e.v) AS x(kind text, queue text, priority smallint,
+         metadata jsonb, tags jsonb, max_attempts int, run_at timestamptz, unique_key text, unique_states int)
+  ),
+  ranked AS (
+    SELECT i.*, row_number() OVER (ORDER BY i.o) AS rank FROM input i WHERE i.ready
+  ),
+  ins_ready AS (
+    INSERT INTO ready (slot, generation, job_id, kind, queue, priority, shard, lane_seq, args, metadata, tags,
+                       errors, attempt, run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
+    SELECT v_ring.slot, v_ring.generation, r.id, r.kind, r.queue, r.priority, 0, v_pos[r.rank], r.args, r.metadata,
+           r.tags, '[]', 0, 0, r.max_attempts, r.run_at, v_now, r.unique_key, r.unique_states
+    FROM ranked r
+  ),
+  ins_deferred AS (
+    INSERT INTO deferred (job_id, state, kind, queue, priority, shard, args, metadata, tags, errors, attempt,
+                          run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
+    SELECT i.id, 'scheduled', i.kind, i.queue, i.priority, 0, i.args, i.metadata, i.tags, '[]', 0, 0,
+           i.max_attempts, i.run_at, v_now, i.unique_key, i.unique_states
+    FROM input i WHERE NOT i.ready
+  ),
+  ins_unique AS (
+    INSERT INTO unique_claims (unique_key, job_id)
+    SELECT i.unique_key, i.id FROM input i WHERE i.unique_key IS NOT NULL ORDER BY i.o
+    ON CONFLICT (unique_key) DO NOTHING
+  )
+  SELECT i.o, i.id, CASE WHEN i.ready THEN 'available' ELSE 'scheduled' END
+  FROM input i
+  ORDER BY i.o;
+
+  -- A unique row that was not inserted lost to an existing holder (or to an earlier row of
+  -- this batch): reject the whole call. (No key in the batch: nothing to look for.)
+  IF EXISTS (SELECT 1 FROM jsonb_array_elements(p_rows) AS e(v) WHERE e.v ->> 'unique_key' IS NOT NULL) THEN
+  SELECT encode(x.k, 'hex') AS key, u.job_id AS holder INTO v_conflict
+  FROM (SELECT decode(r.unique_key, 'hex') AS k, v_ids[r_e.o] AS id
+        FROM jsonb_array_elements(p_rows) WITH ORDINALITY AS r_e(v, o), jsonb_to_record(r_e.v) AS r(unique_key text)
+        WHERE r.unique_key IS NOT NULL) x
+  JOIN unique_claims u ON u.unique_key = x.k
+  WHERE u.job_id <> x.id
+  LIMIT 1;
+  IF FOUND THEN
+    RAISE EXCEPTION 'unique key % is held by job %', v_conflict.key, v_conflict.holder
+      USING ERRCODE = 'AWU01', DETAIL = v_conflict.key, HINT = v_conflict.holder::text;
+  END IF;
+  END IF;
+
+  -- Delivered on commit only; identical (channel, payload) pairs are folded by Postgres.
+  PERFORM pg_notify('awa_wake_:AWA_SCHEMA', q.queue)
+  FROM (SELECT DISTINCT r.queue FROM jsonb_to_recordset(p_rows) AS r(queue text, run_at timestamptz)
+        WHERE r.run_at IS NULL OR r.run_at <= v_now) q;
 END
 $$;

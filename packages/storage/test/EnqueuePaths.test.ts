@@ -105,7 +105,8 @@ describe("enqueue entry points", () => {
             runAt: future,
             unique: { states: ["scheduled", "available"] }
           },
-          { kind: "p", queue: q1, priority: 4, args: { x: null }, metadata: { other: true } }
+          { kind: "p", queue: q1, priority: 4, args: { x: null }, metadata: { other: true } },
+          { kind: "p", queue: q2, args: null }
         ]
         // enqueue(jsonb), rolled back after reading what it stored
         const viaLegacy = (batch: ReadonlyArray<NewJob>) =>
