@@ -50,9 +50,22 @@ export const make = Effect.fnUntraced(function* (options: AwaClientOptions = {})
   const storage = yield* QueueStorage
   const tracing = options.tracing ?? true
 
-  const prepare = <A, I>(job: Job.JobDefinition<A, I>, options: Job.InsertOptions | undefined) =>
-    Effect.gen(function* () {
-      const merged = { ...job.defaults, ...options }
+  interface Prepared {
+    readonly merged: Job.InsertOptions
+    readonly runAt: Date | undefined
+    readonly metadata: Job.InsertOptions["metadata"]
+  }
+
+  const prepare = <A, I>(
+    job: Job.JobDefinition<A, I>,
+    options: Job.InsertOptions | undefined
+  ): Effect.Effect<Prepared, ValidationError> => {
+    const merged = options === undefined ? job.defaults : { ...job.defaults, ...options }
+    // the common case needs neither the clock nor the current span: no generator per insert
+    if (!tracing && (merged.runAt !== undefined || merged.delay === undefined)) {
+      return Effect.succeed({ merged, runAt: merged.runAt, metadata: merged.metadata })
+    }
+    return Effect.gen(function* () {
       let runAt = merged.runAt
       if (runAt === undefined && merged.delay !== undefined) {
         const delay = Duration.fromInput(merged.delay)
@@ -74,6 +87,7 @@ export const make = Effect.fnUntraced(function* (options: AwaClientOptions = {})
       }
       return { merged, runAt, metadata }
     })
+  }
 
   const encode = <A, I>(job: Job.JobDefinition<A, I>, args: A) =>
     Schema.encodeEffect(job.args)(args).pipe(
@@ -94,26 +108,26 @@ export const make = Effect.fnUntraced(function* (options: AwaClientOptions = {})
   }
 
   const send = <A, I>(job: Job.JobDefinition<A, I>, args: ReadonlyArray<A>, options?: Job.InsertOptions) =>
-    Effect.gen(function* () {
-      const { merged, runAt, metadata } = yield* prepare(job, options)
-      const encoded: ReadonlyArray<unknown> =
-        args.length === 1 ? [yield* encode(job, args[0]!)] : yield* encodeAll(job, args)
-      // one metadata and one tags object for the whole batch: storage checks them once
-      const tags = merged.tags
-      return yield* storage.enqueueMany(
-        encoded.map((e) => ({
-          kind: job.kind,
-          queue: merged.queue,
-          priority: merged.priority,
-          maxAttempts: merged.maxAttempts,
-          args: e,
-          metadata,
-          tags,
-          runAt,
-          unique: merged.unique
-        }))
+    Effect.flatMap(prepare(job, options), ({ merged, runAt, metadata }) =>
+      Effect.flatMap(
+        args.length === 1 ? Effect.map(encode(job, args[0]!), (e) => [e]) : encodeAll(job, args),
+        (encoded: ReadonlyArray<unknown>) =>
+          // one metadata and one tags object for the whole batch: storage checks them once
+          storage.enqueueMany(
+            encoded.map((e) => ({
+              kind: job.kind,
+              queue: merged.queue,
+              priority: merged.priority,
+              maxAttempts: merged.maxAttempts,
+              args: e,
+              metadata,
+              tags: merged.tags,
+              runAt,
+              unique: merged.unique
+            }))
+          )
       )
-    })
+    )
 
   const insertMany = <A, I>(
     job: Job.JobDefinition<A, I>,
