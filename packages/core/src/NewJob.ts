@@ -72,6 +72,21 @@ export interface CheckOptions {
   readonly nowMillis: number
 }
 
+/**
+ * What the checks of one batch learnt about objects its jobs share (an `insertMany` gives every
+ * job the same metadata, tags and unique options): each shared object is checked and rendered
+ * once per batch, by identity. Create one per batch; the batch is checked synchronously, so
+ * nothing can change those objects between two of its jobs.
+ */
+export class CheckMemo {
+  metadata: unknown = undefined
+  metadataJson = ""
+  tags: unknown = undefined
+  tagsCopy: ReadonlyArray<string> = []
+  unique: UniqueOptions | undefined = undefined
+  uniqueStates = 0
+}
+
 const fail = (field: string, reason: string) => new ValidationError({ field, reason })
 
 const checkName = (field: string, value: unknown, trimmed: boolean): ValidationError | undefined => {
@@ -104,7 +119,19 @@ const json = (value: unknown, field: string): string | ValidationError => {
   }
 }
 
-const checkSync = (job: NewJob, options: CheckOptions): CheckedJob | ValidationError => {
+const emptyMetadata: Readonly<Record<string, unknown>> = {}
+const noTags: ReadonlyArray<string> = []
+
+/**
+ * `checkNewJob` without the Effect: the checked job, or the `ValidationError` (returned, not
+ * thrown). For batches, which check thousands of jobs in one loop; pass one `CheckMemo` for the
+ * whole batch.
+ */
+export const checkNewJobSync = (
+  job: NewJob,
+  options: CheckOptions,
+  memo?: CheckMemo
+): CheckedJob | ValidationError => {
   const kindError = checkName("kind", job.kind, false)
   if (kindError) return kindError
   const queue = job.queue ?? "default"
@@ -125,49 +152,75 @@ const checkSync = (job: NewJob, options: CheckOptions): CheckedJob | ValidationE
   const argsBytes = Buffer.byteLength(argsJson)
   if (argsBytes > maxArgsBytes)
     return fail("args", `encoded args are ${argsBytes} bytes, over the ${maxArgsBytes}-byte limit`)
-  const metadata = job.metadata ?? {}
-  if (typeof metadata !== "object" || metadata === null || Array.isArray(metadata)) {
-    return fail("metadata", "must be a JSON object")
+  const metadata = job.metadata ?? emptyMetadata
+  let metadataJson: string
+  if (memo !== undefined && metadata === memo.metadata) metadataJson = memo.metadataJson
+  else {
+    if (typeof metadata !== "object" || metadata === null || Array.isArray(metadata)) {
+      return fail("metadata", "must be a JSON object")
+    }
+    for (const key of Object.keys(metadata)) {
+      if (key.startsWith("awa:") && key !== "awa:traceparent")
+        return fail(`metadata.${key}`, 'the "awa:" prefix is reserved')
+    }
+    const rendered = json(metadata, "metadata")
+    if (rendered instanceof ValidationError) return rendered
+    metadataJson = rendered
+    if (memo !== undefined) {
+      memo.metadata = metadata
+      memo.metadataJson = metadataJson
+    }
   }
-  for (const key of Object.keys(metadata)) {
-    if (key.startsWith("awa:") && key !== "awa:traceparent")
-      return fail(`metadata.${key}`, 'the "awa:" prefix is reserved')
-  }
-  const metadataJson = json(metadata, "metadata")
-  if (metadataJson instanceof ValidationError) return metadataJson
-  const tags = job.tags ?? []
-  if (!Array.isArray(tags) || tags.length > limits.maxTags)
-    return fail("tags", `at most ${limits.maxTags} tags`)
-  for (const [i, tag] of tags.entries()) {
-    if (
-      typeof tag !== "string" ||
-      tag.length < 1 ||
-      tag.length > limits.tagMaxLength ||
-      tag.includes("\u0000")
-    ) {
-      return fail(`tags[${i}]`, `each tag must be 1–${limits.tagMaxLength} characters without NUL`)
+  const tags = job.tags ?? noTags
+  let tagsCopy: ReadonlyArray<string>
+  if (memo !== undefined && tags === memo.tags) tagsCopy = memo.tagsCopy
+  else {
+    if (!Array.isArray(tags) || tags.length > limits.maxTags)
+      return fail("tags", `at most ${limits.maxTags} tags`)
+    for (const [i, tag] of tags.entries()) {
+      if (
+        typeof tag !== "string" ||
+        tag.length < 1 ||
+        tag.length > limits.tagMaxLength ||
+        tag.includes("\u0000")
+      ) {
+        return fail(`tags[${i}]`, `each tag must be 1–${limits.tagMaxLength} characters without NUL`)
+      }
+    }
+    tagsCopy = [...tags]
+    if (memo !== undefined) {
+      memo.tags = tags
+      memo.tagsCopy = tagsCopy
     }
   }
   let key: Uint8Array | undefined
   let uniqueStates = 0
   if (job.unique !== undefined) {
     const u = job.unique
-    if (
-      u.byPeriodMs !== undefined &&
-      !(Number.isInteger(u.byPeriodMs) && u.byPeriodMs >= 1000 && u.byPeriodMs <= 366 * 86_400_000)
-    ) {
-      return fail("unique.byPeriodMs", "must be an integer number of milliseconds between 1 s and 366 days")
+    if (memo !== undefined && u === memo.unique) uniqueStates = memo.uniqueStates
+    else {
+      if (
+        u.byPeriodMs !== undefined &&
+        !(Number.isInteger(u.byPeriodMs) && u.byPeriodMs >= 1000 && u.byPeriodMs <= 366 * 86_400_000)
+      ) {
+        return fail("unique.byPeriodMs", "must be an integer number of milliseconds between 1 s and 366 days")
+      }
+      const states = u.states ?? defaultUniqueStates
+      for (const state of states) {
+        if (!jobStates.includes(state)) return fail("unique.states", `unknown state ${String(state)}`)
+      }
+      if (states.length === 0) return fail("unique.states", "must name at least one state")
+      uniqueStates = stateMask(states)
+      if (memo !== undefined) {
+        memo.unique = u
+        memo.uniqueStates = uniqueStates
+      }
     }
-    const states = u.states ?? defaultUniqueStates
-    for (const state of states) {
-      if (!jobStates.includes(state)) return fail("unique.states", `unknown state ${String(state)}`)
-    }
-    if (states.length === 0) return fail("unique.states", "must name at least one state")
-    uniqueStates = stateMask(states)
     key = uniqueKey({
       kind: job.kind,
       queue: u.byQueue ? queue : undefined,
-      args: u.byArgs === false ? undefined : JSON.parse(argsJson),
+      // argsJson is already canonical: hashed as it is, not parsed and rendered again
+      argsJson: u.byArgs === false ? undefined : argsJson,
       periodBucket:
         u.byPeriodMs === undefined
           ? undefined
@@ -181,7 +234,7 @@ const checkSync = (job: NewJob, options: CheckOptions): CheckedJob | ValidationE
     args: job.args,
     argsJson,
     metadataJson,
-    tags: [...tags],
+    tags: tagsCopy,
     maxAttempts,
     runAt: job.runAt,
     uniqueKey: key,
@@ -192,7 +245,7 @@ const checkSync = (job: NewJob, options: CheckOptions): CheckedJob | ValidationE
 /** Runs every check of capabilities.md §1 on a job; nothing is written by anyone before this passes. */
 export const checkNewJob = (job: NewJob, options: CheckOptions): Effect.Effect<CheckedJob, ValidationError> =>
   Effect.suspend(() => {
-    const result = checkSync(job, options)
+    const result = checkNewJobSync(job, options)
     return result instanceof ValidationError ? Effect.fail(result) : Effect.succeed(result)
   })
 

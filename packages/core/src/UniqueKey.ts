@@ -11,6 +11,8 @@ export interface UniqueKeyInput {
   readonly kind: string
   readonly queue?: string | undefined
   readonly args?: unknown
+  /** The args' canonical JSON, when already rendered (`canonicalJson(args)`); wins over `args`. */
+  readonly argsJson?: string | undefined
   readonly periodBucket?: bigint | undefined
 }
 
@@ -20,7 +22,8 @@ export const uniqueKey = (input: UniqueKeyInput): Uint8Array => {
   const parts: Array<Uint8Array> = [utf8.encode(input.kind)]
   const separator = new Uint8Array([0])
   if (input.queue !== undefined) parts.push(separator, utf8.encode(input.queue))
-  if (input.args !== undefined) parts.push(separator, utf8.encode(canonicalJson(input.args)))
+  if (input.argsJson !== undefined) parts.push(separator, utf8.encode(input.argsJson))
+  else if (input.args !== undefined) parts.push(separator, utf8.encode(canonicalJson(input.args)))
   if (input.periodBucket !== undefined) {
     const bucket = new Uint8Array(8)
     new DataView(bucket.buffer).setBigInt64(0, input.periodBucket, true)

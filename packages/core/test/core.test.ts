@@ -1,12 +1,33 @@
 import { describe, expect, it } from "@effect/vitest"
 import { Effect } from "effect"
 import fc from "fast-check"
+import { ValidationError } from "../src/AwaError.ts"
 import { backoffBounds, defaultBackoffMs, effectivePriority } from "../src/Backoff.ts"
 import { canonicalJson, compareUtf8 } from "../src/CanonicalJson.ts"
 import { deriveKind } from "../src/Job.ts"
-import { checkNewJob } from "../src/NewJob.ts"
+import { CheckMemo, checkNewJob, checkNewJobSync } from "../src/NewJob.ts"
 import * as Traceparent from "../src/Traceparent.ts"
 import { toHex, uniqueKey } from "../src/UniqueKey.ts"
+
+/** The byte comparison by definition: encode both and compare bytes (the fast path must agree). */
+const compareEncodedUtf8 = (a: string, b: string) => {
+  const x = new TextEncoder().encode(a)
+  const y = new TextEncoder().encode(b)
+  for (let i = 0; i < Math.min(x.length, y.length); i++) if (x[i] !== y[i]) return x[i]! - y[i]!
+  return x.length - y.length
+}
+
+/** Canonical JSON by its definition, written for clarity (the walk in CanonicalJson.ts is tuned). */
+const referenceCanonical = (value: unknown): string => {
+  if (value === null) return "null"
+  if (typeof value === "number") return JSON.stringify(Object.is(value, -0) ? 0 : value)
+  if (typeof value !== "object") return JSON.stringify(value)
+  if (Array.isArray(value))
+    return `[${value.map((v) => (v === undefined ? "null" : referenceCanonical(v))).join(",")}]`
+  const entries = Object.entries(value as Record<string, unknown>).filter(([, v]) => v !== undefined)
+  entries.sort(([a], [b]) => compareEncodedUtf8(a, b))
+  return `{${entries.map(([k, v]) => `${JSON.stringify(k)}:${referenceCanonical(v)}`).join(",")}}`
+}
 
 describe("deriveKind", () => {
   it("turns CamelCase type names into snake_case kinds (golden cases)", () => {
@@ -63,6 +84,49 @@ describe("canonical JSON", () => {
     expect(compareUtf8("\uffff", "😀")).toBeLessThan(0) // UTF-16 order would say the opposite
   })
 
+  it("compares strings exactly as their UTF-8 bytes compare, surrogates and U+E000–U+FFFF included", () => {
+    const text = fc.string({
+      unit: fc.oneof(
+        fc.constantFrom("a", "\ud7ff", "\ue000", "\uffff"),
+        fc.string({ unit: "binary", minLength: 1, maxLength: 1 })
+      )
+    })
+    fc.assert(
+      fc.property(text, text, (a, b) => {
+        expect(Math.sign(compareUtf8(a, b))).toBe(Math.sign(compareEncodedUtf8(a, b)))
+        expect(Math.sign(compareUtf8(a + b, a))).toBe(Math.sign(compareEncodedUtf8(a + b, a)))
+      }),
+      { numRuns: 2000 }
+    )
+  })
+
+  it("renders any JSON value as the reference definition does", () => {
+    const key = fc
+      .string({
+        unit: fc.oneof(
+          fc.constantFrom("a", "b", "\uffff", "é"),
+          fc.string({ unit: "binary", minLength: 1, maxLength: 1 })
+        )
+      })
+      .filter((k) => !k.includes("\u0000") && k !== "__proto__")
+    const value = fc.letrec((tie) => ({
+      json: fc.oneof(
+        { depthSize: "small" },
+        fc.constantFrom(null, true, false, -0, 0, 1e21, 1.5, -3),
+        fc.double({ noNaN: true, noDefaultInfinity: true }),
+        fc.string({ unit: "binary" }).filter((s) => !s.includes("\u0000")),
+        fc.array(tie("json")),
+        fc.dictionary(key, fc.oneof(tie("json"), fc.constant(undefined)))
+      )
+    })).json
+    fc.assert(
+      fc.property(value, (v) => {
+        expect(canonicalJson(v)).toBe(referenceCanonical(v))
+      }),
+      { numRuns: 1000 }
+    )
+  })
+
   it("rejects what jsonb cannot hold, naming the path", () => {
     expect(() => canonicalJson({ a: { b: [1, 10n] } })).toThrow("$.a.b[1]: bigint")
     expect(() => canonicalJson({ s: "a\u0000b" })).toThrow("NUL")
@@ -71,6 +135,10 @@ describe("canonical JSON", () => {
     cyclic.self = cyclic
     expect(() => canonicalJson(cyclic)).toThrow("circular")
     expect(() => canonicalJson(new Map())).toThrow("not plain JSON")
+    expect(() => canonicalJson([{ a: [{ "k\u0000": 1 }] }])).toThrow("$[0].a[0].k\u0000: contains a NUL")
+    expect(() => canonicalJson({ f: () => 1 })).toThrow("$.f: function is not JSON")
+    expect(() => canonicalJson(undefined)).toThrow("$: undefined is not JSON")
+    expect(() => canonicalJson([1, [Number.NaN]])).toThrow("$[1][0]: non-finite number NaN")
   })
 })
 
@@ -136,6 +204,35 @@ describe("checkNewJob", () => {
       expect(toHex(a.uniqueKey!)).not.toBe(toHex(c.uniqueKey!))
     })
   )
+
+  it("checks each job of a batch on its own, objects shared between jobs only once", () => {
+    const memo = new CheckMemo()
+    const shared = { team: "a" }
+    const tags = ["t"]
+    const check = (job: Parameters<typeof checkNewJobSync>[0]) => checkNewJobSync(job, { nowMillis: 0 }, memo)
+    const a = check({ kind: "k", args: { n: 1 }, metadata: shared, tags })
+    const b = check({ kind: "k", args: { n: 2 }, metadata: shared, tags })
+    const c = check({ kind: "k", args: { n: 3 }, metadata: { team: "b" }, tags: ["u"] })
+    const d = check({ kind: "k", args: { n: 4 }, metadata: { "awa:x": 1 } })
+    const e = check({ kind: "k", args: { n: 5 }, tags: ["x".repeat(101)] })
+    for (const job of [a, b, c]) expect(job).not.toBeInstanceOf(ValidationError)
+    expect((a as { metadataJson: string }).metadataJson).toBe('{"team":"a"}')
+    expect((b as { metadataJson: string }).metadataJson).toBe('{"team":"a"}')
+    expect((c as { metadataJson: string }).metadataJson).toBe('{"team":"b"}')
+    expect((c as { tags: ReadonlyArray<string> }).tags).toEqual(["u"])
+    expect((d as ValidationError).field).toBe("metadata.awa:x")
+    expect((e as ValidationError).field).toBe("tags[0]")
+  })
+
+  it("hashes the rendered args to the same unique key as the args themselves", () => {
+    fc.assert(
+      fc.property(fc.jsonValue(), (args) => {
+        const checked = checkNewJobSync({ kind: "k", args, unique: {} }, { nowMillis: 0 })
+        if (checked instanceof ValidationError) return
+        expect(toHex(checked.uniqueKey!)).toBe(toHex(uniqueKey({ kind: "k", args })))
+      })
+    )
+  })
 
   it.effect("rejects an oversized payload", () =>
     Effect.gen(function* () {

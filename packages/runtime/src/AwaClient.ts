@@ -13,7 +13,10 @@ import { Clock, Context, Duration, Effect, Layer, type Option, Schema } from "ef
 import type { SqlError } from "effect/sql"
 
 export interface AwaClientOptions {
-  /** Store the producer span's traceparent in job metadata. Default true. */
+  /**
+   * A producer span per insert call, its traceparent stored in job metadata. Off: no span at all
+   * and nothing stored. Default true.
+   */
   readonly tracing?: boolean | undefined
 }
 
@@ -47,9 +50,22 @@ export const make = Effect.fnUntraced(function* (options: AwaClientOptions = {})
   const storage = yield* QueueStorage
   const tracing = options.tracing ?? true
 
-  const prepare = <A, I>(job: Job.JobDefinition<A, I>, options: Job.InsertOptions | undefined) =>
-    Effect.gen(function* () {
-      const merged = { ...job.defaults, ...options }
+  interface Prepared {
+    readonly merged: Job.InsertOptions
+    readonly runAt: Date | undefined
+    readonly metadata: Job.InsertOptions["metadata"]
+  }
+
+  const prepare = <A, I>(
+    job: Job.JobDefinition<A, I>,
+    options: Job.InsertOptions | undefined
+  ): Effect.Effect<Prepared, ValidationError> => {
+    const merged = options === undefined ? job.defaults : { ...job.defaults, ...options }
+    // the common case needs neither the clock nor the current span: no generator per insert
+    if (!tracing && (merged.runAt !== undefined || merged.delay === undefined)) {
+      return Effect.succeed({ merged, runAt: merged.runAt, metadata: merged.metadata })
+    }
+    return Effect.gen(function* () {
       let runAt = merged.runAt
       if (runAt === undefined && merged.delay !== undefined) {
         const delay = Duration.fromInput(merged.delay)
@@ -71,43 +87,71 @@ export const make = Effect.fnUntraced(function* (options: AwaClientOptions = {})
       }
       return { merged, runAt, metadata }
     })
+  }
 
   const encode = <A, I>(job: Job.JobDefinition<A, I>, args: A) =>
     Schema.encodeEffect(job.args)(args).pipe(
       Effect.mapError((e) => new ValidationError({ field: "args", reason: e.message }))
     )
 
+  // A batch is encoded by one Schema run over the array (one Effect, not one per job).
+  const arrayCodecs = new WeakMap<Schema.Top, Schema.Top>()
+  const encodeAll = <A, I>(job: Job.JobDefinition<A, I>, args: ReadonlyArray<A>) => {
+    let codec = arrayCodecs.get(job.args) as Schema.Codec<ReadonlyArray<A>, ReadonlyArray<I>> | undefined
+    if (codec === undefined) {
+      codec = Schema.Array(job.args)
+      arrayCodecs.set(job.args, codec)
+    }
+    return Schema.encodeEffect(codec)(args).pipe(
+      Effect.mapError((e) => new ValidationError({ field: "args", reason: e.message }))
+    )
+  }
+
+  const send = <A, I>(job: Job.JobDefinition<A, I>, args: ReadonlyArray<A>, options?: Job.InsertOptions) =>
+    Effect.flatMap(prepare(job, options), ({ merged, runAt, metadata }) =>
+      Effect.flatMap(
+        args.length === 1 ? Effect.map(encode(job, args[0]!), (e) => [e]) : encodeAll(job, args),
+        (encoded: ReadonlyArray<unknown>) =>
+          // one metadata and one tags object for the whole batch: storage checks them once
+          storage.enqueueMany(
+            encoded.map((e) => ({
+              kind: job.kind,
+              queue: merged.queue,
+              priority: merged.priority,
+              maxAttempts: merged.maxAttempts,
+              args: e,
+              metadata,
+              tags: merged.tags,
+              runAt,
+              unique: merged.unique
+            }))
+          )
+      )
+    )
+
   const insertMany = <A, I>(
     job: Job.JobDefinition<A, I>,
     args: ReadonlyArray<A>,
     options?: Job.InsertOptions
-  ) =>
-    Effect.gen(function* () {
-      const { merged, runAt, metadata } = yield* prepare(job, options)
-      const encoded = yield* Effect.forEach(args, (a) => encode(job, a))
-      return yield* storage.enqueueMany(
-        encoded.map((e) => ({
-          kind: job.kind,
-          queue: merged.queue,
-          priority: merged.priority,
-          maxAttempts: merged.maxAttempts,
-          args: e,
-          metadata,
-          tags: merged.tags,
-          runAt,
-          unique: merged.unique
-        }))
-      )
-    }).pipe(
-      Effect.withSpan(`send ${job.kind}`, {
-        kind: "producer",
-        attributes: {
-          "messaging.system": "awa",
-          "messaging.operation.type": "send",
-          "awa.job.kind": job.kind
-        }
-      })
-    )
+  ): Effect.Effect<ReadonlyArray<EnqueuedJob>, EnqueueError> =>
+    // With tracing off there is no producer span at all (as for the worker's consumer spans): a
+    // span per insert is measurable per-job cost. Its stack trace would only point here.
+    tracing
+      ? send(job, args, options).pipe(
+          Effect.withSpan(
+            `send ${job.kind}`,
+            {
+              kind: "producer",
+              attributes: {
+                "messaging.system": "awa",
+                "messaging.operation.type": "send",
+                "awa.job.kind": job.kind
+              }
+            },
+            { captureStackTrace: false }
+          )
+        )
+      : send(job, args, options)
 
   const cancelByUniqueKey = <A, I>(
     job: Job.JobDefinition<A, I>,

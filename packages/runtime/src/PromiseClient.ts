@@ -80,7 +80,8 @@ export const createClient = async (options: ClientOptions) => {
     maxConnections: options.maxConnections ?? 10
   })
   const runtime = ManagedRuntime.make(Awa.layerPg(options).pipe(Layer.provideMerge(pg)))
-  await runtime.runPromise(Effect.void)
+  // resolved once: an insert is then one runPromise of the client's own effect
+  const client = await runtime.runPromise(Effect.service(AwaClient))
   const run = <A, E>(effect: Effect.Effect<A, E, AwaClient | PgClient.PgClient | CronStorage.CronStorage>) =>
     runtime.runPromise(effect)
 
@@ -127,9 +128,9 @@ export const createClient = async (options: ClientOptions) => {
     handler,
     start,
     insert: <A, I>(job: Job.JobDefinition<A, I>, args: A, opts?: Job.InsertOptions): Promise<EnqueuedJob> =>
-      run(Effect.flatMap(AwaClient, (c) => c.insert(job, args, opts))),
+      runtime.runPromise(client.insert(job, args, opts)),
     insertMany: <A, I>(job: Job.JobDefinition<A, I>, args: ReadonlyArray<A>, opts?: Job.InsertOptions) =>
-      run(Effect.flatMap(AwaClient, (c) => c.insertMany(job, args, opts))),
+      runtime.runPromise(client.insertMany(job, args, opts)),
     getJob: (id: bigint): Promise<JobView> => run(Effect.flatMap(AwaClient, (c) => c.storage.getJob(id))),
     listJobs: (filter: ListFilter = {}) => run(Effect.flatMap(AwaClient, (c) => c.storage.listJobs(filter))),
     cancel: (id: bigint, reason = "cancelled by operator") =>

@@ -91,6 +91,29 @@ describe("trace propagation", () => {
     }).pipe(Effect.provide(Awa.layerPg({ tracing: false }).pipe(Layer.provideMerge(TestDatabase.layer()))))
   )
 
+  it.live("a client with tracing off opens no producer span; with tracing on, one per call", () => {
+    const { spans, tracer } = recordingTracer()
+    const layerWith = (tracing: boolean) =>
+      Awa.layerPg({ tracing }).pipe(Layer.provideMerge(TestDatabase.layer()))
+    const insertBoth = Effect.gen(function* () {
+      const client = yield* AwaClient
+      yield* client.insert(Traced, { n: 4 })
+      yield* client.insertMany(Traced, [{ n: 5 }, { n: 6 }])
+    })
+    return Effect.gen(function* () {
+      yield* insertBoth.pipe(Effect.provide(layerWith(false)))
+      assert.deepStrictEqual(
+        spans.filter((s) => s.name.startsWith("send ")),
+        []
+      )
+      yield* insertBoth.pipe(Effect.provide(layerWith(true)))
+      assert.deepStrictEqual(
+        spans.filter((s) => s.name.startsWith("send ")).map((s) => s.kind),
+        ["producer", "producer"]
+      )
+    }).pipe(Effect.withTracer(tracer))
+  })
+
   it.live("a worker with tracing off opens no span per attempt", () => {
     const { spans, tracer } = recordingTracer()
     return Effect.gen(function* () {

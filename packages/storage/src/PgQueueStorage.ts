@@ -15,18 +15,21 @@
 import {
   AwaConfigError,
   CanonicalJson,
-  checkNewJob,
+  type CheckedJob,
+  CheckMemo,
+  checkNewJobSync,
   checkQueueName,
   InvalidTransition,
   JobNotFound,
   type JobState,
+  limits,
   type NewJob,
   UniqueConflict,
   UniqueKey,
   ValidationError
 } from "@awa/core"
 import { Migrations } from "@awa/sql"
-import { Clock, Effect, Layer, Option } from "effect"
+import { Clock, Effect, Fiber, Layer, Option } from "effect"
 import { SqlClient, SqlError } from "effect/sql"
 import {
   type AttemptToken,
@@ -206,6 +209,93 @@ const pruneOutcome = (
   return { _tag: "Blocked", reason: reason as Extract<PruneOutcome, { _tag: "Blocked" }>["reason"] }
 }
 
+/** One `enqueue_batch` call's arguments (see migration 0012). */
+interface BatchChunk {
+  readonly jobs: ReadonlyArray<CheckedJob>
+  /** JSON array of the distinct headers. */
+  readonly headers: string
+  /** JSON array of the jobs' args. */
+  readonly args: string
+  /** Header index of each job. */
+  readonly headerIndex: ReadonlyArray<number>
+  /** `headerIndex` as an int[] literal, or null when every job uses header 0. */
+  readonly headerOf: string | null
+  /** JSON array of unique keys (hex or null), or null when no job has one. */
+  readonly keys: string | null
+}
+
+const sameHeader = (a: CheckedJob, b: CheckedJob) =>
+  a.kind === b.kind &&
+  a.queue === b.queue &&
+  a.priority === b.priority &&
+  a.maxAttempts === b.maxAttempts &&
+  a.uniqueStates === b.uniqueStates &&
+  a.metadataJson === b.metadataJson &&
+  (a.tags === b.tags || (a.tags.length === b.tags.length && a.tags.every((t, i) => t === b.tags[i]))) &&
+  (a.runAt === b.runAt ||
+    (a.runAt !== undefined && b.runAt !== undefined && a.runAt.getTime() === b.runAt.getTime()))
+
+const headerJson = (job: CheckedJob) =>
+  `{"kind":${JSON.stringify(job.kind)},"queue":${JSON.stringify(job.queue)},"priority":${job.priority},` +
+  `"metadata":${job.metadataJson},"tags":${JSON.stringify(job.tags)},"max_attempts":${job.maxAttempts},` +
+  `"run_at":${job.runAt ? JSON.stringify(job.runAt.toISOString()) : "null"},"unique_states":${job.uniqueStates}}`
+
+const batchChunk = (jobs: ReadonlyArray<CheckedJob>): BatchChunk => {
+  const headers: Array<string> = []
+  const headerIds = new Map<string, number>()
+  const headerIndex = new Array<number>(jobs.length)
+  let args = "["
+  let keys: Array<string> | undefined
+  let mixed = false
+  for (let i = 0; i < jobs.length; i++) {
+    const job = jobs[i]!
+    let h: number
+    if (i > 0 && sameHeader(jobs[i - 1]!, job)) h = headerIndex[i - 1]!
+    else {
+      const json = headerJson(job)
+      const known = headerIds.get(json)
+      if (known === undefined) {
+        h = headers.length
+        headers.push(json)
+        headerIds.set(json, h)
+      } else h = known
+    }
+    headerIndex[i] = h
+    if (h !== 0) mixed = true
+    if (i > 0) args += ","
+    args += job.argsJson
+    if (job.uniqueKey !== undefined) {
+      keys ??= new Array<string>(i).fill("null")
+      keys.push(`"${UniqueKey.toHex(job.uniqueKey)}"`)
+    } else keys?.push("null")
+  }
+  return {
+    jobs,
+    headers: `[${headers.join(",")}]`,
+    args: `${args}]`,
+    headerIndex,
+    headerOf: mixed ? `{${headerIndex.join(",")}}` : null,
+    keys: keys === undefined ? null : `[${keys.join(",")}]`
+  }
+}
+
+/** Whether every job goes to the same lane (before checks: the defaults as checkNewJob fills them). */
+const oneLane = (jobs: ReadonlyArray<NewJob>) => {
+  const queue = jobs[0]!.queue ?? "default"
+  const priority = jobs[0]!.priority ?? limits.defaultPriority
+  return jobs.every(
+    (j) => (j.queue ?? "default") === queue && (j.priority ?? limits.defaultPriority) === priority
+  )
+}
+
+/** Indexes of `jobs` sorted by lane (the SQL lock order), stable. */
+const sortedByLane = (jobs: ReadonlyArray<CheckedJob>): ReadonlyArray<number> => {
+  const order = jobs.map((_, i) => i)
+  const first = jobs[0]!
+  if (jobs.every((j) => j.queue === first.queue && j.priority === first.priority)) return order
+  return order.sort((a, b) => compareLane(jobs[a]!, jobs[b]!) || a - b)
+}
+
 export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions = {}) {
   const sql = yield* SqlClient.SqlClient
   const schema = yield* Migrations.checkSchemaName(options.schema ?? Migrations.defaultSchema)
@@ -219,48 +309,106 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
     })
   }
 
-  const enqueueChunk = (rows: ReadonlyArray<string>) =>
-    sql<{ ord: number; job_id: bigint; state: "available" | "scheduled" }>`
-      SELECT * FROM ${s}.enqueue(${`[${rows.join(",")}]`}::jsonb)`
+  // One job: typed parameters, no JSON document to build or parse.
+  const enqueueOne = (job: CheckedJob) =>
+    Effect.map(
+      sql<{ job_id: bigint; state: "available" | "scheduled" }>`
+        SELECT job_id, state FROM ${s}.enqueue_one(${job.kind}, ${job.queue}, ${job.priority}, ${job.argsJson}::jsonb,
+          ${job.metadataJson}::jsonb, ${job.tags.length === 0 ? null : JSON.stringify(job.tags)}::jsonb,
+          ${job.maxAttempts}, ${job.runAt ?? null}::timestamptz, ${job.uniqueKey ?? null}::bytea, ${job.uniqueStates})`,
+      (rows): ReadonlyArray<EnqueuedJob> => [{ id: rows[0]!.job_id, state: rows[0]!.state, queue: job.queue }]
+    )
+
+  // Several jobs: what they share (kind, queue, priority, metadata, tags, options) travels once
+  // per distinct header; per job only its args, its header index and its unique key.
+  const enqueueChunk = (chunk: BatchChunk) =>
+    Effect.map(
+      sql<{ job_ids: ReadonlyArray<bigint>; scheduled_headers: ReadonlyArray<number> | null }>`
+        SELECT job_ids, scheduled_headers FROM ${s}.enqueue_batch(${chunk.headers}::jsonb, ${chunk.args}::jsonb,
+          ${chunk.headerOf}::int[], ${chunk.keys}::jsonb)`,
+      (rows): ReadonlyArray<EnqueuedJob> => {
+        const { job_ids: ids, scheduled_headers: scheduled } = rows[0]!
+        return chunk.jobs.map((job, i) => ({
+          id: BigInt(ids[i]!),
+          state: scheduled?.includes(chunk.headerIndex[i]!) ? "scheduled" : "available",
+          queue: job.queue
+        }))
+      }
+    )
+
+  const checkAll = (jobs: ReadonlyArray<NewJob>, nowMillis: number) => {
+    const memo = new CheckMemo()
+    const checked = new Array<CheckedJob>(jobs.length)
+    for (let i = 0; i < jobs.length; i++) {
+      const result = checkNewJobSync(jobs[i]!, { nowMillis, maxArgsBytes: options.maxArgsBytes }, memo)
+      if (result instanceof ValidationError) return result
+      checked[i] = result
+    }
+    return checked
+  }
+
+  /**
+   * Several calls in one transaction, pipelined: chunk c + 1 is checked and rendered while the
+   * server inserts chunk c (one call in flight on the transaction's connection at a time, so the
+   * calls run in order). A chunk that fails its checks fails the whole batch once the call in
+   * flight has returned; the transaction (or the caller's savepoint) then rolls back what went in.
+   */
+  const enqueueChunks = (count: number, chunkAt: (c: number) => BatchChunk | ValidationError) =>
+    sql.withTransaction(
+      Effect.gen(function* () {
+        const out: Array<ReadonlyArray<EnqueuedJob>> = []
+        let inFlight: Fiber.Fiber<ReadonlyArray<EnqueuedJob>, SqlError.SqlError> | undefined
+        for (let c = 0; c < count; c++) {
+          const chunk = chunkAt(c)
+          if (inFlight !== undefined) out.push(yield* Fiber.join(inFlight))
+          if (chunk instanceof ValidationError) return yield* chunk
+          inFlight = yield* Effect.forkChild(enqueueChunk(chunk), { startImmediately: true })
+        }
+        if (inFlight !== undefined) out.push(yield* Fiber.join(inFlight))
+        return out.flat()
+      })
+    )
 
   const enqueueMany = (jobs: ReadonlyArray<NewJob>) =>
     Effect.gen(function* () {
       if (jobs.length === 0) return []
       const nowMillis = yield* Clock.currentTimeMillis
-      const checked = yield* Effect.forEach(jobs, (job) =>
-        checkNewJob(job, { nowMillis, maxArgsBytes: options.maxArgsBytes })
-      )
-      const rows = checked.map(
-        (job) =>
-          `{"kind":${JSON.stringify(job.kind)},"queue":${JSON.stringify(job.queue)},"priority":${job.priority},` +
-          `"args":${job.argsJson},"metadata":${job.metadataJson},"tags":${JSON.stringify(job.tags)},` +
-          `"max_attempts":${job.maxAttempts},"run_at":${job.runAt ? JSON.stringify(job.runAt.toISOString()) : "null"},` +
-          `"unique_key":${job.uniqueKey ? `"${UniqueKey.toHex(job.uniqueKey)}"` : "null"},"unique_states":${job.uniqueStates}}`
-      )
-      if (rows.length <= chunkSize) {
-        const results = yield* enqueueChunk(rows)
-        return results.map(
-          (row, i): EnqueuedJob => ({ id: row.job_id, state: row.state, queue: checked[i]!.queue })
-        )
+      if (jobs.length <= chunkSize) {
+        const checked = checkAll(jobs, nowMillis)
+        if (checked instanceof ValidationError) return yield* checked
+        return checked.length === 1
+          ? yield* enqueueOne(checked[0]!)
+          : yield* enqueueChunk(batchChunk(checked))
       }
-      // Several calls in one transaction: each call locks its lanes in sorted order, so the rows
-      // are sorted by lane first (stable: FIFO inside a lane is kept). Then every lock is taken in
-      // one global order across the chunks, and two multi-chunk producers cannot deadlock.
-      const order = checked.map((_, i) => i).sort((a, b) => compareLane(checked[a]!, checked[b]!) || a - b)
-      const chunks: Array<ReadonlyArray<number>> = []
-      for (let i = 0; i < order.length; i += chunkSize) chunks.push(order.slice(i, i + chunkSize))
-      const results = (yield* sql.withTransaction(
-        Effect.forEach(chunks, (chunk) => enqueueChunk(chunk.map((i) => rows[i]!)))
-      )).flat()
-      const out = new Array<EnqueuedJob>(checked.length)
-      for (const [k, row] of results.entries()) {
-        const i = order[k]!
-        out[i] = { id: row.job_id, state: row.state, queue: checked[i]!.queue }
+      const chunks = Math.ceil(jobs.length / chunkSize)
+      if (oneLane(jobs)) {
+        // One lane (an insertMany): input order is lock order, each chunk is checked in its turn.
+        return yield* enqueueChunks(chunks, (c) => {
+          const checked = checkAll(jobs.slice(c * chunkSize, (c + 1) * chunkSize), nowMillis)
+          return checked instanceof ValidationError ? checked : batchChunk(checked)
+        })
       }
-      return out
+      // Several lanes: each call locks its lanes in sorted order, so the rows are sorted by lane
+      // first (stable: FIFO inside a lane is kept). Then every lock is taken in one global order
+      // across the chunks, and two multi-chunk producers cannot deadlock. Sorting needs every
+      // job checked first.
+      const checked = checkAll(jobs, nowMillis)
+      if (checked instanceof ValidationError) return yield* checked
+      const order = sortedByLane(checked)
+      const results = yield* enqueueChunks(chunks, (c) =>
+        batchChunk(order.slice(c * chunkSize, (c + 1) * chunkSize).map((i) => checked[i]!))
+      )
+      const enqueued = new Array<EnqueuedJob>(checked.length)
+      for (let k = 0; k < results.length; k++) enqueued[order[k]!] = results[k]!
+      return enqueued
     }).pipe(
       mapUniqueConflict,
-      Effect.withSpan("QueueStorage.enqueueMany", { attributes: { count: jobs.length } })
+      // no stack trace: it would point here, not at the caller
+      Effect.withSpan(
+        "QueueStorage.enqueueMany",
+        { attributes: { count: jobs.length } },
+        { captureStackTrace: false }
+      )
     )
 
   const claim = (params: ClaimParams) =>
