@@ -2,9 +2,10 @@
  * Awa through its Effect API: `Awa.layerPg` + `AwaClient.insert` / `insertMany` for producers,
  * `Awa.worker` with an Effect handler for consumers.
  *
- * Settings: `maxConcurrency: 50`, defaults otherwise (poll 200 ms as a fallback to LISTEN/NOTIFY,
- * completion batches of up to 512 with 1 ms linger, enqueue chunks of 5,000, leader maintenance
- * on), except `tracing: false`: with tracing on (the default) every job stores its producer's
+ * Settings: `maxConcurrency: 50`, defaults otherwise (claim-ahead `prefetch` up to 512, sized to
+ * measured throughput; poll 200 ms as a fallback to LISTEN/NOTIFY; completion batches of up to 512
+ * with 1 ms linger, two in flight; enqueue chunks of 5,000; leader maintenance on), except
+ * `tracing: false`: with tracing on (the default) every job stores its producer's
  * `traceparent` in its metadata, which the peers do not do.
  */
 import { Job } from "@awa/core"
@@ -48,7 +49,8 @@ export const make: AdapterFactory = async (url) => {
       maxConcurrency: inFlight,
       pollInterval: "200 ms (default; fallback to LISTEN/NOTIFY)",
       tracing: false,
-      completion: "default: batches ≤ 512, linger 1 ms",
+      prefetch: "512 (default: at most 512 claimed ahead, about two claim round trips of measured throughput)",
+      completion: "default: batches ≤ 512, linger 1 ms, 2 in flight",
       enqueueChunkSize: "5,000 (default)",
       maintenance: "default (leader: rotate 1 s, promote 250 ms, completed retention 1 day)",
       poolSize,
