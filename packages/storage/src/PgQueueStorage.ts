@@ -353,11 +353,22 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
       (rows) => rows[0]!.outcome
     )
 
+  const pruneCall = (fn: "prune_queue" | "prune_history", r: RetentionParams) =>
+    sql<{ outcome: string; generation: bigint | null; carried: number }>`
+      SELECT * FROM ${s}.${sql(fn)}(${lockTimeoutMs}, ${r.completedMs}::bigint, ${r.failedMs}::bigint, ${r.cancelledMs}::bigint)`
+
+  // prune_queue answers 'Copied' when it has copied a large slot's history rows ahead in its own
+  // (now committed) transaction (migration 0013); the next call reuses the copy and prunes. A
+  // second 'Copied' cannot happen (the copy is recorded); it would only end this tick early.
   const pruneRing = (fn: "prune_queue" | "prune_history", r: RetentionParams) =>
-    Effect.map(
-      sql<{ outcome: string; generation: bigint | null; carried: number }>`
-        SELECT * FROM ${s}.${sql(fn)}(${lockTimeoutMs}, ${r.completedMs}::bigint, ${r.failedMs}::bigint, ${r.cancelledMs}::bigint)`,
-      (rows) => pruneOutcome(rows[0])
+    Effect.flatMap(pruneCall(fn, r), (rows) =>
+      rows[0]?.outcome === "Copied"
+        ? Effect.map(pruneCall(fn, r), (again) =>
+            again[0]?.outcome === "Copied"
+              ? pruneOutcome({ ...again[0], outcome: "Blocked:busy" })
+              : pruneOutcome(again[0])
+          )
+        : Effect.succeed(pruneOutcome(rows[0]))
     )
 
   const getJob = (id: bigint) =>

@@ -55,8 +55,14 @@ const sealedSlot = (q: string, n: number) =>
     yield* drainRing
     const ids = yield* storage.enqueueMany(Array.from({ length: n }, (_, i) => job(q, i)))
     yield* completeAll(yield* storage.claim(claimOf(q, n)))
+    const sql = yield* SqlClient.SqlClient
+    const [ring] = yield* sql<{ slot: number; generation: string }>`
+      SELECT slot, generation::text AS generation FROM awa.ring_current('queue')`
     assert.strictEqual(yield* storage.rotate, "Rotated")
-    return ids.map((x) => x.id)
+    return Object.assign(
+      ids.map((x) => x.id),
+      { slot: ring!.slot, generation: ring!.generation }
+    )
   })
 
 /**
@@ -163,5 +169,75 @@ describe("prune without stalls", () => {
         assert.strictEqual((yield* storage.getJob(ids[0]!)).state, "completed")
       })
     )
+  )
+
+  it.live(
+    "a large slot is copied to history ahead of its prune, once, even when the prune itself is blocked or rows arrive later",
+    () =>
+      withDatabase((url) =>
+        Effect.gen(function* () {
+          const storage = yield* QueueStorage
+          const sql = yield* SqlClient.SqlClient
+          const q = fresh("ahead")
+          const sealed = yield* sealedSlot(q, 1200)
+          const inHistory = Effect.map(
+            sql<{ n: number }>`SELECT count(*)::int AS n FROM awa.history WHERE queue = ${q}`,
+            (rows) => rows[0]!.n
+          )
+          // a reader holds the ring: the copy (which needs no exclusive lock) goes ahead and is
+          // committed; the truncate cannot, and gives up
+          const reader = yield* holdOpen(url, "SELECT count(*) FROM awa.claims", 700)
+          assert.deepStrictEqual(yield* storage.prune(keepAll), { _tag: "Blocked", reason: "lock" })
+          assert.strictEqual(yield* inHistory, 1200, "copied ahead and committed")
+          const [copy] = yield* sql<{ rows: number }>`
+            SELECT terminal_rows::int AS rows FROM awa.history_copies WHERE generation = ${sealed.generation}::bigint`
+          assert.strictEqual(copy!.rows, 1200)
+          yield* Fiber.join(reader)
+          // a terminal row that arrives in the slot after the copy (a writer that read the ring
+          // before the rotation, e.g. a cancel of a deferred job): the prune sees the slot changed,
+          // copies only what history lacks and counts everything
+          yield* sql`
+            INSERT INTO awa.terminal (slot, generation, job_id, run_lease, state, attempt, finalized_at, wide, kind,
+                                      queue, priority, args, metadata, tags, errors, max_attempts, run_at, created_at,
+                                      unique_states)
+            VALUES (${sealed.slot}, ${sealed.generation}::bigint, nextval('awa.job_id_seq'), 0, 'cancelled', 0, now(), true,
+                    'prune', ${q}, 2, '{}', '{}', '{}', '[]', 25, now(), now(), 0)`
+          const pruned = yield* storage.prune(keepAll)
+          assert.strictEqual(pruned._tag, "Pruned")
+          assert.strictEqual(yield* inHistory, 1201, "no row copied twice, the late one copied")
+          const [rollup] = yield* sql<{ rollup: Record<string, number> }>`
+            SELECT rollup FROM awa.ring_prunes WHERE ring = 'queue' AND generation = ${sealed.generation}::bigint`
+          assert.deepStrictEqual(rollup!.rollup, { [`${q}:completed`]: 1200, [`${q}:cancelled`]: 1 })
+          assert.strictEqual((yield* storage.getJob(sealed[0]!)).state, "completed")
+        })
+      )
+  )
+
+  it.live(
+    "a copied-ahead slot that did not change is pruned with the copy's roll-up, without copying again",
+    () =>
+      withDatabase(() =>
+        Effect.gen(function* () {
+          const storage = yield* QueueStorage
+          const sql = yield* SqlClient.SqlClient
+          const q = fresh("reuse")
+          const sealed = yield* sealedSlot(q, 1500)
+          assert.strictEqual((yield* storage.prune(keepAll))._tag, "Pruned")
+          const [n] = yield* sql<{ n: number }>`SELECT count(*)::int AS n FROM awa.history WHERE queue = ${q}`
+          assert.strictEqual(n!.n, 1500)
+          const [rollup] = yield* sql<{ rollup: Record<string, number> }>`
+          SELECT rollup FROM awa.ring_prunes WHERE ring = 'queue' AND generation = ${sealed.generation}::bigint`
+          assert.deepStrictEqual(rollup!.rollup, { [`${q}:completed`]: 1500 })
+          // below the copy-ahead size, the rows are copied under the lock as before: no ledger row
+          const small = yield* sealedSlot(fresh("small"), 10)
+          assert.strictEqual((yield* storage.prune(keepAll))._tag, "Pruned")
+          const copies = yield* sql<{ g: string }>`SELECT generation::text AS g FROM awa.history_copies`
+          assert.deepStrictEqual(
+            copies.map((c) => c.g),
+            [sealed.generation]
+          )
+          assert.notStrictEqual(small.generation, sealed.generation)
+        })
+      )
   )
 })
