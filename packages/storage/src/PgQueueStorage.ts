@@ -67,8 +67,18 @@ export interface PgQueueStorageOptions {
   readonly maxArgsBytes?: number | undefined
   /** Rows per enqueue call; larger batches are split inside one transaction. Default 5,000. */
   readonly enqueueChunkSize?: number | undefined
-  /** `lock_timeout` of prune's `ACCESS EXCLUSIVE` request. Default 10 ms (1–1000). */
+  /** How long prune keeps trying for its `ACCESS EXCLUSIVE` lock (never queued). Default 10 ms (1–1000). */
   readonly pruneLockTimeoutMs?: number | undefined
+  /**
+   * `rotate` moves the queue ring on once its current slot holds this many ready rows, or is
+   * `rotateMaxAgeMs` old (the leader calls it every `rotateInterval`). Every rotation costs a prune,
+   * whose TRUNCATE stalls claims and completions for some milliseconds whatever the slot's size, so
+   * at low rates fewer, fuller slots mean fewer stalls and less catalog churn. Default 10,000
+   * (1–10,000,000); 1 rotates whenever the slot has rows, as before migration 0013.
+   */
+  readonly rotateMinRows?: number | undefined
+  /** See `rotateMinRows`. Default 10,000 ms (0–3,600,000). */
+  readonly rotateMaxAgeMs?: number | undefined
 }
 
 // SQLSTATE raised by the SQL functions for a unique conflict (DETAIL = key, HINT = holder).
@@ -219,6 +229,19 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
     })
   }
 
+  const rotateMinRows = options.rotateMinRows ?? 10_000
+  const rotateMaxAgeMs = options.rotateMaxAgeMs ?? 10_000
+  if (!(Number.isInteger(rotateMinRows) && rotateMinRows >= 1 && rotateMinRows <= 10_000_000)) {
+    return yield* new AwaConfigError({
+      issues: [{ path: "rotateMinRows", reason: "must be an integer 1–10,000,000" }]
+    })
+  }
+  if (!(Number.isInteger(rotateMaxAgeMs) && rotateMaxAgeMs >= 0 && rotateMaxAgeMs <= 3_600_000)) {
+    return yield* new AwaConfigError({
+      issues: [{ path: "rotateMaxAgeMs", reason: "must be an integer 0–3,600,000" }]
+    })
+  }
+
   const enqueueChunk = (rows: ReadonlyArray<string>) =>
     sql<{ ord: number; job_id: bigint; state: "available" | "scheduled" }>`
       SELECT * FROM ${s}.enqueue(${`[${rows.join(",")}]`}::jsonb)`
@@ -352,6 +375,16 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
       sql<{ outcome: RotateOutcome }>`SELECT ${s}.rotate(${ring}, ${minAgeMs}::bigint) AS outcome`,
       (rows) => rows[0]!.outcome
     )
+
+  // The queue ring by size or age (migration 0013); rotateMinRows 1 is the eager rule of 0003.
+  const rotateQueue =
+    rotateMinRows <= 1
+      ? rotateRing("queue", 0)
+      : Effect.map(
+          sql<{ outcome: RotateOutcome }>`
+            SELECT ${s}.rotate_queue_when_due(${rotateMinRows}, ${rotateMaxAgeMs}::bigint) AS outcome`,
+          (rows) => rows[0]!.outcome
+        )
 
   const pruneCall = (fn: "prune_queue" | "prune_history", r: RetentionParams) =>
     sql<{ outcome: string; generation: bigint | null; carried: number }>`
@@ -561,7 +594,7 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
     promoteDue,
     rescueStale: (p) => rescue("stale", p.stalenessMs, p.limit),
     rescueDeadlines: (limit) => rescue("deadline", 0, limit),
-    rotate: rotateRing("queue", 0),
+    rotate: rotateQueue,
     prune: (r) => pruneRing("prune_queue", r),
     rotateHistory: (intervalMs) => rotateRing("history", intervalMs),
     pruneHistory: (r) => pruneRing("prune_history", r),

@@ -25,11 +25,11 @@ const completeAll = (claimed: ReadonlyArray<ClaimedJob>) =>
     )
   )
 
-/** Storage on its own pool of `url`; `pruneLockTimeoutMs` as given. */
+/** Storage on its own pool of `url`, rotating whenever the slot has rows; `pruneLockTimeoutMs` as given. */
 const client = (url: string, maxConnections: number, pruneLockTimeoutMs?: number) =>
-  pgLayer(pruneLockTimeoutMs === undefined ? {} : { pruneLockTimeoutMs }).pipe(
-    Layer.provideMerge(PgClient.layer({ url: Redacted.make(url), maxConnections }))
-  )
+  pgLayer(
+    pruneLockTimeoutMs === undefined ? { rotateMinRows: 1 } : { rotateMinRows: 1, pruneLockTimeoutMs }
+  ).pipe(Layer.provideMerge(PgClient.layer({ url: Redacted.make(url), maxConnections })))
 
 /** Completes whatever is claimable and prunes until the ring holds only its current slot. */
 const drainRing = Effect.gen(function* () {
@@ -239,5 +239,56 @@ describe("prune without stalls", () => {
           assert.notStrictEqual(small.generation, sealed.generation)
         })
       )
+  )
+
+  it.live("the queue ring rotates by size or age, not at every tick", () =>
+    withDatabase((url) =>
+      Effect.gen(function* () {
+        const q = fresh("by-size")
+        yield* drainRing
+        yield* Effect.gen(function* () {
+          const storage = yield* QueueStorage
+          // wait out the age of the current slot left by drainRing
+          yield* Effect.sleep("1600 millis")
+          yield* storage.enqueueMany([job(q, 0)])
+          // an old slot with rows rotates at once
+          assert.strictEqual(yield* storage.rotate, "Rotated")
+          // a young slot with fewer than 50 ready rows stays, writing nothing
+          yield* storage.enqueueMany(Array.from({ length: 49 }, (_, i) => job(q, i)))
+          assert.strictEqual(yield* storage.rotate, "SkippedIdle")
+          // 50 rows: full enough
+          yield* storage.enqueueMany([job(q, 49)])
+          assert.strictEqual(yield* storage.rotate, "Rotated")
+          // a few rows, then old enough
+          yield* storage.enqueueMany([job(q, 50)])
+          assert.strictEqual(yield* storage.rotate, "SkippedIdle")
+          yield* Effect.sleep("1600 millis")
+          assert.strictEqual(yield* storage.rotate, "Rotated")
+          // an empty slot never rotates, however old
+          yield* Effect.sleep("1600 millis")
+          assert.strictEqual(yield* storage.rotate, "SkippedIdle")
+        }).pipe(
+          Effect.provide(
+            pgLayer({ rotateMinRows: 50, rotateMaxAgeMs: 1500 }).pipe(
+              Layer.provide(PgClient.layer({ url: Redacted.make(url), maxConnections: 1 }))
+            ),
+            { local: true }
+          )
+        )
+        const [rotations] = yield* Effect.flatMap(
+          SqlClient.SqlClient,
+          (sql) => sql<{ n: number }>`SELECT count(*)::int AS n FROM awa.ring_rotations WHERE ring = 'queue'`
+        )
+        assert.isAtLeast(rotations!.n, 4)
+        const bad = yield* Effect.flip(
+          Layer.build(
+            pgLayer({ rotateMinRows: 0 }).pipe(
+              Layer.provide(PgClient.layer({ url: Redacted.make(url), maxConnections: 1 }))
+            )
+          ).pipe(Effect.scoped)
+        )
+        assert.strictEqual(bad._tag, "AwaConfigError")
+      })
+    )
   )
 })
