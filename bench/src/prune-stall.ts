@@ -15,7 +15,8 @@
  * overlapped the prune call, and the median claim outside it.
  *
  * Variant `old` re-creates the prune functions of migrations 0003/0010 (as on main before 0013)
- * in the same database, so both variants run on one server, interleaved.
+ * in the same database, so both variants run on one server, interleaved. Rotation is eager
+ * (`rotateMinRows: 1`): each case seals its slot with one `rotate`.
  *
  * Postgres: `DATABASE_URL`, or a temporary embedded server with durability on.
  */
@@ -144,7 +145,7 @@ const runCase = (url: string, size: number, retention: string) =>
       }
     }).pipe(
       Effect.provide(
-        PgQueueStorage.layer().pipe(
+        PgQueueStorage.layer({ rotateMinRows: 1 }).pipe(
           Layer.provide(PgClient.layer({ url: Redacted.make(url), maxConnections: 2 }))
         )
       )
@@ -211,7 +212,7 @@ const program = Effect.gen(function* () {
             yield* admin.unsafe(stmt).unprepared
           const r = yield* runCase(url, size, retention).pipe(
             Effect.provide(
-              PgQueueStorage.layer().pipe(
+              PgQueueStorage.layer({ rotateMinRows: 1 }).pipe(
                 Layer.provideMerge(PgClient.layer({ url: Redacted.make(url), maxConnections: 4 }))
               )
             )
