@@ -70,8 +70,18 @@ export interface PgQueueStorageOptions {
   readonly maxArgsBytes?: number | undefined
   /** Rows per enqueue call; larger batches are split inside one transaction. Default 5,000. */
   readonly enqueueChunkSize?: number | undefined
-  /** `lock_timeout` of prune's `ACCESS EXCLUSIVE` request. Default 10 ms (1–1000). */
+  /** How long prune keeps trying for its `ACCESS EXCLUSIVE` lock (never queued). Default 10 ms (1–1000). */
   readonly pruneLockTimeoutMs?: number | undefined
+  /**
+   * `rotate` moves the queue ring on once its current slot holds this many ready rows, or is
+   * `rotateMaxAgeMs` old (the leader calls it every `rotateInterval`). Every rotation costs a prune,
+   * whose TRUNCATE stalls claims and completions for some milliseconds whatever the slot's size, so
+   * at low rates fewer, fuller slots mean fewer stalls and less catalog churn. Default 10,000
+   * (1–10,000,000); 1 rotates whenever the slot has rows, as before migration 0013.
+   */
+  readonly rotateMinRows?: number | undefined
+  /** See `rotateMinRows`. Default 10,000 ms (0–3,600,000). */
+  readonly rotateMaxAgeMs?: number | undefined
 }
 
 // SQLSTATE raised by the SQL functions for a unique conflict (DETAIL = key, HINT = holder).
@@ -309,6 +319,19 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
     })
   }
 
+  const rotateMinRows = options.rotateMinRows ?? 10_000
+  const rotateMaxAgeMs = options.rotateMaxAgeMs ?? 10_000
+  if (!(Number.isInteger(rotateMinRows) && rotateMinRows >= 1 && rotateMinRows <= 10_000_000)) {
+    return yield* new AwaConfigError({
+      issues: [{ path: "rotateMinRows", reason: "must be an integer 1–10,000,000" }]
+    })
+  }
+  if (!(Number.isInteger(rotateMaxAgeMs) && rotateMaxAgeMs >= 0 && rotateMaxAgeMs <= 3_600_000)) {
+    return yield* new AwaConfigError({
+      issues: [{ path: "rotateMaxAgeMs", reason: "must be an integer 0–3,600,000" }]
+    })
+  }
+
   // One job: typed parameters, no JSON document to build or parse.
   const enqueueOne = (job: CheckedJob) =>
     Effect.map(
@@ -501,11 +524,32 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
       (rows) => rows[0]!.outcome
     )
 
+  // The queue ring by size or age (migration 0013); rotateMinRows 1 is the eager rule of 0003.
+  const rotateQueue =
+    rotateMinRows <= 1
+      ? rotateRing("queue", 0)
+      : Effect.map(
+          sql<{ outcome: RotateOutcome }>`
+            SELECT ${s}.rotate_queue_when_due(${rotateMinRows}, ${rotateMaxAgeMs}::bigint) AS outcome`,
+          (rows) => rows[0]!.outcome
+        )
+
+  const pruneCall = (fn: "prune_queue" | "prune_history", r: RetentionParams) =>
+    sql<{ outcome: string; generation: bigint | null; carried: number }>`
+      SELECT * FROM ${s}.${sql(fn)}(${lockTimeoutMs}, ${r.completedMs}::bigint, ${r.failedMs}::bigint, ${r.cancelledMs}::bigint)`
+
+  // prune_queue answers 'Copied' when it has copied a large slot's history rows ahead in its own
+  // (now committed) transaction (migration 0013); the next call reuses the copy and prunes. A
+  // second 'Copied' cannot happen (the copy is recorded); it would only end this tick early.
   const pruneRing = (fn: "prune_queue" | "prune_history", r: RetentionParams) =>
-    Effect.map(
-      sql<{ outcome: string; generation: bigint | null; carried: number }>`
-        SELECT * FROM ${s}.${sql(fn)}(${lockTimeoutMs}, ${r.completedMs}::bigint, ${r.failedMs}::bigint, ${r.cancelledMs}::bigint)`,
-      (rows) => pruneOutcome(rows[0])
+    Effect.flatMap(pruneCall(fn, r), (rows) =>
+      rows[0]?.outcome === "Copied"
+        ? Effect.map(pruneCall(fn, r), (again) =>
+            again[0]?.outcome === "Copied"
+              ? pruneOutcome({ ...again[0], outcome: "Blocked:busy" })
+              : pruneOutcome(again[0])
+          )
+        : Effect.succeed(pruneOutcome(rows[0]))
     )
 
   const getJob = (id: bigint) =>
@@ -698,7 +742,7 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
     promoteDue,
     rescueStale: (p) => rescue("stale", p.stalenessMs, p.limit),
     rescueDeadlines: (limit) => rescue("deadline", 0, limit),
-    rotate: rotateRing("queue", 0),
+    rotate: rotateQueue,
     prune: (r) => pruneRing("prune_queue", r),
     rotateHistory: (intervalMs) => rotateRing("history", intervalMs),
     pruneHistory: (r) => pruneRing("prune_history", r),

@@ -29,9 +29,15 @@ const completeAll = (claimed: ReadonlyArray<ClaimedJob>) =>
     )
   )
 
-/** A client (its own pool) plus storage on a database URL. */
+/**
+ * A client (its own pool) plus storage on a database URL. These tests drive the ring slot by slot,
+ * so `rotate` moves on whenever the current slot has rows (rotation by size is tested in
+ * PgQueueStorage.prune.test.ts).
+ */
 const client = (url: string, maxConnections = 4) =>
-  pgLayer().pipe(Layer.provideMerge(PgClient.layer({ url: Redacted.make(url), maxConnections })))
+  pgLayer({ rotateMinRows: 1 }).pipe(
+    Layer.provideMerge(PgClient.layer({ url: Redacted.make(url), maxConnections }))
+  )
 
 /** Runs a test body on its own fresh database, with storage on a pool of that database. */
 const withDatabase = <A, E>(
