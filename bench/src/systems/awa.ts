@@ -49,10 +49,12 @@ export const make: AdapterFactory = async (url) => {
       maxConcurrency: inFlight,
       pollInterval: "200 ms (default; fallback to LISTEN/NOTIFY)",
       tracing: false,
-      prefetch: "512 (default: at most 512 claimed ahead, about two claim round trips of measured throughput)",
+      prefetch:
+        "512 (default: at most 512 claimed ahead, about two claim round trips of measured throughput)",
       completion: "default: batches ≤ 512, linger 1 ms, 2 in flight",
       enqueueChunkSize: "5,000 (default)",
-      maintenance: "default (leader: rotate 1 s, promote 250 ms, completed retention 1 day)",
+      maintenance:
+        "default (leader: rotate check 1 s, rotating at 10,000 rows or 10 s; promote 250 ms; completed retention 1 day)",
       poolSize,
       ...(Object.keys(overrides).length > 0 ? { overrides } : {})
     },
