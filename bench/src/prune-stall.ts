@@ -145,7 +145,7 @@ const runCase = (url: string, size: number, retention: string) =>
       }
     }).pipe(
       Effect.provide(
-        PgQueueStorage.layer({ rotateMinRows: 1 }).pipe(
+        PgQueueStorage.layer({ rotateMinRows: 1, pruneCarryAfterMs: 0 }).pipe(
           Layer.provide(PgClient.layer({ url: Redacted.make(url), maxConnections: 2 }))
         )
       )
@@ -212,7 +212,7 @@ const program = Effect.gen(function* () {
             yield* admin.unsafe(stmt).unprepared
           const r = yield* runCase(url, size, retention).pipe(
             Effect.provide(
-              PgQueueStorage.layer({ rotateMinRows: 1 }).pipe(
+              PgQueueStorage.layer({ rotateMinRows: 1, pruneCarryAfterMs: 0 }).pipe(
                 Layer.provideMerge(PgClient.layer({ url: Redacted.make(url), maxConnections: 4 }))
               )
             )

@@ -82,6 +82,14 @@ export interface PgQueueStorageOptions {
   readonly rotateMinRows?: number | undefined
   /** See `rotateMinRows`. Default 10,000 ms (0–3,600,000). */
   readonly rotateMaxAgeMs?: number | undefined
+  /**
+   * Prune carries a sealed slot's open attempts forward so that long-running attempts never hold
+   * up rotation, but it leaves the slot alone (`Blocked: young_attempts`) while any of them was
+   * claimed less than this long ago: those will most likely close by themselves, and carrying
+   * them mid-drain makes their finalizers wait (migration 0014). Default 5,000 ms (0–3,600,000;
+   * 0 carries at once).
+   */
+  readonly pruneCarryAfterMs?: number | undefined
 }
 
 // SQLSTATE raised by the SQL functions for a unique conflict (DETAIL = key, HINT = holder).
@@ -331,6 +339,12 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
       issues: [{ path: "rotateMaxAgeMs", reason: "must be an integer 0–3,600,000" }]
     })
   }
+  const carryAfterMs = options.pruneCarryAfterMs ?? 5000
+  if (!(Number.isInteger(carryAfterMs) && carryAfterMs >= 0 && carryAfterMs <= 3_600_000)) {
+    return yield* new AwaConfigError({
+      issues: [{ path: "pruneCarryAfterMs", reason: "must be an integer 0–3,600,000" }]
+    })
+  }
 
   // One job: typed parameters, no JSON document to build or parse.
   const enqueueOne = (job: CheckedJob) =>
@@ -535,8 +549,13 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
         )
 
   const pruneCall = (fn: "prune_queue" | "prune_history", r: RetentionParams) =>
-    sql<{ outcome: string; generation: bigint | null; carried: number }>`
-      SELECT * FROM ${s}.${sql(fn)}(${lockTimeoutMs}, ${r.completedMs}::bigint, ${r.failedMs}::bigint, ${r.cancelledMs}::bigint)`
+    fn === "prune_queue"
+      ? sql<{ outcome: string; generation: bigint | null; carried: number }>`
+          SELECT * FROM ${s}.prune_queue(${lockTimeoutMs}, ${r.completedMs}::bigint, ${r.failedMs}::bigint,
+            ${r.cancelledMs}::bigint, ${carryAfterMs}::bigint)`
+      : sql<{ outcome: string; generation: bigint | null; carried: number }>`
+          SELECT * FROM ${s}.prune_history(${lockTimeoutMs}, ${r.completedMs}::bigint, ${r.failedMs}::bigint,
+            ${r.cancelledMs}::bigint)`
 
   // prune_queue answers 'Copied' when it has copied a large slot's history rows ahead in its own
   // (now committed) transaction (migration 0013); the next call reuses the copy and prunes. A

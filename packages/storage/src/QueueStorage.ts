@@ -112,7 +112,10 @@ export type RotateOutcome = "Rotated" | "SkippedIdle" | "SkippedBusy" | "Skipped
 export type PruneOutcome =
   | { readonly _tag: "Pruned"; readonly generation: bigint; readonly carried: number }
   | { readonly _tag: "Noop" }
-  | { readonly _tag: "Blocked"; readonly reason: "unclaimed" | "lock" | "locked_attempt" | "busy" }
+  | {
+      readonly _tag: "Blocked"
+      readonly reason: "unclaimed" | "lock" | "locked_attempt" | "young_attempts" | "busy"
+    }
 
 export interface RetentionParams {
   readonly completedMs: number

@@ -35,7 +35,7 @@ const completeAll = (claimed: ReadonlyArray<ClaimedJob>) =>
  * PgQueueStorage.prune.test.ts).
  */
 const client = (url: string, maxConnections = 4) =>
-  pgLayer({ rotateMinRows: 1 }).pipe(
+  pgLayer({ rotateMinRows: 1, pruneCarryAfterMs: 0 }).pipe(
     Layer.provideMerge(PgClient.layer({ url: Redacted.make(url), maxConnections }))
   )
 

@@ -28,7 +28,9 @@ const completeAll = (claimed: ReadonlyArray<ClaimedJob>) =>
 /** Storage on its own pool of `url`, rotating whenever the slot has rows; `pruneLockTimeoutMs` as given. */
 const client = (url: string, maxConnections: number, pruneLockTimeoutMs?: number) =>
   pgLayer(
-    pruneLockTimeoutMs === undefined ? { rotateMinRows: 1 } : { rotateMinRows: 1, pruneLockTimeoutMs }
+    pruneLockTimeoutMs === undefined
+      ? { rotateMinRows: 1, pruneCarryAfterMs: 0 }
+      : { rotateMinRows: 1, pruneCarryAfterMs: 0, pruneLockTimeoutMs }
   ).pipe(Layer.provideMerge(PgClient.layer({ url: Redacted.make(url), maxConnections })))
 
 /** Completes whatever is claimable and prunes until the ring holds only its current slot. */
@@ -290,5 +292,53 @@ describe("prune without stalls", () => {
         assert.strictEqual(bad._tag, "AwaConfigError")
       })
     )
+  )
+
+  it.live(
+    "prune leaves a sealed slot alone while it has attempts claimed moments ago, then carries them",
+    () =>
+      withDatabase((url) =>
+        Effect.gen(function* () {
+          const q = fresh("young")
+          yield* drainRing
+          yield* Effect.gen(function* () {
+            const storage = yield* QueueStorage
+            yield* storage.enqueueMany([job(q, 0), job(q, 1)])
+            const claimed = yield* storage.claim(claimOf(q, 2))
+            assert.strictEqual(claimed.length, 2)
+            yield* completeAll(claimed.slice(0, 1))
+            assert.strictEqual(yield* storage.rotate, "Rotated")
+            // the open attempt is 0.4 s old at most: no lock taken, nothing written
+            assert.deepStrictEqual(yield* storage.prune(keepAll), {
+              _tag: "Blocked",
+              reason: "young_attempts"
+            })
+            // its finalizer is not held up meanwhile
+            const [done] = yield* completeAll(claimed.slice(1))
+            assert.deepStrictEqual(done, { _tag: "Applied", state: "completed" })
+            assert.strictEqual((yield* storage.prune(keepAll))._tag, "Pruned")
+            // a long-running attempt is still carried once it is older than the grace period
+            yield* storage.enqueueMany([job(q, 2)])
+            const [long] = yield* storage.claim(claimOf(q, 1))
+            assert.strictEqual(yield* storage.rotate, "Rotated")
+            assert.deepStrictEqual(yield* storage.prune(keepAll), {
+              _tag: "Blocked",
+              reason: "young_attempts"
+            })
+            yield* Effect.sleep("450 millis")
+            const carried = yield* storage.prune(keepAll)
+            assert.deepStrictEqual(carried._tag === "Pruned" ? carried.carried : carried, 1)
+            assert.deepStrictEqual(yield* completeAll([long!]), [{ _tag: "Applied", state: "completed" }])
+          }).pipe(
+            Effect.provide(
+              pgLayer({ rotateMinRows: 1, pruneCarryAfterMs: 400 }).pipe(
+                Layer.provide(PgClient.layer({ url: Redacted.make(url), maxConnections: 2 }))
+              ),
+              { local: true }
+            )
+          )
+        })
+      ),
+    30_000
   )
 })
