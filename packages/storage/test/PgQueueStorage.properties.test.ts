@@ -690,6 +690,38 @@ describe("claim contention", () => {
 })
 
 describe("hot path plans", () => {
+  it.live(
+    "the planner settings that keep finalize and the prune proof off nested loops and slot-wide hashes are in force",
+    () =>
+      withDatabase(() =>
+        Effect.gen(function* () {
+          // Generic plans follow the estimates of the moment they were cached; these settings
+          // (0011, 0015) keep the shapes fixed. A later migration re-creating either function
+          // must carry them over, or the peer bench's slow drain mode comes back.
+          const sql = yield* SqlClient.SqlClient
+          const rows = yield* sql<{ name: string; config: ReadonlyArray<string> }>`
+            SELECT p.proname AS name, coalesce(p.proconfig, '{}') AS config
+            FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+            WHERE n.nspname = 'awa' AND p.proname IN ('finalize', 'slot_has_unclaimed', 'claim')`
+          const config = new Map(rows.map((r) => [r.name, r.config]))
+          for (const setting of [
+            "plan_cache_mode=force_generic_plan",
+            "enable_seqscan=off",
+            "enable_nestloop=off"
+          ])
+            assert.isTrue(config.get("finalize")?.includes(setting), `finalize: ${setting}`)
+          for (const setting of ["plan_cache_mode=force_generic_plan", "enable_seqscan=off"])
+            assert.isTrue(config.get("claim")?.includes(setting), `claim: ${setting}`)
+          for (const setting of ["enable_hashjoin=off", "enable_mergejoin=off", "enable_seqscan=off"])
+            assert.isTrue(
+              config.get("slot_has_unclaimed")?.includes(setting),
+              `slot_has_unclaimed: ${setting}`
+            )
+        })
+      ),
+    30_000
+  )
+
   // Ring children (heap and indexes) that claim and finalize read.
   const ringReads = Effect.gen(function* () {
     const sql = yield* SqlClient.SqlClient
