@@ -3,8 +3,8 @@
  * durable: `Applied`, or `Stale` when rescue or cancel closed the attempt first.
  *
  * **Gotchas** `submit` suspends while `capacity` items wait: release the worker's capacity first.
- * On scope close the queue is ended and whatever is pending is flushed before the storage layer
- * goes away.
+ * On scope close new submits fail with `CompletionBatcherClosed` and every pending batch is
+ * flushed before the storage layer goes away.
  */
 
 import type { AttemptToken, FinalizeItem, FinalizeResult, Outcome } from "@awa/storage"

@@ -45,10 +45,6 @@ export interface Dispatcher<R> {
   readonly loop: Effect.Effect<never, never, R>
   /** Stops starting buffered jobs and gives them back. Call after interrupting `loop`. */
   readonly stop: Effect.Effect<void>
-  /** Handlers running now. */
-  readonly inFlight: Effect.Effect<number>
-  /** Claimed jobs waiting for capacity. */
-  readonly buffered: Effect.Effect<number>
 }
 
 export const make = Effect.fnUntraced(function* <R>(
@@ -191,8 +187,6 @@ export const make = Effect.fnUntraced(function* <R>(
   return {
     wake: ring(wakeBell),
     loop: Effect.forever(claimOnce).pipe(Effect.annotateLogs({ module: "Dispatcher", queue: config.queue })),
-    stop,
-    inFlight: Effect.sync(() => inFlight),
-    buffered: Effect.sync(bufferedCount)
+    stop
   } satisfies Dispatcher<R>
 })

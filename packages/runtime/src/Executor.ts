@@ -15,7 +15,7 @@
  */
 import { Backoff, Job, Traceparent } from "@awa/core"
 import type { AttemptToken, ClaimedJob, Outcome } from "@awa/storage"
-import { Cause, Clock, Duration, Effect, Exit, Fiber, FiberSet, Random, Schema, Tracer } from "effect"
+import { Cause, Duration, Effect, Exit, Fiber, FiberSet, Random, Schema, Tracer } from "effect"
 import type { CompletionBatcher } from "./CompletionBatcher.ts"
 import * as Deadlines from "./Deadlines.ts"
 import type { Handler, JobContext } from "./Handler.ts"
@@ -39,8 +39,6 @@ export interface RunningAttempt {
   readonly job: ClaimedJob
   /** When this process received the claim. */
   readonly heldAt: number
-  /** When the handler started; `heldAt` until then. */
-  startedAt: number
   progress: Readonly<Record<string, unknown>> | undefined
   /** Progress changed since the last heartbeat wrote it. */
   progressDirty: boolean
@@ -280,7 +278,6 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
     const entry: RunningAttempt = {
       job,
       heldAt,
-      startedAt: heldAt,
       progress: undefined,
       progressDirty: false,
       fiber: undefined,
@@ -377,21 +374,18 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
           ? Effect.fail(new Job.JobTerminalError({ message: `unknown job kind: ${entry.job.kind}` }))
           : Effect.fail(new Error(`unknown job kind: ${entry.job.kind}`))
       })
-      return Effect.flatMap(Clock.currentTimeMillis, (now) => {
-        entry.startedAt = now
-        return Effect.map(
-          FiberSet.run(
-            fibers,
-            Effect.onExit(body, (exit) => settle(entry, handler, exit, release)),
-            // Only the dispatcher starts immediately (one less scheduler hop before the handler):
-            // from a release, the next attempt would run nested in the finishing one's stack.
-            { startImmediately: immediately }
-          ),
-          (fiber) => {
-            entry.fiber = fiber
-          }
-        )
-      })
+      return Effect.map(
+        FiberSet.run(
+          fibers,
+          Effect.onExit(body, (exit) => settle(entry, handler, exit, release)),
+          // Only the dispatcher starts immediately (one less scheduler hop before the handler):
+          // from a release, the next attempt would run nested in the finishing one's stack.
+          { startImmediately: immediately }
+        ),
+        (fiber) => {
+          entry.fiber = fiber
+        }
+      )
     })
 
   /**

@@ -836,13 +836,14 @@ describe("hot path plans", () => {
           // Hold the lane's claim lock from another session: the claim below finds the lane busy
           // and waits for it (up to 100 ms) after reading the queue's state, before its pick.
           const lockHeld = yield* Deferred.make<void>()
+          const letGo = yield* Deferred.make<void>()
           const holder = yield* Effect.gen(function* () {
             const c = yield* SqlClient.SqlClient
             yield* c.withTransaction(
               Effect.gen(function* () {
                 yield* c`SELECT pg_advisory_xact_lock(awa.lock_ns('claim'), awa.lane_key(${q}, 2, 0))`
                 yield* Deferred.succeed(lockHeld, undefined)
-                yield* Effect.sleep("60 millis")
+                yield* Deferred.await(letGo)
               })
             )
           }).pipe(
@@ -851,10 +852,19 @@ describe("hot path plans", () => {
           )
           yield* Deferred.await(lockHeld)
           const claiming = yield* Effect.forkChild(storage.claim(claimOf(q, 10)), { startImmediately: true })
-          yield* Effect.sleep("15 millis")
+          // the claim has read the queue's state and now waits for the lane lock
+          const sql = yield* SqlClient.SqlClient
+          for (let waiting = false; !waiting; ) {
+            const [row] = yield* sql<{ n: number }>`
+              SELECT count(*)::int AS n FROM pg_locks
+              WHERE locktype = 'advisory' AND NOT granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`
+            waiting = row!.n > 0
+            if (!waiting) yield* Effect.sleep("2 millis")
+          }
           // while the claim waits: pause, then a new job; the holder then lets the claim go on
           yield* storage.pauseQueue(q)
           yield* storage.enqueueMany([job(q, 2)])
+          yield* Deferred.succeed(letGo, undefined)
           yield* Fiber.join(holder)
           assert.deepStrictEqual(yield* Fiber.join(claiming), [], "nothing claimed from a paused queue")
           yield* storage.resumeQueue(q)
