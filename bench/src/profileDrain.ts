@@ -59,7 +59,11 @@ const main = async () => {
             }>`SELECT xact_commit::text AS n FROM pg_stat_database WHERE datname = ${database}`
         )
       ).then((rows) => Number(rows[0]!.n))
+    // as the peer bench does before each phase: no checkpoint (and its full-page writes) mid-drain
+    await Effect.runPromise(withClient(baseUrl, (sql) => sql`CHECKPOINT`))
     const commits0 = await commits()
+    // a marker for profilers of the server (perf, …) waiting for the drain to begin
+    if (process.env.AWA_BENCH_MARK) writeFileSync(process.env.AWA_BENCH_MARK, "draining\n")
     const session = new Session()
     session.connect()
     await session.post("Profiler.enable")
@@ -72,6 +76,7 @@ const main = async () => {
     await done
     while ((await adapter.openJobs()) > 0) await new Promise((r) => setTimeout(r, 5))
     const ms = performance.now() - t0
+    if (process.env.AWA_BENCH_MARK) writeFileSync(process.env.AWA_BENCH_MARK, "draining\ndrained\n")
     const cpu = process.cpuUsage(cpu0)
     const { profile } = await session.post("Profiler.stop")
     // the count is flushed by backends at transaction end, at most every 10 s: close first

@@ -826,6 +826,92 @@ describe("hot path plans", () => {
   )
 
   it.live(
+    "claim and finalize read only the ring children of unpruned slots, also when they wrap around the ring",
+    () =>
+      withDatabase(() =>
+        Effect.gen(function* () {
+          // Migration 0016: the lookups are restricted to the slots from the oldest unpruned
+          // incarnation to the current one, so executor start-up prunes the other children.
+          const storage = yield* QueueStorage
+          const sql = yield* SqlClient.SqlClient
+          const q = fresh("live-slots")
+          // the slots that can hold rows, from the ledger (independently of queue_slot_ranges)
+          const liveSlots = Effect.map(
+            sql<{ slot: number }>`
+              SELECT DISTINCT (g.g % 16)::int AS slot
+              FROM (SELECT max(generation) AS cur FROM awa.ring_rotations WHERE ring = 'queue') c,
+                   generate_series(greatest(0, c.cur - 15), c.cur) AS g(g)
+              WHERE NOT EXISTS (SELECT 1 FROM awa.ring_prunes p WHERE p.ring = 'queue' AND p.generation = g.g)`,
+            (rows) => rows.map((r) => r.slot).sort((a, b) => a - b)
+          )
+          // index scans of each ring child so far in this transaction (pg_stat_xact_*)
+          const indexScans = Effect.map(
+            sql<{ relname: string; n: number }>`
+              SELECT relname, coalesce(idx_scan, 0)::int AS n FROM pg_stat_xact_user_tables
+              WHERE schemaname = 'awa' AND relname ~ '^(ready|ready_tombstones|claims|closures)_[0-9]+$'`,
+            (rows) => new Map(rows.map((r) => [r.relname, r.n]))
+          )
+          const claimAndComplete = (expected: number) =>
+            Effect.gen(function* () {
+              const claimed = yield* storage.claim(claimOf(q, 1))
+              assert.deepStrictEqual(
+                claimed.map((c) => c.args),
+                [{ n: expected }],
+                "the lane's head, in order"
+              )
+              const results = yield* completeAll(claimed)
+              assert.deepStrictEqual(
+                results.map((r) => r._tag),
+                ["Applied"]
+              )
+            })
+          yield* storage.enqueueMany([job(q, 0), job(q, 1)])
+          let wrapped = 0
+          for (let step = 1; step <= 20; step++) {
+            // Seal the slot holding the previous step's two jobs, unclaimed, so prune must leave
+            // it: the unpruned span is two slots, and it moves around the ring a slot per step.
+            yield* storage.enqueueMany([job(q, 2 * step), job(q, 2 * step + 1)])
+            yield* tick(keepNothing)
+            const live = yield* liveSlots
+            assert.isBelow(live.length, 16)
+            const [ranges] = yield* sql<{ lo1: number; hi1: number; lo2: number; hi2: number }>`
+              SELECT * FROM awa.queue_slot_ranges()`
+            const covered = Array.from({ length: 16 }, (_, s) => s).filter(
+              (s) => (s >= ranges!.lo1 && s <= ranges!.hi1) || (s >= ranges!.lo2 && s <= ranges!.hi2)
+            )
+            assert.deepStrictEqual(covered, live, `step ${step}: ranges ${JSON.stringify(ranges)}`)
+            if (ranges!.lo2 <= ranges!.hi2) wrapped++
+            const scanned = yield* sql.withTransaction(
+              Effect.gen(function* () {
+                // The first pair plans the statements again (the prune's TRUNCATE invalidated
+                // them), and planning may probe any child's index; the second pair runs on the
+                // cached plans, so its index scans are the executor's alone.
+                yield* claimAndComplete(2 * step - 2)
+                const before = yield* indexScans
+                yield* claimAndComplete(2 * step - 1)
+                const after = yield* indexScans
+                return [...after]
+                  .filter(([relname, n]) => n > (before.get(relname) ?? 0))
+                  .map(([relname]) => relname)
+              })
+            )
+            assert.isAbove(scanned.length, 0)
+            for (const relname of scanned) {
+              const slot = Number(relname.slice(relname.lastIndexOf("_") + 1))
+              assert.include(
+                live,
+                slot,
+                `step ${step}: ${relname} scanned, outside slots ${JSON.stringify(live)}`
+              )
+            }
+          }
+          assert.isAbove(wrapped, 0, "the unpruned span wrapped around the ring at least once")
+        })
+      ),
+    60_000
+  )
+
+  it.live(
     "a claim in flight when a queue is paused never takes a job enqueued after the pause",
     () =>
       withDatabase((url) =>
