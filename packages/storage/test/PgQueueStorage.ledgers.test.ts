@@ -9,7 +9,7 @@ import { PgClient } from "@effect/sql-pg"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect, Fiber, Layer, Redacted } from "effect"
 import { SqlClient } from "effect/sql"
-import { layer as pgLayer } from "../src/PgQueueStorage.ts"
+import { type PgQueueStorageOptions, layer as pgLayer } from "../src/PgQueueStorage.ts"
 import {
   type ClaimedJob,
   type PruneOutcome,
@@ -32,17 +32,16 @@ const completeAll = (claimed: ReadonlyArray<ClaimedJob>) =>
     )
   )
 
-/** Storage rotating whenever the slot has rows and carrying at once, on a fresh database. */
+/** Storage on a fresh database, by default rotating whenever the slot has rows and carrying at once. */
 const withDatabase = <A, E>(
   body: (url: string) => Effect.Effect<A, E, QueueStorage | SqlClient.SqlClient>,
-  maxConnections = 3
+  maxConnections = 3,
+  options: PgQueueStorageOptions = { rotateMinRows: 1, pruneCarryAfterMs: 0 }
 ) =>
   Effect.flatMap(TestDatabase.acquire(), ({ url }) =>
     body(url).pipe(
       Effect.provide(
-        pgLayer({ rotateMinRows: 1, pruneCarryAfterMs: 0 }).pipe(
-          Layer.provideMerge(PgClient.layer({ url: Redacted.make(url), maxConnections }))
-        )
+        pgLayer(options).pipe(Layer.provideMerge(PgClient.layer({ url: Redacted.make(url), maxConnections })))
       )
     )
   )
@@ -245,5 +244,39 @@ describe("ledger retention", () => {
         4
       ),
     120_000
+  )
+
+  it.live("a rotation policy and carry threshold passed per call win over the storage layer's", () =>
+    withDatabase(
+      () =>
+        Effect.gen(function* () {
+          const storage = yield* QueueStorage
+          const q = fresh("policy")
+          // the template's first incarnation is old: start a new one, and prune the old
+          yield* storage.enqueueMany([job(q, 0)])
+          assert.strictEqual(yield* storage.rotateWhenDue({ minRows: 1 }), "Rotated")
+          yield* completeAll(yield* storage.claim(claimOf(q, 1)))
+          assert.strictEqual((yield* storage.prune(keepAll))._tag, "Pruned")
+          yield* storage.enqueueMany([job(q, 1), job(q, 2), job(q, 3)])
+          // the layer's defaults: 10,000 rows or 10 s
+          assert.strictEqual(yield* storage.rotate, "SkippedIdle")
+          assert.strictEqual(yield* storage.rotateWhenDue({}), "SkippedIdle")
+          assert.strictEqual(yield* storage.rotateWhenDue({ minRows: 4 }), "SkippedIdle")
+          assert.strictEqual(yield* storage.rotateWhenDue({ minRows: 3 }), "Rotated")
+          // three attempts claimed a moment ago in the sealed slot: the layer (5 s) leaves them
+          const claimed = yield* storage.claim(claimOf(q, 3))
+          assert.strictEqual(claimed.length, 3)
+          assert.deepStrictEqual(yield* storage.prune(keepAll), { _tag: "Blocked", reason: "young_attempts" })
+          const pruned = yield* storage.prune({ ...keepAll, carryAfterMs: 0 })
+          assert.strictEqual(pruned._tag, "Pruned")
+          if (pruned._tag === "Pruned") assert.strictEqual(pruned.carried, 3)
+          // by age: the current slot holds the carried rows, 0 ms is old enough
+          assert.strictEqual(yield* storage.rotateWhenDue({}), "SkippedIdle")
+          assert.strictEqual(yield* storage.rotateWhenDue({ maxAgeMs: 0 }), "Rotated")
+          yield* completeAll(claimed)
+        }),
+      2,
+      {}
+    )
   )
 })
