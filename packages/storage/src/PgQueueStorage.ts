@@ -82,17 +82,19 @@ export interface PgQueueStorageOptions {
    * `rotateMaxAgeMs` old (the leader calls it every `rotateInterval`). Every rotation costs a prune,
    * whose TRUNCATE stalls claims and completions for some milliseconds whatever the slot's size, so
    * at low rates fewer, fuller slots mean fewer stalls and less catalog churn. Default 10,000
-   * (1–10,000,000); 1 rotates whenever the slot has rows, as before migration 0013.
+   * (1–10,000,000); 1 rotates whenever the slot has rows, as before migration 0013. The worker's
+   * `maintenance.rotateMinRows` overrides it for the leader's calls (`rotateWhenDue`).
    */
   readonly rotateMinRows?: number | undefined
-  /** See `rotateMinRows`. Default 10,000 ms (0–3,600,000). */
+  /** See `rotateMinRows`. Default 10,000 ms (0–3,600,000); the worker's `maintenance.rotateMaxAge` overrides it. */
   readonly rotateMaxAgeMs?: number | undefined
   /**
    * Prune carries a sealed slot's open attempts forward so that long-running attempts never hold
    * up rotation, but it leaves the slot alone (`Blocked: young_attempts`) while any of them was
    * claimed less than this long ago: those will most likely close by themselves, and carrying
    * them mid-drain makes their finalizers wait (migration 0014). Default 5,000 ms (0–3,600,000;
-   * 0 carries at once).
+   * 0 carries at once). The worker's `maintenance.pruneCarryAfter` overrides it for the
+   * leader's calls (`PruneParams.carryAfterMs`).
    */
   readonly pruneCarryAfterMs?: number | undefined
 }
