@@ -33,14 +33,21 @@ const recording = (prunes: ReadonlyArray<PruneOutcome["_tag"]>) => {
       QueueStorage.of({
         ...sim,
         rotateWhenDue: (policy) =>
-          Effect.sync(() => (calls.push({ call: "rotate", policy }), "Rotated" as const)),
+          Effect.sync(() => {
+            calls.push({ call: "rotate", policy })
+            return "Rotated" as const
+          }),
         prune: (p) =>
           Effect.sync((): PruneOutcome => {
             calls.push({ call: "prune", carryAfterMs: p.carryAfterMs })
             const tag = prunes[next++] ?? "Noop"
             return tag === "Pruned" ? { _tag: "Pruned", generation: 1n, carried: 0 } : { _tag: "Noop" }
           }),
-        trimLedgers: () => Effect.sync(() => (calls.push({ call: "trim" }), { deleted: 0, more: false }))
+        trimLedgers: () =>
+          Effect.sync(() => {
+            calls.push({ call: "trim" })
+            return { deleted: 0, more: false }
+          })
       })
     )
   )
