@@ -10,7 +10,7 @@
  * lost connection is noticed): rotate/prune take the ring serializer, promotion skips locked
  * rows, rescue takes per-attempt locks, a cron fire compares-and-swaps its schedule's last fire.
  */
-import { CronStorage, LeaderLock, QueueStorage, type RetentionParams } from "@awa/storage"
+import { CronStorage, LeaderLock, QueueStorage, type RetentionParams, type RotatePolicy } from "@awa/storage"
 import { Clock, Effect, Option, Schedule, SubscriptionRef } from "effect"
 import * as Cron from "./Cron.ts"
 
@@ -22,6 +22,10 @@ export interface MaintenanceConfig {
   readonly rescueBatch: number
   readonly heartbeatStalenessMs: number
   readonly rotateIntervalMs: number
+  /** When the queue ring moves on; unset fields keep the storage layer's policy. */
+  readonly rotate: RotatePolicy
+  /** Prune's carry threshold; unset keeps the storage layer's `pruneCarryAfterMs`. */
+  readonly pruneCarryAfterMs: number | undefined
   readonly historyIntervalMs: number
   readonly retention: RetentionParams
   readonly dlqCleanupIntervalMs: number
@@ -51,9 +55,20 @@ export const duties = Effect.fnUntraced(function* (config: MaintenanceConfig) {
     for (let i = 0; i < 32; i++)
       if ((yield* storage.promoteDue(config.promoteBatch)) < config.promoteBatch) return
   })
+  const pruneParams =
+    config.pruneCarryAfterMs === undefined
+      ? config.retention
+      : { ...config.retention, carryAfterMs: config.pruneCarryAfterMs }
+  // Ledger retention (migration 0017): only after a prune, since only rotations and prunes add
+  // ledger rows; the SQL side acts once a whole ring wrap has piled up, in batches of 5,000.
+  const trimLedgers = Effect.gen(function* () {
+    for (let i = 0; i < 10; i++) if (!(yield* storage.trimLedgers(5000)).more) return
+  })
   const rotateAndPrune = Effect.gen(function* () {
-    yield* storage.rotate
-    for (let i = 0; i < 16; i++) if ((yield* storage.prune(config.retention))._tag !== "Pruned") return
+    yield* storage.rotateWhenDue(config.rotate)
+    let pruned = 0
+    for (; pruned < 16; pruned++) if ((yield* storage.prune(pruneParams))._tag !== "Pruned") break
+    if (pruned > 0) yield* trimLedgers
   })
   const history = Effect.gen(function* () {
     yield* storage.rotateHistory(historyRotateAgeMs)

@@ -10,7 +10,7 @@
  */
 import { monitorEventLoopDelay } from "node:perf_hooks"
 import { AwaConfigError, checkQueueName, type ValidationError } from "@awa/core"
-import { type CronStorage, type LeaderLock, QueueStorage, StorageSignals } from "@awa/storage"
+import { type CronStorage, type LeaderLock, QueueStorage, StorageChecks, StorageSignals } from "@awa/storage"
 import { Clock, Context, Duration, Effect, FiberSet, Layer, Schedule, Stream, SubscriptionRef } from "effect"
 import type { SqlError } from "effect/sql"
 import * as CompletionBatcher from "./CompletionBatcher.ts"
@@ -46,6 +46,21 @@ export interface MaintenanceOptions {
   readonly promoteInterval?: Duration.Input | undefined
   readonly rescueInterval?: Duration.Input | undefined
   readonly rotateInterval?: Duration.Input | undefined
+  /**
+   * The leader rotates the queue ring once its current slot holds this many ready rows, or is
+   * `rotateMaxAge` old (checked every `rotateInterval`); each rotation costs one prune, a stall of
+   * claims and completions of some milliseconds. 1–10,000,000; unset keeps the storage layer's
+   * value (`PgQueueStorage` option `rotateMinRows`, default 10,000).
+   */
+  readonly rotateMinRows?: number | undefined
+  /** See `rotateMinRows`. 0–1 h; unset keeps the storage layer's value (default 10 s). */
+  readonly rotateMaxAge?: Duration.Input | undefined
+  /**
+   * Prune leaves a sealed slot alone while one of its open attempts was claimed less than this
+   * long ago, and carries long-running attempts forward after it. 0 (carry at once) – 1 h; unset
+   * keeps the storage layer's value (default 5 s).
+   */
+  readonly pruneCarryAfter?: Duration.Input | undefined
   readonly historyInterval?: Duration.Input | undefined
   readonly completedRetention?: Duration.Input | undefined
   readonly failedRetention?: Duration.Input | undefined
@@ -139,6 +154,20 @@ const integer = (
   if (!(Number.isInteger(value) && value >= min && value <= max))
     issues.push({ path, reason: `must be an integer ${min}–${max}` })
   return value
+}
+
+/** An optional duration handed to storage as whole milliseconds in `range`; unset stays unset. */
+const wholeMs = (
+  issues: Array<Issue>,
+  path: string,
+  input: Duration.Input | undefined,
+  range: { readonly min: number; readonly max: number }
+): number | undefined => {
+  if (input === undefined) return undefined
+  const ms = durationMs(issues, path, input, 0, range.min, range.max)
+  if (Number.isFinite(ms) && !Number.isInteger(ms))
+    issues.push({ path, reason: "must be a whole number of milliseconds" })
+  return ms
 }
 
 /** Checks every option; all violations are reported together. */
@@ -244,6 +273,31 @@ export const resolveConfig = <R>(options: WorkerOptions<R>) =>
               1000,
               10,
               60_000
+            ),
+            rotate: {
+              minRows:
+                m.rotateMinRows === undefined
+                  ? undefined
+                  : integer(
+                      issues,
+                      "maintenance.rotateMinRows",
+                      m.rotateMinRows,
+                      0,
+                      StorageChecks.rotateMinRowsRange.min,
+                      StorageChecks.rotateMinRowsRange.max
+                    ),
+              maxAgeMs: wholeMs(
+                issues,
+                "maintenance.rotateMaxAge",
+                m.rotateMaxAge,
+                StorageChecks.rotateMaxAgeMsRange
+              )
+            },
+            pruneCarryAfterMs: wholeMs(
+              issues,
+              "maintenance.pruneCarryAfter",
+              m.pruneCarryAfter,
+              StorageChecks.pruneCarryAfterMsRange
             ),
             historyIntervalMs: durationMs(
               issues,

@@ -43,14 +43,16 @@ import {
   type FinalizeResult,
   type HeartbeatItem,
   type JobView,
+  type LedgerTrim,
   type ListFilter,
   type PruneOutcome,
+  type PruneParams,
   type QueueSettings,
   type QueueStateCount,
   QueueStorage,
   type RescuedAttempt,
-  type RetentionParams,
-  type RotateOutcome
+  type RotateOutcome,
+  type RotatePolicy
 } from "./QueueStorage.ts"
 import {
   checkBulkFilter,
@@ -60,7 +62,10 @@ import {
   checkListLimit,
   maxClaimBatch,
   maxDlqRetentionMs,
-  maxErrorMessageLength
+  maxErrorMessageLength,
+  pruneCarryAfterMsRange,
+  rotateMaxAgeMsRange,
+  rotateMinRowsRange
 } from "./StorageChecks.ts"
 
 export interface PgQueueStorageOptions {
@@ -77,17 +82,19 @@ export interface PgQueueStorageOptions {
    * `rotateMaxAgeMs` old (the leader calls it every `rotateInterval`). Every rotation costs a prune,
    * whose TRUNCATE stalls claims and completions for some milliseconds whatever the slot's size, so
    * at low rates fewer, fuller slots mean fewer stalls and less catalog churn. Default 10,000
-   * (1–10,000,000); 1 rotates whenever the slot has rows, as before migration 0013.
+   * (1–10,000,000); 1 rotates whenever the slot has rows, as before migration 0013. The worker's
+   * `maintenance.rotateMinRows` overrides it for the leader's calls (`rotateWhenDue`).
    */
   readonly rotateMinRows?: number | undefined
-  /** See `rotateMinRows`. Default 10,000 ms (0–3,600,000). */
+  /** See `rotateMinRows`. Default 10,000 ms (0–3,600,000); the worker's `maintenance.rotateMaxAge` overrides it. */
   readonly rotateMaxAgeMs?: number | undefined
   /**
    * Prune carries a sealed slot's open attempts forward so that long-running attempts never hold
    * up rotation, but it leaves the slot alone (`Blocked: young_attempts`) while any of them was
    * claimed less than this long ago: those will most likely close by themselves, and carrying
    * them mid-drain makes their finalizers wait (migration 0014). Default 5,000 ms (0–3,600,000;
-   * 0 carries at once).
+   * 0 carries at once). The worker's `maintenance.pruneCarryAfter` overrides it for the
+   * leader's calls (`PruneParams.carryAfterMs`).
    */
   readonly pruneCarryAfterMs?: number | undefined
 }
@@ -327,20 +334,23 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
     })
   }
 
-  const rotateMinRows = options.rotateMinRows ?? 10_000
-  const rotateMaxAgeMs = options.rotateMaxAgeMs ?? 10_000
-  if (!(Number.isInteger(rotateMinRows) && rotateMinRows >= 1 && rotateMinRows <= 10_000_000)) {
+  // The layer's maintenance policy; the worker's `maintenance` options override it per call.
+  const inRange = (value: number, range: { readonly min: number; readonly max: number }) =>
+    Number.isInteger(value) && value >= range.min && value <= range.max
+  const rotateMinRows = options.rotateMinRows ?? rotateMinRowsRange.default
+  const rotateMaxAgeMs = options.rotateMaxAgeMs ?? rotateMaxAgeMsRange.default
+  if (!inRange(rotateMinRows, rotateMinRowsRange)) {
     return yield* new AwaConfigError({
       issues: [{ path: "rotateMinRows", reason: "must be an integer 1–10,000,000" }]
     })
   }
-  if (!(Number.isInteger(rotateMaxAgeMs) && rotateMaxAgeMs >= 0 && rotateMaxAgeMs <= 3_600_000)) {
+  if (!inRange(rotateMaxAgeMs, rotateMaxAgeMsRange)) {
     return yield* new AwaConfigError({
       issues: [{ path: "rotateMaxAgeMs", reason: "must be an integer 0–3,600,000" }]
     })
   }
-  const carryAfterMs = options.pruneCarryAfterMs ?? 5000
-  if (!(Number.isInteger(carryAfterMs) && carryAfterMs >= 0 && carryAfterMs <= 3_600_000)) {
+  const carryAfterMs = options.pruneCarryAfterMs ?? pruneCarryAfterMsRange.default
+  if (!inRange(carryAfterMs, pruneCarryAfterMsRange)) {
     return yield* new AwaConfigError({
       issues: [{ path: "pruneCarryAfterMs", reason: "must be an integer 0–3,600,000" }]
     })
@@ -538,21 +548,30 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
       (rows) => rows[0]!.outcome
     )
 
-  // The queue ring by size or age (migration 0013); rotateMinRows 1 is the eager rule of 0003.
-  const rotateQueue =
-    rotateMinRows <= 1
+  // The queue ring by size or age (migration 0013); minRows 1 is the eager rule of 0003.
+  const rotateQueue = (minRows: number, maxAgeMs: number) =>
+    minRows <= 1
       ? rotateRing("queue", 0)
       : Effect.map(
           sql<{ outcome: RotateOutcome }>`
-            SELECT ${s}.rotate_queue_when_due(${rotateMinRows}, ${rotateMaxAgeMs}::bigint) AS outcome`,
+            SELECT ${s}.rotate_queue_when_due(${minRows}, ${maxAgeMs}::bigint) AS outcome`,
           (rows) => rows[0]!.outcome
         )
 
-  const pruneCall = (fn: "prune_queue" | "prune_history", r: RetentionParams) =>
+  const rotateWhenDue = (policy: RotatePolicy) =>
+    Effect.gen(function* () {
+      const minRows = policy.minRows ?? rotateMinRows
+      const maxAgeMs = policy.maxAgeMs ?? rotateMaxAgeMs
+      yield* checkInteger("minRows", minRows, rotateMinRowsRange.min, rotateMinRowsRange.max)
+      yield* checkInteger("maxAgeMs", maxAgeMs, rotateMaxAgeMsRange.min, rotateMaxAgeMsRange.max)
+      return yield* rotateQueue(minRows, maxAgeMs)
+    })
+
+  const pruneCall = (fn: "prune_queue" | "prune_history", r: PruneParams) =>
     fn === "prune_queue"
       ? sql<{ outcome: string; generation: bigint | null; carried: number }>`
           SELECT * FROM ${s}.prune_queue(${lockTimeoutMs}, ${r.completedMs}::bigint, ${r.failedMs}::bigint,
-            ${r.cancelledMs}::bigint, ${carryAfterMs}::bigint)`
+            ${r.cancelledMs}::bigint, ${r.carryAfterMs ?? carryAfterMs}::bigint)`
       : sql<{ outcome: string; generation: bigint | null; carried: number }>`
           SELECT * FROM ${s}.prune_history(${lockTimeoutMs}, ${r.completedMs}::bigint, ${r.failedMs}::bigint,
             ${r.cancelledMs}::bigint)`
@@ -560,7 +579,7 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
   // prune_queue answers 'Copied' when it has copied a large slot's history rows ahead in its own
   // (now committed) transaction (migration 0013); the next call reuses the copy and prunes. A
   // second 'Copied' cannot happen (the copy is recorded); it would only end this tick early.
-  const pruneRing = (fn: "prune_queue" | "prune_history", r: RetentionParams) =>
+  const pruneRing = (fn: "prune_queue" | "prune_history", r: PruneParams) =>
     Effect.flatMap(pruneCall(fn, r), (rows) =>
       rows[0]?.outcome === "Copied"
         ? Effect.map(pruneCall(fn, r), (again) =>
@@ -569,6 +588,17 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
               : pruneOutcome(again[0])
           )
         : Effect.succeed(pruneOutcome(rows[0]))
+    )
+
+  // Ledger retention (migration 0017): rows below each ring's newest wrap, once a wrap has piled up.
+  const trimLedgers = (batch: number) =>
+    Effect.map(
+      sql<{ rotations: number; prunes: number; copies: number }>`
+        SELECT rotations, prunes, copies FROM ${s}.trim_ledgers(${batch})`,
+      (rows): LedgerTrim => ({
+        deleted: rows.reduce((n, r) => n + r.rotations + r.prunes + r.copies, 0),
+        more: rows.some((r) => r.rotations >= batch || r.prunes >= batch || r.copies >= batch)
+      })
     )
 
   const getJob = (id: bigint) =>
@@ -644,9 +674,12 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
   const status = Effect.map(
     sql<{ generation: bigint; slot: number; oldest: bigint | null; history_generation: bigint }>`
       SELECT q.generation, q.slot, h.generation AS history_generation,
-             (SELECT min(r.generation) FROM ${s}.ring_rotations r
-              WHERE r.ring = 'queue' AND r.generation < q.generation
-                AND NOT EXISTS (SELECT 1 FROM ${s}.ring_prunes p WHERE p.ring = 'queue' AND p.generation = r.generation)) AS oldest
+             -- inside the newest wrap, as prune_queue looks: every older incarnation is pruned
+             -- (rotation enters generation k only once k − N is), so this costs at most N probes
+             -- however long the ledger is
+             (SELECT min(g.g) FROM generate_series(greatest(0, q.generation - ${s}.ring_slots('queue') + 1),
+                                                    q.generation - 1) AS g(g)
+              WHERE NOT EXISTS (SELECT 1 FROM ${s}.ring_prunes p WHERE p.ring = 'queue' AND p.generation = g.g)) AS oldest
       FROM ${s}.ring_current('queue') q, ${s}.ring_current('history') h`,
     (rows) => {
       const r = rows[0]!
@@ -761,10 +794,23 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
     promoteDue,
     rescueStale: (p) => rescue("stale", p.stalenessMs, p.limit),
     rescueDeadlines: (limit) => rescue("deadline", 0, limit),
-    rotate: rotateQueue,
-    prune: (r) => pruneRing("prune_queue", r),
+    rotate: rotateQueue(rotateMinRows, rotateMaxAgeMs),
+    rotateWhenDue,
+    prune: (r) =>
+      r.carryAfterMs === undefined
+        ? pruneRing("prune_queue", r)
+        : Effect.andThen(
+            checkInteger(
+              "carryAfterMs",
+              r.carryAfterMs,
+              pruneCarryAfterMsRange.min,
+              pruneCarryAfterMsRange.max
+            ),
+            pruneRing("prune_queue", r)
+          ),
     rotateHistory: (intervalMs) => rotateRing("history", intervalMs),
     pruneHistory: (r) => pruneRing("prune_history", r),
+    trimLedgers,
     getJob,
     listJobs,
     countByQueueState,

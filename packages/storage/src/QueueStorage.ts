@@ -123,6 +123,31 @@ export interface RetentionParams {
   readonly cancelledMs: number
 }
 
+/** Queue-ring prune: the retention, and optionally the carry threshold (else the layer's). */
+export interface PruneParams extends RetentionParams {
+  /**
+   * Leave a sealed slot alone (`Blocked: young_attempts`) while one of its open attempts was
+   * claimed less than this long ago; 0 carries at once. Unset: the storage layer's
+   * `pruneCarryAfterMs`. 0–3,600,000.
+   */
+  readonly carryAfterMs?: number | undefined
+}
+
+/** When the queue ring moves on; an unset field takes the storage layer's value. */
+export interface RotatePolicy {
+  /** Rotate once the current slot holds this many ready rows (1–10,000,000; 1 = whenever it has rows). */
+  readonly minRows?: number | undefined
+  /** …or once it is this old, in ms (0–3,600,000). */
+  readonly maxAgeMs?: number | undefined
+}
+
+/** What one `trimLedgers` call deleted from the ring ledgers (rotations, prunes, history copies). */
+export interface LedgerTrim {
+  readonly deleted: number
+  /** Some ledger still holds rows below its newest wrap (the batch was full): call again. */
+  readonly more: boolean
+}
+
 /** A job as readers see it, in whatever representation currently holds it. */
 export interface JobView {
   readonly id: JobId
@@ -255,10 +280,21 @@ export class QueueStorage extends Context.Service<
     readonly rescueDeadlines: (
       limit: number
     ) => Effect.Effect<ReadonlyArray<RescuedAttempt>, SqlError.SqlError>
+    /** Rotates the queue ring when due by the storage layer's policy. */
     readonly rotate: Effect.Effect<RotateOutcome, SqlError.SqlError>
-    readonly prune: (retention: RetentionParams) => Effect.Effect<PruneOutcome, SqlError.SqlError>
+    /** Rotates the queue ring when due by `policy` (unset fields: the layer's policy). */
+    readonly rotateWhenDue: (
+      policy: RotatePolicy
+    ) => Effect.Effect<RotateOutcome, ValidationError | SqlError.SqlError>
+    readonly prune: (params: PruneParams) => Effect.Effect<PruneOutcome, ValidationError | SqlError.SqlError>
     readonly rotateHistory: (intervalMs: number) => Effect.Effect<RotateOutcome, SqlError.SqlError>
     readonly pruneHistory: (retention: RetentionParams) => Effect.Effect<PruneOutcome, SqlError.SqlError>
+    /**
+     * Deletes ring-ledger rows no reader needs any more (below each ring's newest wrap), at most
+     * `batch` per ledger and ring, once a whole wrap has piled up; lifetime prune totals are
+     * carried, not lost (migration 0017).
+     */
+    readonly trimLedgers: (batch: number) => Effect.Effect<LedgerTrim, SqlError.SqlError>
     readonly getJob: (id: JobId) => Effect.Effect<JobView, JobNotFound | SqlError.SqlError>
     readonly listJobs: (
       filter: ListFilter

@@ -37,8 +37,8 @@
  * - Times are whole milliseconds of the Effect `Clock` (Postgres: the database's `now()`, in
  *   microseconds). Under `TestClock` time stands still until adjusted, so jobs enqueued together share
  *   one `runAt`/`createdAt`, and a zero delay is due immediately.
- * - No rings: `rotate` and `rotateHistory` return `"SkippedIdle"`, `prune` is a `Noop`, `status` is
- *   all zeros. Terminal jobs stay visible until `pruneHistory`, which deletes each one as soon as it
+ * - No rings: `rotate`, `rotateWhenDue` and `rotateHistory` return `"SkippedIdle"`, `prune` is a
+ *   `Noop` and `trimLedgers` deletes nothing (after the same argument checks), `status` is all zeros. Terminal jobs stay visible until `pruneHistory`, which deletes each one as soon as it
  *   is older than its retention (Postgres reclaims whole history partitions, so jobs may outlive
  *   their retention there) and reports a plain counter as `generation`.
  * - Ids are gap-free: a rejected `enqueueMany` consumes none (a Postgres sequence can leave gaps).
@@ -92,12 +92,14 @@ import {
   type ListFilter,
   type Outcome,
   type PruneOutcome,
+  type PruneParams,
   type QueueSettings,
   type QueueStateCount,
   QueueStorage,
   type RescuedAttempt,
   type RescueParams,
   type RetentionParams,
+  type RotatePolicy,
   type StorageStatus
 } from "./QueueStorage.ts"
 import {
@@ -109,7 +111,10 @@ import {
   defaultListLimit,
   maxClaimBatch,
   maxDlqRetentionMs,
-  maxErrorMessageLength
+  maxErrorMessageLength,
+  pruneCarryAfterMsRange,
+  rotateMaxAgeMsRange,
+  rotateMinRowsRange
 } from "./StorageChecks.ts"
 
 /** Newest error entries kept per job. */
@@ -925,6 +930,28 @@ export const make: Effect.Effect<QueueStorage["Service"]> = Effect.gen(function*
 
   const status: StorageStatus = { generation: 0n, slot: 0, oldestUnpruned: null, historyGeneration: 0n }
 
+  // No rings, but the same checks as Postgres on the policy a caller passes.
+  const rotateWhenDue = (policy: RotatePolicy) =>
+    Effect.gen(function* () {
+      if (policy.minRows !== undefined)
+        yield* checkInteger("minRows", policy.minRows, rotateMinRowsRange.min, rotateMinRowsRange.max)
+      if (policy.maxAgeMs !== undefined)
+        yield* checkInteger("maxAgeMs", policy.maxAgeMs, rotateMaxAgeMsRange.min, rotateMaxAgeMsRange.max)
+      return "SkippedIdle" as const
+    })
+  const prune = (params: PruneParams) =>
+    params.carryAfterMs === undefined
+      ? Effect.succeed<PruneOutcome>({ _tag: "Noop" })
+      : Effect.as(
+          checkInteger(
+            "carryAfterMs",
+            params.carryAfterMs,
+            pruneCarryAfterMsRange.min,
+            pruneCarryAfterMsRange.max
+          ),
+          { _tag: "Noop" } as PruneOutcome
+        )
+
   return QueueStorage.of({
     enqueueMany,
     claim,
@@ -934,9 +961,11 @@ export const make: Effect.Effect<QueueStorage["Service"]> = Effect.gen(function*
     rescueStale,
     rescueDeadlines,
     rotate: Effect.succeed("SkippedIdle"),
-    prune: () => Effect.succeed({ _tag: "Noop" }),
+    rotateWhenDue,
+    prune,
     rotateHistory: () => Effect.succeed("SkippedIdle"),
     pruneHistory,
+    trimLedgers: () => Effect.succeed({ deleted: 0, more: false }),
     getJob,
     listJobs,
     countByQueueState,

@@ -15,6 +15,11 @@ export const maxErrorMessageLength = 4096
 /** Largest claim batch. */
 export const maxClaimBatch = 100_000
 
+/** Ranges of the queue ring's maintenance policy, shared by the storage layer and the worker. */
+export const rotateMinRowsRange = { min: 1, max: 10_000_000, default: 10_000 } as const
+export const rotateMaxAgeMsRange = { min: 0, max: 3_600_000, default: 10_000 } as const
+export const pruneCarryAfterMsRange = { min: 0, max: 3_600_000, default: 5000 } as const
+
 export const defaultListLimit = 100
 export const maxListLimit = 1000
 

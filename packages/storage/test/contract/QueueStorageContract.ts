@@ -395,6 +395,28 @@ export const suite = (it: Vitest.MethodsNonLive<QueueStorage>, { advance }: Cont
     })
   )
 
+  it.effect("a maintenance policy out of range is a ValidationError naming the field", () =>
+    Effect.gen(function* () {
+      const storage = yield* QueueStorage
+      const retention = { completedMs: 0, failedMs: 0, cancelledMs: 0 }
+      const cases: Array<
+        [Effect.Effect<unknown, { readonly _tag: string; readonly field?: string }>, string]
+      > = [
+        [storage.rotateWhenDue({ minRows: 0 }), "minRows"],
+        [storage.rotateWhenDue({ minRows: 1.5 }), "minRows"],
+        [storage.rotateWhenDue({ maxAgeMs: -1 }), "maxAgeMs"],
+        [storage.rotateWhenDue({ maxAgeMs: 3_600_001 }), "maxAgeMs"],
+        [storage.prune({ ...retention, carryAfterMs: -1 }), "carryAfterMs"],
+        [storage.prune({ ...retention, carryAfterMs: 0.5 }), "carryAfterMs"]
+      ]
+      for (const [call, field] of cases) {
+        const error = yield* Effect.flip(call)
+        assert.strictEqual(error._tag, "ValidationError", field)
+        assert.strictEqual(error.field, field)
+      }
+    })
+  )
+
   it.effect("a queue name of the maximum length and SQL-looking strings are stored verbatim", () =>
     Effect.gen(function* () {
       const storage = yield* QueueStorage
