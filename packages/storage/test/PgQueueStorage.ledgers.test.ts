@@ -3,34 +3,18 @@
  * `ring_rotations`, `ring_prunes` and `history_copies` bounded without changing any answer their
  * readers give, and the maintenance policy can be passed per call.
  */
-import { randomUUID } from "node:crypto"
 import { TestDatabase } from "@awa/testing"
 import { PgClient } from "@effect/sql-pg"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect, Fiber, Layer, Redacted } from "effect"
 import { SqlClient } from "effect/sql"
 import { type PgQueueStorageOptions, layer as pgLayer } from "../src/PgQueueStorage.ts"
-import {
-  type ClaimedJob,
-  type PruneOutcome,
-  QueueStorage,
-  type RetentionParams
-} from "../src/QueueStorage.ts"
+import { type PruneOutcome, QueueStorage } from "../src/QueueStorage.ts"
+import { claimOf, completeAll, fresh, keepAll, keepNothing } from "./pgFixtures.ts"
 
-const day = 86_400_000
-const keepAll: RetentionParams = { completedMs: day, failedMs: 3 * day, cancelledMs: 3 * day }
-const keepNothing: RetentionParams = { completedMs: 0, failedMs: 0, cancelledMs: 0 }
 const queueSlots = 16
 const historySlots = 32
-const fresh = (label: string) => `${label}-${randomUUID().slice(0, 8)}`
 const job = (queue: string, n = 0) => ({ kind: "ledger", queue, args: { n } })
-const claimOf = (queue: string, max: number) => ({ queue, max, deadlineMs: 0, agingIntervalMs: 0 })
-const completeAll = (claimed: ReadonlyArray<ClaimedJob>) =>
-  Effect.flatMap(QueueStorage, (s) =>
-    s.finalizeMany(
-      claimed.map((c) => ({ jobId: c.jobId, runLease: c.runLease, outcome: { _tag: "Complete" as const } }))
-    )
-  )
 
 /** Storage on a fresh database, by default rotating whenever the slot has rows and carrying at once. */
 const withDatabase = <A, E>(

@@ -15,19 +15,9 @@ import {
   QueueStorage,
   type RetentionParams
 } from "../src/QueueStorage.ts"
+import { claimOf, completeAll, day, fresh, keepAll, keepNothing } from "./pgFixtures.ts"
 
-const day = 86_400_000
-const keepAll: RetentionParams = { completedMs: day, failedMs: 3 * day, cancelledMs: 3 * day }
-const keepNothing: RetentionParams = { completedMs: 0, failedMs: 0, cancelledMs: 0 }
-const fresh = (label: string) => `${label}-${randomUUID().slice(0, 8)}`
 const job = (queue: string, n = 0, priority = 2) => ({ kind: "prop", queue, args: { n }, priority })
-const claimOf = (queue: string, max: number) => ({ queue, max, deadlineMs: 0, agingIntervalMs: 0 })
-const completeAll = (claimed: ReadonlyArray<ClaimedJob>) =>
-  Effect.flatMap(QueueStorage, (s) =>
-    s.finalizeMany(
-      claimed.map((c) => ({ jobId: c.jobId, runLease: c.runLease, outcome: { _tag: "Complete" as const } }))
-    )
-  )
 
 /**
  * A client (its own pool) plus storage on a database URL. These tests drive the ring slot by slot,

@@ -3,27 +3,16 @@
  * the ring (every claim and completion reads all children of ready/claims/closures) must not wait
  * for prune except while it writes, and a prune that gives up must leave nothing behind.
  */
-import { randomUUID } from "node:crypto"
 import { TestDatabase } from "@awa/testing"
 import { PgClient } from "@effect/sql-pg"
 import { assert, describe, it } from "@effect/vitest"
 import { Deferred, Effect, Fiber, Layer, Redacted } from "effect"
 import { SqlClient } from "effect/sql"
 import { layer as pgLayer } from "../src/PgQueueStorage.ts"
-import { type ClaimedJob, QueueStorage, type RetentionParams } from "../src/QueueStorage.ts"
+import { QueueStorage } from "../src/QueueStorage.ts"
+import { claimOf, completeAll, fresh, keepAll, keepNothing } from "./pgFixtures.ts"
 
-const day = 86_400_000
-const keepAll: RetentionParams = { completedMs: day, failedMs: 3 * day, cancelledMs: 3 * day }
-const keepNothing: RetentionParams = { completedMs: 0, failedMs: 0, cancelledMs: 0 }
-const fresh = (label: string) => `${label}-${randomUUID().slice(0, 8)}`
 const job = (queue: string, n = 0) => ({ kind: "prune", queue, args: { n } })
-const claimOf = (queue: string, max: number) => ({ queue, max, deadlineMs: 0, agingIntervalMs: 0 })
-const completeAll = (claimed: ReadonlyArray<ClaimedJob>) =>
-  Effect.flatMap(QueueStorage, (s) =>
-    s.finalizeMany(
-      claimed.map((c) => ({ jobId: c.jobId, runLease: c.runLease, outcome: { _tag: "Complete" as const } }))
-    )
-  )
 
 /** Storage on its own pool of `url`, rotating whenever the slot has rows; `pruneLockTimeoutMs` as given. */
 const client = (url: string, maxConnections: number, pruneLockTimeoutMs?: number) =>
