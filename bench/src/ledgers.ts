@@ -15,14 +15,13 @@
  *
  * Postgres: `DATABASE_URL`, or a temporary embedded server with durability on.
  */
-import os from "node:os"
 import { Migrations } from "@awa/sql"
 import { PgQueueStorage, QueueStorage } from "@awa/storage"
 import { NodeRuntime } from "@effect/platform-node"
 import { PgClient } from "@effect/sql-pg"
 import { Console, Effect, Layer, Redacted } from "effect"
 import { Reactivity } from "effect/reactivity"
-import { acquireServer, createDatabase, databaseName, dropDatabase, now, round } from "./lib.ts"
+import { acquireServer, createDatabase, databaseName, dropDatabase, loadLine, now, round } from "./lib.ts"
 
 const arg = (name: string, fallback: string) => {
   const i = process.argv.indexOf(`--${name}`)
@@ -55,10 +54,7 @@ const program = Effect.gen(function* () {
   yield* Migrations.migrate().pipe(Effect.provide(PgClient.layer({ url: Redacted.make(url) })))
   const sql = yield* PgClient.makeClient({ url: Redacted.make(url) })
   yield* Console.log(
-    `ledger probe: ${days} days (${queueGenerations} queue, ${historyGenerations} history generations); load ${os
-      .loadavg()
-      .map((l) => l.toFixed(2))
-      .join(" ")}`
+    `ledger probe: ${days} days (${queueGenerations} queue, ${historyGenerations} history generations); load ${loadLine()}`
   )
   // The ledgers of a long-running install: every generation below the current one pruned.
   yield* sql`
@@ -162,12 +158,7 @@ const program = Effect.gen(function* () {
       )
     )
   )
-  yield* Console.log(
-    `load after ${os
-      .loadavg()
-      .map((l) => l.toFixed(2))
-      .join(" ")}`
-  )
+  yield* Console.log(`load after ${loadLine()}`)
 }).pipe(Effect.scoped, Effect.provide(Reactivity.layer))
 
 NodeRuntime.runMain(program)

@@ -3,6 +3,7 @@
  * admin clients, fresh databases, and number/table formatting.
  */
 import { randomBytes } from "node:crypto"
+import os from "node:os"
 import * as EmbeddedPostgres from "@awa/testing/EmbeddedPostgres"
 import { PgClient } from "@effect/sql-pg"
 import { Effect, Redacted } from "effect"
@@ -12,6 +13,12 @@ import { Reactivity } from "effect/reactivity"
 // Numbers
 
 export const now = () => performance.now()
+/** The machine's 1, 5 and 15-minute load averages, for the record printed with each probe. */
+export const loadLine = () =>
+  os
+    .loadavg()
+    .map((l) => l.toFixed(2))
+    .join(" ")
 export const perJob = (value: number, jobs: number) => (jobs === 0 ? 0 : value / jobs)
 export const round = (value: number, digits = 2) => Number(value.toFixed(digits))
 export const sum = (values: ReadonlyArray<number>) => values.reduce((a, b) => a + b, 0)

@@ -20,7 +20,6 @@
  *
  * Postgres: `DATABASE_URL`, or a temporary embedded server with durability on.
  */
-import os from "node:os"
 import type { NewJob } from "@awa/core"
 import { Migrations, SqlText } from "@awa/sql"
 import { type ClaimedJob, PgQueueStorage, QueueStorage, type RetentionParams } from "@awa/storage"
@@ -28,7 +27,16 @@ import { NodeRuntime } from "@effect/platform-node"
 import { PgClient } from "@effect/sql-pg"
 import { Console, Effect, Fiber, Layer, Redacted } from "effect"
 import { Reactivity } from "effect/reactivity"
-import { acquireServer, createDatabase, databaseName, dropDatabase, now, round, table } from "./lib.ts"
+import {
+  acquireServer,
+  createDatabase,
+  databaseName,
+  dropDatabase,
+  loadLine,
+  now,
+  round,
+  table
+} from "./lib.ts"
 
 const arg = (name: string, fallback: string) => {
   const i = process.argv.indexOf(`--${name}`)
@@ -198,12 +206,7 @@ const program = Effect.gen(function* () {
     SELECT pg_get_functiondef(p.oid) AS def FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
     WHERE n.nspname = 'awa' AND p.proname IN ('slot_has_unclaimed', 'prune_queue')`).map((r) => r.def)
   const results: Array<Case> = []
-  yield* Console.log(
-    `prune-stall probe: load ${os
-      .loadavg()
-      .map((l) => l.toFixed(2))
-      .join(" ")}`
-  )
+  yield* Console.log(`prune-stall probe: load ${loadLine()}`)
   for (let rep = 0; rep < reps; rep++)
     for (const size of sizes)
       for (const retention of retentions)
@@ -247,12 +250,7 @@ const program = Effect.gen(function* () {
       ])
     )}`
   )
-  yield* Console.log(
-    `load after ${os
-      .loadavg()
-      .map((l) => l.toFixed(2))
-      .join(" ")}`
-  )
+  yield* Console.log(`load after ${loadLine()}`)
 }).pipe(Effect.scoped, Effect.provide(Reactivity.layer))
 
 NodeRuntime.runMain(program)
