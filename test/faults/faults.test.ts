@@ -891,7 +891,11 @@ describe("faults: worker processes", () => {
               }
             }
           ])
-          const [job] = yield* client.insertMany(Jobs.StaleWriter, [{ firstMs: 3000, ms: 3000 }], {
+          // Attempt 2 runs for 8 s: the thawed worker's late write (and its handler's end) must land
+          // while attempt 2 still runs. With 3 s a slow thaw on a loaded machine (its pool
+          // reconnecting after the freeze) let attempt 2 finish first, and the test failed
+          // although nothing was wrong.
+          const [job] = yield* client.insertMany(Jobs.StaleWriter, [{ firstMs: 3000, ms: 8000 }], {
             queue: "stale"
           })
           const jobId = job!.id
