@@ -902,6 +902,76 @@ describe("hot path plans", () => {
   )
 
   it.live(
+    "a claim whose slot ranges predate a rotation takes the lane's positions in order and loses nothing",
+    () =>
+      withDatabase((url) =>
+        Effect.gen(function* () {
+          // 0016's claim reads its slot ranges before its pick. If the ring rotates in between
+          // and a job of the lane lands in the new slot, the pick cannot see that job. It must
+          // still take the lane's positions in order, and its mark must not pass the new job.
+          const storage = yield* QueueStorage
+          const sql = yield* SqlClient.SqlClient
+          const q = fresh("rotate-race")
+          yield* storage.enqueueMany([job(q, 1), job(q, 2)])
+          // SHARE on `claims` from another session: the claim reads its cursor and its ranges,
+          // then waits at its pick, the first statement that writes `claims`.
+          const locked = yield* Deferred.make<void>()
+          const letGo = yield* Deferred.make<void>()
+          const holder = yield* Effect.gen(function* () {
+            const c = yield* SqlClient.SqlClient
+            yield* c.withTransaction(
+              Effect.gen(function* () {
+                yield* c`LOCK TABLE awa.claims IN SHARE MODE`
+                yield* Deferred.succeed(locked, undefined)
+                yield* Deferred.await(letGo)
+              })
+            )
+          }).pipe(
+            Effect.provide(client(url, 1), { local: true }),
+            Effect.forkChild({ startImmediately: true })
+          )
+          yield* Deferred.await(locked)
+          const claiming = yield* Effect.forkChild(storage.claim(claimOf(q, 10)), { startImmediately: true })
+          for (let waiting = false; !waiting; ) {
+            const [row] = yield* sql<{ n: number }>`
+              SELECT count(*)::int AS n FROM pg_locks
+              WHERE locktype = 'relation' AND NOT granted AND relation = 'awa.claims'::regclass`
+            waiting = row!.n > 0
+            if (!waiting) yield* Effect.sleep("2 millis")
+          }
+          // while the claim waits: the ring rotates, and the lane's next job lands in the new slot
+          assert.strictEqual(yield* storage.rotate, "Rotated")
+          yield* storage.enqueueMany([job(q, 3)])
+          const slots = yield* sql<{ slot: number }>`
+            SELECT slot FROM awa.ready WHERE queue = ${q} ORDER BY lane_seq`
+          assert.strictEqual(slots.length, 3)
+          assert.strictEqual(slots[0]!.slot, slots[1]!.slot)
+          assert.notStrictEqual(slots[2]!.slot, slots[0]!.slot, "the third job is in the new slot")
+          yield* Deferred.succeed(letGo, undefined)
+          yield* Fiber.join(holder)
+          const first = yield* Fiber.join(claiming)
+          assert.deepStrictEqual(
+            first.map((c) => c.args),
+            [{ n: 1 }, { n: 2 }],
+            "the waiting claim took the lane's head in order, not the job of the new slot"
+          )
+          const second = yield* storage.claim(claimOf(q, 10))
+          assert.deepStrictEqual(
+            second.map((c) => c.args),
+            [{ n: 3 }],
+            "the next claim finds the job the first one could not see"
+          )
+          const results = yield* completeAll([...first, ...second])
+          assert.deepStrictEqual(
+            results.map((r) => r._tag),
+            ["Applied", "Applied", "Applied"]
+          )
+        })
+      ),
+    30_000
+  )
+
+  it.live(
     "a claim in flight when a queue is paused never takes a job enqueued after the pause",
     () =>
       withDatabase((url) =>
