@@ -12,6 +12,7 @@ import {
 } from "@awa/storage"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect, Layer, Schema } from "effect"
+import { TestClock } from "effect/testing"
 import { handler } from "../src/Handler.ts"
 import * as Leader from "../src/Leader.ts"
 import { resolveConfig } from "../src/Worker.ts"
@@ -54,7 +55,10 @@ const recording = (prunes: ReadonlyArray<PruneOutcome["_tag"]>) => {
   return { calls, layer: Layer.provideMerge(CronStorage.layerSim, storage) }
 }
 
-/** Runs the duties for one rotate-prune tick (the first runs at once) and returns the calls. */
+/**
+ * Runs the duties under the test clock for one second: the rotate-prune tick runs once (at once;
+ * the next is due after `rotateInterval`), and every call it makes is recorded when this returns.
+ */
 const oneTick = (
   maintenance: Parameters<typeof resolveConfig>[0]["maintenance"],
   prunes: ReadonlyArray<PruneOutcome["_tag"]>
@@ -62,14 +66,14 @@ const oneTick = (
   Effect.gen(function* () {
     const config = yield* resolveConfig({ queues: { ledger: {} }, handlers, maintenance })
     const { calls, layer } = recording(prunes)
-    yield* Effect.scoped(Effect.andThen(Leader.duties(config.maintenance!), Effect.sleep("50 millis"))).pipe(
-      Effect.provide(layer)
-    )
+    yield* Effect.scoped(
+      Effect.andThen(Leader.duties(config.maintenance!), TestClock.adjust("1 second"))
+    ).pipe(Effect.provide(layer))
     return calls
   })
 
 describe("Leader rotate-prune duty", () => {
-  it.live("passes the worker's ring policy per call and trims the ledgers after a prune", () =>
+  it.effect("passes the worker's ring policy per call and trims the ledgers after a prune", () =>
     Effect.gen(function* () {
       const calls = yield* oneTick(
         { rotateInterval: "1 minute", rotateMinRows: 7, rotateMaxAge: "3 seconds", pruneCarryAfter: 0 },
@@ -85,7 +89,7 @@ describe("Leader rotate-prune duty", () => {
     })
   )
 
-  it.live(
+  it.effect(
     "leaves unset fields to the storage layer, and trims nothing after a tick that pruned nothing",
     () =>
       Effect.gen(function* () {
