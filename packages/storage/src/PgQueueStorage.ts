@@ -86,7 +86,10 @@ export interface PgQueueStorageOptions {
    * `maintenance.rotateMinRows` overrides it for the leader's calls (`rotateWhenDue`).
    */
   readonly rotateMinRows?: number | undefined
-  /** See `rotateMinRows`. Default 10,000 ms (0–3,600,000); the worker's `maintenance.rotateMaxAge` overrides it. */
+  /**
+   * See `rotateMinRows`. Default 10,000 ms (0–3,600,000); the worker's `maintenance.rotateMaxAge`
+   * overrides it.
+   */
   readonly rotateMaxAgeMs?: number | undefined
   /**
    * Prune carries a sealed slot's open attempts forward so that long-running attempts never hold
@@ -335,26 +338,38 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
   }
 
   // The layer's maintenance policy; the worker's `maintenance` options override it per call.
-  const inRange = (value: number, range: { readonly min: number; readonly max: number }) =>
+  const layerOption = (
+    path: string,
+    value: number,
+    range: { readonly min: number; readonly max: number }
+  ): Effect.Effect<number, AwaConfigError> =>
     Number.isInteger(value) && value >= range.min && value <= range.max
-  const rotateMinRows = options.rotateMinRows ?? rotateMinRowsRange.default
-  const rotateMaxAgeMs = options.rotateMaxAgeMs ?? rotateMaxAgeMsRange.default
-  if (!inRange(rotateMinRows, rotateMinRowsRange)) {
-    return yield* new AwaConfigError({
-      issues: [{ path: "rotateMinRows", reason: "must be an integer 1–10,000,000" }]
-    })
-  }
-  if (!inRange(rotateMaxAgeMs, rotateMaxAgeMsRange)) {
-    return yield* new AwaConfigError({
-      issues: [{ path: "rotateMaxAgeMs", reason: "must be an integer 0–3,600,000" }]
-    })
-  }
-  const carryAfterMs = options.pruneCarryAfterMs ?? pruneCarryAfterMsRange.default
-  if (!inRange(carryAfterMs, pruneCarryAfterMsRange)) {
-    return yield* new AwaConfigError({
-      issues: [{ path: "pruneCarryAfterMs", reason: "must be an integer 0–3,600,000" }]
-    })
-  }
+      ? Effect.succeed(value)
+      : Effect.fail(
+          new AwaConfigError({
+            issues: [
+              {
+                path,
+                reason: `must be an integer ${range.min.toLocaleString("en-US")}–${range.max.toLocaleString("en-US")}`
+              }
+            ]
+          })
+        )
+  const rotateMinRows = yield* layerOption(
+    "rotateMinRows",
+    options.rotateMinRows ?? rotateMinRowsRange.default,
+    rotateMinRowsRange
+  )
+  const rotateMaxAgeMs = yield* layerOption(
+    "rotateMaxAgeMs",
+    options.rotateMaxAgeMs ?? rotateMaxAgeMsRange.default,
+    rotateMaxAgeMsRange
+  )
+  const carryAfterMs = yield* layerOption(
+    "pruneCarryAfterMs",
+    options.pruneCarryAfterMs ?? pruneCarryAfterMsRange.default,
+    pruneCarryAfterMsRange
+  )
 
   // One job: typed parameters, no JSON document to build or parse.
   const enqueueOne = (job: CheckedJob) =>

@@ -38,7 +38,8 @@
  *   microseconds). Under `TestClock` time stands still until adjusted, so jobs enqueued together share
  *   one `runAt`/`createdAt`, and a zero delay is due immediately.
  * - No rings: `rotate`, `rotateWhenDue` and `rotateHistory` return `"SkippedIdle"`, `prune` is a
- *   `Noop` and `trimLedgers` deletes nothing (after the same argument checks), `status` is all zeros. Terminal jobs stay visible until `pruneHistory`, which deletes each one as soon as it
+ *   `Noop` and `trimLedgers` deletes nothing (after the same argument checks), `status` is all
+ *   zeros. Terminal jobs stay visible until `pruneHistory`, which deletes each one as soon as it
  *   is older than its retention (Postgres reclaims whole history partitions, so jobs may outlive
  *   their retention there) and reports a plain counter as `generation`.
  * - Ids are gap-free: a rejected `enqueueMany` consumes none (a Postgres sequence can leave gaps).
