@@ -40,7 +40,7 @@ import {
 } from "@awa/core"
 import { Migrations } from "@awa/sql"
 import { Clock, Context, Effect, Layer, Schema, Semaphore } from "effect"
-import { SqlClient, SqlError } from "effect/sql"
+import { SqlClient, type SqlError } from "effect/sql"
 import { type EnqueuedJob, type EnqueueError, type JobId, QueueStorage } from "./QueueStorage.ts"
 
 /** What a leader does with ticks it missed (outage, pause, slow evaluation). */
@@ -339,29 +339,6 @@ const enqueueRowJson = (job: CheckedJob): string =>
   `"max_attempts":${job.maxAttempts},"run_at":${job.runAt ? JSON.stringify(job.runAt.toISOString()) : "null"},` +
   `"unique_key":${job.uniqueKey ? `"${UniqueKey.toHex(job.uniqueKey)}"` : "null"},"unique_states":${job.uniqueStates}}`
 
-const pgErrorField = (error: SqlError.SqlError, field: "code" | "detail" | "hint"): string | undefined => {
-  const cause = (error.reason as { cause?: Record<string, unknown> }).cause
-  const value = cause?.[field]
-  return typeof value === "string" ? value : undefined
-}
-
-/** The SQL functions' unique-conflict SQLSTATE (`AWU01`) as the typed error. */
-const mapUniqueConflict = <A, E, R>(
-  effect: Effect.Effect<A, E, R>
-): Effect.Effect<A, E | UniqueConflict, R> =>
-  Effect.catch(
-    effect,
-    (error): Effect.Effect<never, E | UniqueConflict> =>
-      SqlError.isSqlError(error) && pgErrorField(error, "code") === "AWU01"
-        ? Effect.fail(
-            new UniqueConflict({
-              key: pgErrorField(error, "detail") ?? "",
-              existingJobId: BigInt(pgErrorField(error, "hint") ?? "0")
-            })
-          )
-        : Effect.fail(error)
-  )
-
 export const makePg = Effect.fnUntraced(function* (options: PgCronStorageOptions = {}) {
   const sql = yield* SqlClient.SqlClient
   const schema = yield* Migrations.checkSchemaName(options.schema ?? Migrations.defaultSchema)
@@ -436,11 +413,17 @@ export const makePg = Effect.fnUntraced(function* (options: PgCronStorageOptions
         SELECT kind, queue, args, options FROM ${s}.cron_schedules WHERE name = ${name}`
       if (row === undefined) return yield* new CronNotFound({ name })
       const checked = yield* check(toNewJob(templateOf(row.kind, row.queue, row.args, row.options)))
-      const [out] = yield* sql<{ job_id: bigint }>`
-        SELECT job_id FROM ${s}.cron_trigger(${name}, ${enqueueRowJson(checked)}::jsonb)`
+      const [out] = yield* sql<{ job_id: bigint | null; state: "available" | "scheduled" | "duplicate" }>`
+        SELECT job_id, state FROM ${s}.cron_trigger(${name}, ${enqueueRowJson(checked)}::jsonb)`
       if (out === undefined) return yield* new CronNotFound({ name })
-      return { id: out.job_id, state: "available", queue: checked.queue } satisfies EnqueuedJob
-    }).pipe(mapUniqueConflict, Effect.withSpan("CronStorage.trigger", { attributes: { name } }))
+      // a held unique key is an answer, not a server error (migration 0018): nothing was written
+      if (out.state === "duplicate")
+        return yield* new UniqueConflict({
+          key: UniqueKey.toHex(checked.uniqueKey!),
+          existingJobId: out.job_id ?? 0n
+        })
+      return { id: out.job_id!, state: out.state, queue: checked.queue } satisfies EnqueuedJob
+    }).pipe(Effect.withSpan("CronStorage.trigger", { attributes: { name } }))
 
   const remove = (name: string) =>
     Effect.map(

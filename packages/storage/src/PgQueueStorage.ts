@@ -102,7 +102,8 @@ export interface PgQueueStorageOptions {
   readonly pruneCarryAfterMs?: number | undefined
 }
 
-// SQLSTATE raised by the SQL functions for a unique conflict (DETAIL = key, HINT = holder).
+// SQLSTATE the operator retries (retry_job, retry_from_dlq) raise for a unique conflict (DETAIL =
+// key, HINT = holder). The enqueue functions answer state 'duplicate' instead (migration 0018).
 const uniqueConflictCode = "AWU01"
 
 interface JobRow {
@@ -371,30 +372,48 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
     pruneCarryAfterMsRange
   )
 
-  // One job: typed parameters, no JSON document to build or parse.
+  // One job: typed parameters, no JSON document to build or parse. A held unique key is a state
+  // of the answer, not a server error (migration 0018): nothing was written.
   const enqueueOne = (job: CheckedJob) =>
-    Effect.map(
-      sql<{ job_id: bigint; state: "available" | "scheduled" }>`
+    Effect.flatMap(
+      sql<{ job_id: bigint | null; state: "available" | "scheduled" | "duplicate" }>`
         SELECT job_id, state FROM ${s}.enqueue_one(${job.kind}, ${job.queue}, ${job.priority}, ${job.argsJson}::jsonb,
           ${job.metadataJson}::jsonb, ${job.tags.length === 0 ? null : JSON.stringify(job.tags)}::jsonb,
           ${job.maxAttempts}, ${job.runAt ?? null}::timestamptz, ${job.uniqueKey ?? null}::bytea, ${job.uniqueStates})`,
-      (rows): ReadonlyArray<EnqueuedJob> => [{ id: rows[0]!.job_id, state: rows[0]!.state, queue: job.queue }]
+      ([row]): Effect.Effect<ReadonlyArray<EnqueuedJob>, UniqueConflict> =>
+        row!.state === "duplicate"
+          ? Effect.fail(
+              new UniqueConflict({ key: UniqueKey.toHex(job.uniqueKey!), existingJobId: row!.job_id ?? 0n })
+            )
+          : Effect.succeed([{ id: row!.job_id!, state: row!.state, queue: job.queue }])
     )
 
   // Several jobs: what they share (kind, queue, priority, metadata, tags, options) travels once
   // per distinct header; per job only its args, its header index and its unique key.
+  // A lost unique key comes back as conflict_key/conflict_holder with nothing written (0018).
   const enqueueChunk = (chunk: BatchChunk) =>
-    Effect.map(
-      sql<{ job_ids: ReadonlyArray<bigint>; scheduled_headers: ReadonlyArray<number> | null }>`
-        SELECT job_ids, scheduled_headers FROM ${s}.enqueue_batch(${chunk.headers}::jsonb, ${chunk.args}::jsonb,
-          ${chunk.headerOf}::int[], ${chunk.keys}::jsonb)`,
-      (rows): ReadonlyArray<EnqueuedJob> => {
-        const { job_ids: ids, scheduled_headers: scheduled } = rows[0]!
-        return chunk.jobs.map((job, i) => ({
-          id: BigInt(ids[i]!),
-          state: scheduled?.includes(chunk.headerIndex[i]!) ? "scheduled" : "available",
-          queue: job.queue
-        }))
+    Effect.flatMap(
+      sql<{
+        job_ids: ReadonlyArray<bigint> | null
+        scheduled_headers: ReadonlyArray<number> | null
+        conflict_key: string | null
+        conflict_holder: bigint | null
+      }>`
+        SELECT job_ids, scheduled_headers, conflict_key, conflict_holder FROM ${s}.enqueue_batch(${chunk.headers}::jsonb,
+          ${chunk.args}::jsonb, ${chunk.headerOf}::int[], ${chunk.keys}::jsonb)`,
+      ([row]): Effect.Effect<ReadonlyArray<EnqueuedJob>, UniqueConflict> => {
+        const { job_ids: ids, scheduled_headers: scheduled, conflict_key: key } = row!
+        if (key !== null || ids === null)
+          return Effect.fail(
+            new UniqueConflict({ key: key ?? "", existingJobId: row!.conflict_holder ?? 0n })
+          )
+        return Effect.succeed(
+          chunk.jobs.map((job, i) => ({
+            id: BigInt(ids[i]!),
+            state: scheduled?.includes(chunk.headerIndex[i]!) ? "scheduled" : "available",
+            queue: job.queue
+          }))
+        )
       }
     )
 
@@ -419,7 +438,7 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
     sql.withTransaction(
       Effect.gen(function* () {
         const out: Array<ReadonlyArray<EnqueuedJob>> = []
-        let inFlight: Fiber.Fiber<ReadonlyArray<EnqueuedJob>, SqlError.SqlError> | undefined
+        let inFlight: Fiber.Fiber<ReadonlyArray<EnqueuedJob>, SqlError.SqlError | UniqueConflict> | undefined
         for (let c = 0; c < count; c++) {
           const chunk = chunkAt(c)
           if (inFlight !== undefined) out.push(yield* Fiber.join(inFlight))
@@ -464,7 +483,6 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
       for (let k = 0; k < results.length; k++) enqueued[order[k]!] = results[k]!
       return enqueued
     }).pipe(
-      mapUniqueConflict,
       // no stack trace: it would point here, not at the caller
       Effect.withSpan(
         "QueueStorage.enqueueMany",

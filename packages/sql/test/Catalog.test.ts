@@ -1,0 +1,136 @@
+/**
+ * Catalog rules every function of ours must follow, whatever migration last (re)defined it
+ * (issue 13, docs/adr/0015-server-defaults.md). CREATE OR REPLACE replaces a function's SET clauses
+ * and a new function starts executable by PUBLIC, so these are checked on the installed catalog,
+ * for every function in the schema, and each failure names the function:
+ *
+ * - every PL/pgSQL function runs with `search_path = <schema>, pg_catalog` and `jit = off`;
+ * - an SQL-language function without that search_path (kept without SET clauses so it can be
+ *   inlined) references only schema-qualified objects: called with a search_path that does not
+ *   contain the schema, it still runs;
+ * - no function is executable by PUBLIC.
+ *
+ * Checked for the default schema and for a schema with another name (the migrations spell it
+ * `:AWA_SCHEMA`). Each rule also has a negative control: a function that breaks it is reported.
+ */
+import { TestDatabase } from "@awa/testing"
+import { assert, describe, it } from "@effect/vitest"
+import { Cause, Effect, Exit, Option } from "effect"
+import { SqlClient } from "effect/sql"
+import { migrate } from "../src/Migrations.ts"
+
+interface FunctionRow {
+  readonly sig: string
+  readonly language: string
+  readonly config: ReadonlyArray<string> | null
+  readonly public_execute: boolean
+  readonly args: ReadonlyArray<string>
+  readonly returns_set: boolean
+}
+
+const functionsOf = (schema: string) =>
+  Effect.flatMap(
+    SqlClient.SqlClient,
+    (sql) => sql<FunctionRow>`
+      SELECT p.oid::regprocedure::text AS sig, l.lanname AS language, p.proconfig AS config,
+             has_function_privilege('public', p.oid, 'EXECUTE') AS public_execute,
+             ARRAY(SELECT format_type(t, NULL) FROM unnest(p.proargtypes) AS t) AS args,
+             p.proretset AS returns_set
+      FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace JOIN pg_language l ON l.oid = p.prolang
+      WHERE n.nspname = ${schema}
+      ORDER BY 1`
+  )
+
+/** The function's name and argument types, schema-qualified (regprocedure text drops a visible schema). */
+const qualified = (schema: string, sig: string) => (sig.startsWith(`${schema}.`) ? sig : `${schema}.${sig}`)
+
+const rollback = Symbol("rollback")
+
+/**
+ * Calls `f` with NULL arguments and `search_path = pg_catalog`, in a transaction that is always
+ * rolled back; the error's message when the call fails.
+ */
+const callOutsideSchema = (schema: string, f: FunctionRow) =>
+  Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    const name = qualified(schema, f.sig).replace(/\(.*$/, "")
+    const call = `SELECT * FROM ${name}(${f.args.map((t) => `NULL::${t}`).join(", ")})`
+    const exit = yield* Effect.exit(
+      sql.withTransaction(
+        Effect.gen(function* () {
+          yield* sql.unsafe("SET LOCAL search_path = pg_catalog").unprepared
+          yield* sql.unsafe(call).unprepared
+          return yield* Effect.fail(rollback)
+        })
+      )
+    )
+    if (Exit.isSuccess(exit)) return undefined
+    const error = Option.getOrUndefined(Cause.findErrorOption(exit.cause))
+    return error === rollback ? undefined : String(error ?? exit.cause)
+  })
+
+/** Every rule broken, one line per function and rule. */
+const problems = (schema: string) =>
+  Effect.gen(function* () {
+    const found: Array<string> = []
+    for (const f of yield* functionsOf(schema)) {
+      const config = f.config ?? []
+      const pinned = config.includes(`search_path=${schema}, pg_catalog`)
+      if (f.language === "plpgsql") {
+        if (!pinned) found.push(`${f.sig}: no SET search_path = ${schema}, pg_catalog`)
+        if (!config.includes("jit=off")) found.push(`${f.sig}: no SET jit = off`)
+      } else if (f.language === "sql" && !pinned) {
+        const error = yield* callOutsideSchema(schema, f)
+        if (error !== undefined) found.push(`${f.sig}: fails outside its schema's search_path: ${error}`)
+      }
+      if (f.public_execute) found.push(`${f.sig}: executable by PUBLIC`)
+    }
+    return found
+  })
+
+describe("catalog rules for every function", () => {
+  it.live("hold in the default schema", () =>
+    Effect.gen(function* () {
+      assert.deepStrictEqual(yield* problems("awa"), [])
+    }).pipe(Effect.provide(TestDatabase.layer()))
+  )
+
+  it.live("hold in a schema with another name", () =>
+    Effect.gen(function* () {
+      yield* migrate({ schema: "jobs_custom" })
+      assert.deepStrictEqual(yield* problems("jobs_custom"), [])
+    }).pipe(Effect.provide(TestDatabase.layer({ migrated: false })))
+  )
+
+  it.live("report a function that breaks them, by name", () =>
+    Effect.gen(function* () {
+      const sql = yield* SqlClient.SqlClient
+      // what a later migration could write by mistake: no SET clauses, no REVOKE
+      yield* sql.unsafe(
+        `CREATE FUNCTION awa.careless_plpgsql() RETURNS int LANGUAGE plpgsql AS $$ BEGIN RETURN 1; END $$`
+      ).unprepared
+      // (its body is not checked at creation: the migrating session's search_path could have held
+      // the schema, and a later caller's does not)
+      yield* sql.withTransaction(
+        Effect.andThen(
+          sql.unsafe("SET LOCAL check_function_bodies = off").unprepared,
+          sql.unsafe(
+            `CREATE FUNCTION awa.careless_sql(p_queue text) RETURNS boolean LANGUAGE sql STABLE AS $$
+               SELECT EXISTS (SELECT 1 FROM queue_meta m WHERE m.queue = p_queue) $$`
+          ).unprepared
+        )
+      )
+      yield* sql.unsafe(`REVOKE EXECUTE ON FUNCTION awa.careless_sql(text) FROM PUBLIC`).unprepared
+      const found = yield* problems("awa")
+      assert.deepStrictEqual(
+        found.map((line) => line.replace(/: fails outside its schema's search_path: .*/, ": fails outside")),
+        [
+          "awa.careless_plpgsql(): no SET search_path = awa, pg_catalog",
+          "awa.careless_plpgsql(): no SET jit = off",
+          "awa.careless_plpgsql(): executable by PUBLIC",
+          "awa.careless_sql(text): fails outside"
+        ]
+      )
+    }).pipe(Effect.provide(TestDatabase.layer()))
+  )
+})
