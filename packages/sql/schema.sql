@@ -554,6 +554,7 @@ CREATE OR REPLACE FUNCTION awa.cancel_by_unique_key(p_key text, p_reason text)
  RETURNS bigint
  LANGUAGE plpgsql
  SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -575,6 +576,7 @@ CREATE OR REPLACE FUNCTION awa.cancel_job(p_job_id bigint, p_reason text)
  RETURNS text
  LANGUAGE plpgsql
  SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -656,6 +658,7 @@ CREATE OR REPLACE FUNCTION awa.claim(p_queue text, p_max integer, p_deadline_ms 
  SET search_path TO 'awa', 'pg_catalog'
  SET plan_cache_mode TO 'force_generic_plan'
  SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -818,6 +821,7 @@ CREATE OR REPLACE FUNCTION awa.cleanup_dlq(p_default_retention_ms bigint, p_batc
  RETURNS integer
  LANGUAGE plpgsql
  SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -842,13 +846,14 @@ CREATE OR REPLACE FUNCTION awa.cron_fire(p_name text, p_expected_last timestamp 
  RETURNS TABLE(outcome text, job_id bigint)
  LANGUAGE plpgsql
  SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
 AS $function$
 #variable_conflict use_column
 DECLARE
   v_schedule record;
   v_row jsonb;
   v_job_id bigint;
-  v_holder text;
+  v_state text;
 BEGIN
   SELECT c.paused, c.last_fire_at INTO v_schedule FROM cron_schedules c WHERE c.name = p_name FOR UPDATE;
   IF NOT FOUND THEN
@@ -870,15 +875,13 @@ BEGIN
   v_row := jsonb_set(p_job, '{metadata}', coalesce(p_job -> 'metadata', '{}') || jsonb_build_object(
     'awa:cronName', p_name,
     'awa:cronFireTime', to_char(p_tick AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')));
-  BEGIN
-    SELECT e.job_id INTO v_job_id FROM enqueue(jsonb_build_array(v_row)) e;
-  EXCEPTION WHEN SQLSTATE 'AWU01' THEN
+  SELECT e.job_id, e.state INTO v_job_id, v_state FROM enqueue(jsonb_build_array(v_row)) e;
+  IF v_state = 'duplicate' THEN
     -- the unique key is held (e.g. the previous fire's job still runs): the tick is consumed
-    GET STACKED DIAGNOSTICS v_holder = PG_EXCEPTION_HINT;
     UPDATE cron_schedules c SET last_fire_at = p_tick, last_job_id = NULL WHERE c.name = p_name;
-    RETURN QUERY SELECT 'deduplicated'::text, v_holder::bigint;
+    RETURN QUERY SELECT 'deduplicated'::text, v_job_id;
     RETURN;
-  END;
+  END IF;
   UPDATE cron_schedules c SET last_fire_at = p_tick, last_job_id = v_job_id WHERE c.name = p_name;
   RETURN QUERY SELECT 'fired'::text, v_job_id;
 END
@@ -889,6 +892,7 @@ CREATE OR REPLACE FUNCTION awa.cron_mark_stale(p_declared text[])
  RETURNS SETOF awa.cron_schedules
  LANGUAGE plpgsql
  SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
 AS $function$
 #variable_conflict use_column
 BEGIN
@@ -907,6 +911,7 @@ CREATE OR REPLACE FUNCTION awa.cron_remove(p_name text)
  RETURNS boolean
  LANGUAGE plpgsql
  SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
 AS $function$
 #variable_conflict use_column
 BEGIN
@@ -920,6 +925,7 @@ CREATE OR REPLACE FUNCTION awa.cron_set_paused(p_name text, p_paused boolean, p_
  RETURNS boolean
  LANGUAGE plpgsql
  SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
 AS $function$
 #variable_conflict use_column
 BEGIN
@@ -935,25 +941,30 @@ $function$
 -- execute besides the owner: owner only
 
 CREATE OR REPLACE FUNCTION awa.cron_trigger(p_name text, p_job jsonb)
- RETURNS TABLE(job_id bigint)
+ RETURNS TABLE(job_id bigint, state text)
  LANGUAGE plpgsql
  SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
 AS $function$
 #variable_conflict use_column
 DECLARE
   v_now timestamptz := now();
+  v_job_id bigint;
+  v_state text;
 BEGIN
   PERFORM 1 FROM cron_schedules c WHERE c.name = p_name FOR UPDATE;
   IF NOT FOUND THEN
     RETURN;
   END IF;
-  UPDATE cron_schedules c SET last_triggered_at = v_now WHERE c.name = p_name;
-  RETURN QUERY
-  SELECT e.job_id FROM enqueue(jsonb_build_array(jsonb_set(p_job, '{metadata}',
+  SELECT e.job_id, e.state INTO v_job_id, v_state FROM enqueue(jsonb_build_array(jsonb_set(p_job, '{metadata}',
     coalesce(p_job -> 'metadata', '{}') || jsonb_build_object(
       'awa:cronName', p_name,
       'awa:cronFireTime', to_char(v_now AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'),
       'awa:cronTriggered', true)))) e;
+  IF v_state <> 'duplicate' THEN
+    UPDATE cron_schedules c SET last_triggered_at = v_now WHERE c.name = p_name;
+  END IF;
+  RETURN QUERY SELECT v_job_id, v_state;
 END
 $function$
 -- execute besides the owner: owner only
@@ -962,6 +973,7 @@ CREATE OR REPLACE FUNCTION awa.cron_upsert(p_rows jsonb)
  RETURNS TABLE(name text, created boolean, changed boolean)
  LANGUAGE plpgsql
  SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -1006,6 +1018,7 @@ CREATE OR REPLACE FUNCTION awa.dlq_bulk(p_action text, p_queue text, p_kind text
  RETURNS integer
  LANGUAGE plpgsql
  SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -1067,6 +1080,7 @@ CREATE OR REPLACE FUNCTION awa.drain_queue(p_queue text, p_reason text)
  RETURNS integer
  LANGUAGE plpgsql
  SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -1089,23 +1103,27 @@ CREATE OR REPLACE FUNCTION awa.enqueue(p_rows jsonb)
  RETURNS TABLE(ord integer, job_id bigint, state text)
  LANGUAGE plpgsql
  SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
 AS $function$
 #variable_conflict use_column
 DECLARE
   v_now timestamptz := now();
   v_n int := jsonb_array_length(p_rows);
+  v_divert boolean := current_setting('transaction_isolation') <> 'read committed';
   v_lane record;
-  v_ring record;
+  v_slot int;
+  v_generation bigint;
   v_ids bigint[];
   v_pos bigint[];
   v_n_ready int;
-  v_conflict record;
+  v_keys int;
+  v_inserted int;
 BEGIN
   FOR v_lane IN
     -- byte order (C collation): the TypeScript side sorts multi-call batches the same way
     SELECT DISTINCT r.queue COLLATE "C" AS queue, r.priority
     FROM jsonb_to_recordset(p_rows) AS r(queue text, priority int, run_at timestamptz)
-    WHERE r.run_at IS NULL OR r.run_at <= v_now
+    WHERE NOT v_divert AND (r.run_at IS NULL OR r.run_at <= v_now)
     ORDER BY 1, 2
   LOOP
     -- = lane_key(queue, priority, 0), written with immutable operators so it is inlined
@@ -1117,19 +1135,45 @@ BEGIN
     ON CONFLICT DO NOTHING;
   END LOOP;
 
-  -- After the lane locks: the slot is never older than the lane's previous rows.
-  SELECT o_generation AS generation, o_slot AS slot INTO v_ring FROM enqueue_ready_slot();
   SELECT array_agg(v ORDER BY v) INTO v_ids FROM (SELECT nextval('job_id_seq') AS v FROM generate_series(1, v_n)) s;
+
+  -- Keys first: a batch that loses one writes nothing else (see enqueue_batch).
+  IF EXISTS (SELECT 1 FROM jsonb_array_elements(p_rows) AS e(v) WHERE e.v ->> 'unique_key' IS NOT NULL) THEN
+    WITH ins AS (
+      INSERT INTO unique_claims (unique_key, job_id)
+      SELECT decode(e.v ->> 'unique_key', 'hex'), v_ids[e.o] FROM jsonb_array_elements(p_rows) WITH ORDINALITY AS e(v, o)
+      WHERE e.v ->> 'unique_key' IS NOT NULL ORDER BY e.o
+      ON CONFLICT (unique_key) DO NOTHING
+      RETURNING 1
+    )
+    SELECT count(*) INTO v_inserted FROM ins;
+    SELECT count(*) INTO v_keys FROM jsonb_array_elements(p_rows) AS e(v) WHERE e.v ->> 'unique_key' IS NOT NULL;
+    IF v_inserted < v_keys THEN
+      RETURN QUERY
+      SELECT e.o::int, u.job_id, 'duplicate'::text
+      FROM jsonb_array_elements(p_rows) WITH ORDINALITY AS e(v, o)
+      LEFT JOIN unique_claims u ON u.unique_key = decode(e.v ->> 'unique_key', 'hex')
+      WHERE e.v ->> 'unique_key' IS NOT NULL AND u.job_id IS DISTINCT FROM v_ids[e.o]
+      ORDER BY e.o LIMIT 1;
+      DELETE FROM unique_claims u WHERE u.job_id = ANY (v_ids);
+      RETURN;
+    END IF;
+  END IF;
+
   SELECT count(*) INTO v_n_ready FROM jsonb_to_recordset(p_rows) AS r(run_at timestamptz)
-  WHERE r.run_at IS NULL OR r.run_at <= v_now;
-  SELECT array_agg(v ORDER BY v) INTO v_pos FROM (SELECT nextval('lane_seq') AS v FROM generate_series(1, v_n_ready)) s;
+  WHERE NOT v_divert AND (r.run_at IS NULL OR r.run_at <= v_now);
+  IF v_n_ready > 0 THEN
+    -- After the lane locks: the slot is never older than the lane's previous rows.
+    SELECT o_generation, o_slot INTO v_generation, v_slot FROM enqueue_ready_slot();
+    SELECT array_agg(v ORDER BY v) INTO v_pos FROM (SELECT nextval('lane_seq') AS v FROM generate_series(1, v_n_ready)) s;
+  END IF;
 
   RETURN QUERY
   WITH input AS (
     -- args from the element itself: JSON null stays JSON null (jsonb_to_record made it SQL NULL)
     SELECT x_e.o::int AS o, v_ids[x_e.o] AS id, x.kind, x.queue, x.priority, x_e.v -> 'args' AS args, x.metadata,
            ARRAY(SELECT jsonb_array_elements_text(x.tags)) AS tags, x.max_attempts,
-           coalesce(x.run_at, v_now) AS run_at, (x.run_at IS NULL OR x.run_at <= v_now) AS ready,
+           coalesce(x.run_at, v_now) AS run_at, NOT v_divert AND (x.run_at IS NULL OR x.run_at <= v_now) AS ready,
            decode(x.unique_key, 'hex') AS unique_key, coalesce(x.unique_states, 0) AS unique_states
     FROM jsonb_array_elements(p_rows) WITH ORDINALITY AS x_e(v, o), jsonb_to_record(x_e.v) AS x(kind text, queue text, priority smallint,
          metadata jsonb, tags jsonb, max_attempts int, run_at timestamptz, unique_key text, unique_states int)
@@ -1140,7 +1184,7 @@ BEGIN
   ins_ready AS (
     INSERT INTO ready (slot, generation, job_id, kind, queue, priority, shard, lane_seq, args, metadata, tags,
                        errors, attempt, run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
-    SELECT v_ring.slot, v_ring.generation, r.id, r.kind, r.queue, r.priority, 0, v_pos[r.rank], r.args, r.metadata,
+    SELECT v_slot, v_generation, r.id, r.kind, r.queue, r.priority, 0, v_pos[r.rank], r.args, r.metadata,
            r.tags, '[]', 0, 0, r.max_attempts, r.run_at, v_now, r.unique_key, r.unique_states
     FROM ranked r
   ),
@@ -1150,64 +1194,47 @@ BEGIN
     SELECT i.id, 'scheduled', i.kind, i.queue, i.priority, 0, i.args, i.metadata, i.tags, '[]', 0, 0,
            i.max_attempts, i.run_at, v_now, i.unique_key, i.unique_states
     FROM input i WHERE NOT i.ready
-  ),
-  ins_unique AS (
-    INSERT INTO unique_claims (unique_key, job_id)
-    SELECT i.unique_key, i.id FROM input i WHERE i.unique_key IS NOT NULL ORDER BY i.o
-    ON CONFLICT (unique_key) DO NOTHING
   )
   SELECT i.o, i.id, CASE WHEN i.ready THEN 'available' ELSE 'scheduled' END
   FROM input i
   ORDER BY i.o;
 
-  -- A unique row that was not inserted lost to an existing holder (or to an earlier row of
-  -- this batch): reject the whole call. (No key in the batch: nothing to look for.)
-  IF EXISTS (SELECT 1 FROM jsonb_array_elements(p_rows) AS e(v) WHERE e.v ->> 'unique_key' IS NOT NULL) THEN
-  SELECT encode(x.k, 'hex') AS key, u.job_id AS holder INTO v_conflict
-  FROM (SELECT decode(r.unique_key, 'hex') AS k, v_ids[r_e.o] AS id
-        FROM jsonb_array_elements(p_rows) WITH ORDINALITY AS r_e(v, o), jsonb_to_record(r_e.v) AS r(unique_key text)
-        WHERE r.unique_key IS NOT NULL) x
-  JOIN unique_claims u ON u.unique_key = x.k
-  WHERE u.job_id <> x.id
-  LIMIT 1;
-  IF FOUND THEN
-    RAISE EXCEPTION 'unique key % is held by job %', v_conflict.key, v_conflict.holder
-      USING ERRCODE = 'AWU01', DETAIL = v_conflict.key, HINT = v_conflict.holder::text;
-  END IF;
-  END IF;
-
   -- Delivered on commit only; identical (channel, payload) pairs are folded by Postgres.
   PERFORM pg_notify('awa_wake_awa', q.queue)
   FROM (SELECT DISTINCT r.queue FROM jsonb_to_recordset(p_rows) AS r(queue text, run_at timestamptz)
-        WHERE r.run_at IS NULL OR r.run_at <= v_now) q;
+        WHERE NOT v_divert AND (r.run_at IS NULL OR r.run_at <= v_now)) q;
 END
 $function$
 -- execute besides the owner: owner only
 
-CREATE OR REPLACE FUNCTION awa.enqueue_batch(p_headers jsonb, p_args jsonb, p_header_of integer[], p_keys jsonb, OUT job_ids bigint[], OUT scheduled_headers integer[])
+CREATE OR REPLACE FUNCTION awa.enqueue_batch(p_headers jsonb, p_args jsonb, p_header_of integer[], p_keys jsonb, OUT job_ids bigint[], OUT scheduled_headers integer[], OUT conflict_key text, OUT conflict_holder bigint)
  RETURNS record
  LANGUAGE plpgsql
  SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
 AS $function$
 #variable_conflict use_column
 DECLARE
   v_now timestamptz := now();
   v_n int := jsonb_array_length(p_args);
+  -- outside READ COMMITTED every job goes to deferred (see the header of this migration)
+  v_divert boolean := current_setting('transaction_isolation') <> 'read committed';
   v_lane record;
   v_slot int;
   v_generation bigint;
   v_pos bigint[];
   v_n_ready int;
   v_h record;
-  v_conflict record;
+  v_keys int;
+  v_inserted int;
 BEGIN
-  SELECT array_agg(e.o::int - 1 ORDER BY e.o) FILTER (WHERE x.run_at > v_now) INTO scheduled_headers
+  SELECT array_agg(e.o::int - 1 ORDER BY e.o) FILTER (WHERE v_divert OR x.run_at > v_now) INTO scheduled_headers
   FROM jsonb_array_elements(p_headers) WITH ORDINALITY AS e(v, o), jsonb_to_record(e.v) AS x(run_at timestamptz);
 
   FOR v_lane IN
     SELECT DISTINCT x.queue COLLATE "C" AS queue, x.priority
     FROM jsonb_to_recordset(p_headers) AS x(queue text, priority int, run_at timestamptz)
-    WHERE x.run_at IS NULL OR x.run_at <= v_now
+    WHERE NOT v_divert AND (x.run_at IS NULL OR x.run_at <= v_now)
     ORDER BY 1, 2
   LOOP
     -- = lane_key(queue, priority, 0), written with immutable operators so it is inlined
@@ -1220,6 +1247,31 @@ BEGIN
   END LOOP;
 
   SELECT array_agg(v ORDER BY v) INTO job_ids FROM (SELECT nextval('job_id_seq') AS v FROM generate_series(1, v_n)) s;
+
+  IF p_keys IS NOT NULL THEN
+    WITH ins AS (
+      INSERT INTO unique_claims (unique_key, job_id)
+      SELECT decode(k.v, 'hex'), job_ids[k.o] FROM jsonb_array_elements_text(p_keys) WITH ORDINALITY AS k(v, o)
+      WHERE k.v IS NOT NULL ORDER BY k.o
+      ON CONFLICT (unique_key) DO NOTHING
+      RETURNING 1
+    )
+    SELECT count(*) INTO v_inserted FROM ins;
+    SELECT count(*) INTO v_keys FROM jsonb_array_elements_text(p_keys) AS k(v) WHERE k.v IS NOT NULL;
+    IF v_inserted < v_keys THEN
+      -- A key that was not inserted lost to an existing holder (or to an earlier row of this
+      -- batch): the whole call is rejected. The holder is read before our own keys are removed.
+      SELECT k.v, u.job_id INTO conflict_key, conflict_holder
+      FROM jsonb_array_elements_text(p_keys) WITH ORDINALITY AS k(v, o)
+      LEFT JOIN unique_claims u ON u.unique_key = decode(k.v, 'hex')
+      WHERE k.v IS NOT NULL AND u.job_id IS DISTINCT FROM job_ids[k.o]
+      ORDER BY k.o LIMIT 1;
+      DELETE FROM unique_claims u WHERE u.job_id = ANY (job_ids);
+      job_ids := NULL;
+      scheduled_headers := NULL;
+      RETURN;
+    END IF;
+  END IF;
 
   IF scheduled_headers IS NULL THEN
     -- Every job is available now: positions in input order.
@@ -1295,36 +1347,19 @@ BEGIN
     FROM j WHERE NOT j.ready;
   END IF;
 
-  IF p_keys IS NOT NULL THEN
-    INSERT INTO unique_claims (unique_key, job_id)
-    SELECT decode(k.v, 'hex'), job_ids[k.o] FROM jsonb_array_elements_text(p_keys) WITH ORDINALITY AS k(v, o)
-    WHERE k.v IS NOT NULL ORDER BY k.o
-    ON CONFLICT (unique_key) DO NOTHING;
-    -- A key that was not inserted lost to an existing holder (or to an earlier row of this
-    -- batch): reject the whole call.
-    SELECT encode(u.unique_key, 'hex') AS key, u.job_id AS holder INTO v_conflict
-    FROM jsonb_array_elements_text(p_keys) WITH ORDINALITY AS k(v, o)
-    JOIN unique_claims u ON u.unique_key = decode(k.v, 'hex')
-    WHERE k.v IS NOT NULL AND u.job_id <> job_ids[k.o]
-    LIMIT 1;
-    IF FOUND THEN
-      RAISE EXCEPTION 'unique key % is held by job %', v_conflict.key, v_conflict.holder
-        USING ERRCODE = 'AWU01', DETAIL = v_conflict.key, HINT = v_conflict.holder::text;
-    END IF;
-  END IF;
-
   -- Delivered on commit only; identical (channel, payload) pairs are folded by Postgres.
   PERFORM pg_notify('awa_wake_awa', q.queue)
   FROM (SELECT DISTINCT x.queue FROM jsonb_to_recordset(p_headers) AS x(queue text, run_at timestamptz)
-        WHERE x.run_at IS NULL OR x.run_at <= v_now) q;
+        WHERE NOT v_divert AND (x.run_at IS NULL OR x.run_at <= v_now)) q;
 END
 $function$
--- execute besides the owner: PUBLIC: EXECUTE
+-- execute besides the owner: owner only
 
 CREATE OR REPLACE FUNCTION awa.enqueue_one(p_kind text, p_queue text, p_priority integer, p_args jsonb, p_metadata jsonb, p_tags jsonb, p_max_attempts integer, p_run_at timestamp with time zone, p_unique_key bytea, p_unique_states integer, OUT job_id bigint, OUT state text)
  RETURNS record
  LANGUAGE plpgsql
  SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -1333,14 +1368,15 @@ DECLARE
   v_tags text[];
   v_generation bigint;
   v_slot int;
-  v_holder bigint;
+  v_ready boolean := (p_run_at IS NULL OR p_run_at <= v_now)
+                     AND current_setting('transaction_isolation') = 'read committed';
 BEGIN
   IF p_tags IS NULL OR jsonb_array_length(p_tags) = 0 THEN
     v_tags := '{}';
   ELSE
     v_tags := ARRAY(SELECT jsonb_array_elements_text(p_tags));
   END IF;
-  IF p_run_at IS NULL OR p_run_at <= v_now THEN
+  IF v_ready THEN
     -- = lane_key(p_queue, p_priority, 0), written with immutable operators so it is inlined
     PERFORM pg_advisory_xact_lock(lock_ns('enqueue'),
                                   hashtext(p_queue || chr(31) || p_priority::text || chr(31) || '0'));
@@ -1348,6 +1384,16 @@ BEGIN
     IF NOT FOUND THEN
       INSERT INTO lanes (queue, priority, shard) VALUES (p_queue, p_priority, 0) ON CONFLICT DO NOTHING;
     END IF;
+  END IF;
+  IF p_unique_key IS NOT NULL THEN
+    INSERT INTO unique_claims (unique_key, job_id) VALUES (p_unique_key, v_id) ON CONFLICT (unique_key) DO NOTHING;
+    IF NOT FOUND THEN
+      SELECT u.job_id INTO job_id FROM unique_claims u WHERE u.unique_key = p_unique_key;
+      state := 'duplicate';
+      RETURN;
+    END IF;
+  END IF;
+  IF v_ready THEN
     -- After the lane lock: the slot is never older than the lane's previous rows. As
     -- enqueue_ready_slot, inline (one function call less per job).
     LOOP
@@ -1381,34 +1427,25 @@ BEGIN
             p_metadata, v_tags, '[]', 0, 0, p_max_attempts, coalesce(p_run_at, v_now), v_now, p_unique_key,
             coalesce(p_unique_states, 0));
     state := 'available';
+    -- Delivered on commit only.
+    PERFORM pg_notify('awa_wake_awa', p_queue);
   ELSE
     INSERT INTO deferred (job_id, state, kind, queue, priority, shard, args, metadata, tags, errors, attempt,
                           run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
     VALUES (v_id, 'scheduled', p_kind, p_queue, p_priority, 0, p_args, p_metadata, v_tags, '[]', 0, 0,
-            p_max_attempts, p_run_at, v_now, p_unique_key, coalesce(p_unique_states, 0));
+            p_max_attempts, coalesce(p_run_at, v_now), v_now, p_unique_key, coalesce(p_unique_states, 0));
     state := 'scheduled';
-  END IF;
-  IF p_unique_key IS NOT NULL THEN
-    INSERT INTO unique_claims (unique_key, job_id) VALUES (p_unique_key, v_id) ON CONFLICT (unique_key) DO NOTHING;
-    IF NOT FOUND THEN
-      SELECT u.job_id INTO v_holder FROM unique_claims u WHERE u.unique_key = p_unique_key;
-      RAISE EXCEPTION 'unique key % is held by job %', encode(p_unique_key, 'hex'), v_holder
-        USING ERRCODE = 'AWU01', DETAIL = encode(p_unique_key, 'hex'), HINT = v_holder::text;
-    END IF;
-  END IF;
-  IF state = 'available' THEN
-    -- Delivered on commit only.
-    PERFORM pg_notify('awa_wake_awa', p_queue);
   END IF;
   job_id := v_id;
 END
 $function$
--- execute besides the owner: PUBLIC: EXECUTE
+-- execute besides the owner: owner only
 
 CREATE OR REPLACE FUNCTION awa.enqueue_ready_slot(OUT o_generation bigint, OUT o_slot integer)
  RETURNS record
  LANGUAGE plpgsql
  SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
 AS $function$
 BEGIN
   LOOP
@@ -1438,7 +1475,7 @@ BEGIN
   END LOOP;
 END
 $function$
--- execute besides the owner: PUBLIC: EXECUTE
+-- execute besides the owner: owner only
 
 CREATE OR REPLACE FUNCTION awa.finalize(p_items jsonb)
  RETURNS TABLE(ord integer, applied boolean, state text)
@@ -1447,6 +1484,7 @@ CREATE OR REPLACE FUNCTION awa.finalize(p_items jsonb)
  SET plan_cache_mode TO 'force_generic_plan'
  SET enable_seqscan TO 'off'
  SET enable_nestloop TO 'off'
+ SET jit TO 'off'
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -1573,6 +1611,7 @@ CREATE OR REPLACE FUNCTION awa.heartbeat(p_items jsonb)
  SET search_path TO 'awa', 'pg_catalog'
  SET enable_hashjoin TO 'off'
  SET enable_mergejoin TO 'off'
+ SET jit TO 'off'
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -1609,6 +1648,7 @@ CREATE OR REPLACE FUNCTION awa.lane_cursor(p_queue text, p_priority integer, p_s
  STABLE
  SET search_path TO 'awa', 'pg_catalog'
  SET plan_cache_mode TO 'force_generic_plan'
+ SET jit TO 'off'
 AS $function$
 BEGIN
   -- ORDER BY … LIMIT 1: the plan max() would use, without planning the aggregate too
@@ -1647,6 +1687,7 @@ CREATE OR REPLACE FUNCTION awa.lock_current_slot(p_table text, OUT o_generation 
  RETURNS record
  LANGUAGE plpgsql
  SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
 AS $function$
 BEGIN
   LOOP
@@ -1670,6 +1711,7 @@ CREATE OR REPLACE FUNCTION awa.promote(p_limit integer)
  RETURNS integer
  LANGUAGE plpgsql
  SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -1739,6 +1781,7 @@ CREATE OR REPLACE FUNCTION awa.prune_history(p_lock_timeout_ms integer, p_comple
  RETURNS TABLE(outcome text, generation bigint, carried integer)
  LANGUAGE plpgsql
  SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -1799,6 +1842,7 @@ CREATE OR REPLACE FUNCTION awa.prune_queue(p_lock_timeout_ms integer, p_complete
  RETURNS TABLE(outcome text, generation bigint, carried integer)
  LANGUAGE plpgsql
  SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -2007,6 +2051,7 @@ CREATE OR REPLACE FUNCTION awa.prune_queue(p_lock_timeout_ms integer, p_complete
  RETURNS TABLE(outcome text, generation bigint, carried integer)
  LANGUAGE plpgsql
  SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -2049,6 +2094,7 @@ CREATE OR REPLACE FUNCTION awa.queue_slot_ranges(OUT lo1 integer, OUT hi1 intege
  STABLE
  SET search_path TO 'awa', 'pg_catalog'
  SET plan_cache_mode TO 'force_generic_plan'
+ SET jit TO 'off'
 AS $function$
 DECLARE
   v_n int := ring_slots('queue');
@@ -2089,6 +2135,7 @@ CREATE OR REPLACE FUNCTION awa.rescue(p_kind text, p_staleness_ms bigint, p_limi
  RETURNS TABLE(job_id bigint, run_lease bigint, state text)
  LANGUAGE plpgsql
  SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -2154,6 +2201,7 @@ CREATE OR REPLACE FUNCTION awa.retry_from_dlq(p_job_id bigint, p_queue text, p_p
  RETURNS text
  LANGUAGE plpgsql
  SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -2209,6 +2257,7 @@ CREATE OR REPLACE FUNCTION awa.retry_job(p_job_id bigint)
  RETURNS text
  LANGUAGE plpgsql
  SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -2259,6 +2308,7 @@ CREATE OR REPLACE FUNCTION awa.retry_job_or_dlq(p_job_id bigint)
  RETURNS text
  LANGUAGE plpgsql
  SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
 AS $function$
 BEGIN
   IF EXISTS (SELECT 1 FROM dlq d WHERE d.job_id = p_job_id) THEN
@@ -2302,6 +2352,7 @@ CREATE OR REPLACE FUNCTION awa.rotate(p_ring text, p_min_age_ms bigint)
  RETURNS text
  LANGUAGE plpgsql
  SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -2355,6 +2406,7 @@ CREATE OR REPLACE FUNCTION awa.rotate_queue_when_due(p_min_rows integer, p_max_a
  RETURNS text
  LANGUAGE plpgsql
  SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -2383,6 +2435,7 @@ CREATE OR REPLACE FUNCTION awa.slot_has_unclaimed(p_slot integer)
  SET enable_hashjoin TO 'off'
  SET enable_mergejoin TO 'off'
  SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
 DECLARE
   v_found boolean;
@@ -2429,6 +2482,7 @@ CREATE OR REPLACE FUNCTION awa.trim_ledgers(p_batch integer)
  RETURNS TABLE(ring text, outcome text, rotations integer, prunes integer, copies integer)
  LANGUAGE plpgsql
  SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
 AS $function$
 #variable_conflict use_column
 DECLARE
