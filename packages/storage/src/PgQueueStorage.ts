@@ -67,6 +67,7 @@ import {
   rotateMaxAgeMsRange,
   rotateMinRowsRange
 } from "./StorageChecks.ts"
+import { wakeChannel } from "./StorageSignals.ts"
 
 export interface PgQueueStorageOptions {
   /** Schema Awa is installed in. Default `"awa"`. */
@@ -702,6 +703,9 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
       yield* sql`
         INSERT INTO ${s}.queue_meta (queue, paused) VALUES (${queue}, ${paused})
         ON CONFLICT (queue) DO UPDATE SET paused = excluded.paused, updated_at = now()`
+      // a resumed queue's jobs sent their wake-ups while it was paused: wake its workers now, since
+      // idle dispatchers that listen poll rarely (delivered on commit)
+      if (!paused) yield* sql`SELECT pg_notify(${wakeChannel(schema)}, ${queue})`
     })
 
   const status = Effect.map(

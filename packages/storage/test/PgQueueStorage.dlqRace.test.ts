@@ -203,7 +203,7 @@ describe("PgQueueStorage: DLQ retry, batches and rescue under races (issue 14, p
         const sql = yield* SqlClient.SqlClient
         const q = fresh("dlqnewer")
         yield* storage.configureQueue(q, { dlq: true })
-        const [a, d] = yield* storage.enqueueMany([
+        const [a] = yield* storage.enqueueMany([
           { kind: "k", queue: q, args: { n: 1 }, maxAttempts: 1 },
           { kind: "k", queue: q, args: { n: 2 } }
         ])
