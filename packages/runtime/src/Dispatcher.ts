@@ -156,9 +156,11 @@ export const make = Effect.fnUntraced(function* <R>(
     Queue.take(wakeBell).pipe(
       Effect.timeoutOption(ms),
       // a wake-up says work may be there: the next empty claim starts the backoff again
-      Effect.map((woken) => {
-        if (woken._tag === "Some") idleClaims = 0
-      })
+      Effect.flatMap((woken) =>
+        Effect.sync(() => {
+          if (woken._tag === "Some") idleClaims = 0
+        })
+      )
     )
   )
 
