@@ -226,7 +226,7 @@ BEGIN
   ),
   open AS (
     SELECT DISTINCT ON (i.job_id, i.run_lease)
-           i.o, i.outcome, i.delay_ms, i.message, i.reason, c.slot, c.generation, c.job_id, c.run_lease, c.attempt, c.lane_seq,
+           i.o, i.outcome AS outcome0, i.delay_ms, i.message AS message0, i.reason, c.slot, c.generation, c.job_id, c.run_lease, c.attempt, c.lane_seq,
            r.kind, r.queue, r.priority, r.shard, r.args, r.metadata, r.tags, r.errors, r.max_attempts, r.created_at, r.run_at,
            r.unique_key, r.unique_states, coalesce(a.progress, r.progress) AS progress, a.found AS has_state,
            CASE i.outcome
@@ -235,7 +235,7 @@ BEGIN
              WHEN 'fail' THEN 'failed'
              WHEN 'snooze' THEN 'scheduled'
              WHEN 'retry' THEN CASE WHEN c.attempt >= r.max_attempts THEN 'failed' ELSE 'retryable' END
-           END AS new_state
+           END AS new_state0
     FROM items i
     JOIN batch_claims c ON c.job_id = i.job_id AND c.run_lease = i.run_lease
     -- the claimed row by its full key: lane_seq, not run_lease, is unique per ready row (a cancelled
@@ -251,6 +251,34 @@ BEGIN
       AND (i.stale_before IS NULL OR a.heartbeat_at IS NULL OR a.heartbeat_at < i.stale_before)
     ORDER BY i.job_id, i.run_lease, i.o
   ),
+  -- Re-entry into the unique mask (capabilities.md §4): a job whose mask omits 'running' takes
+  -- its key again when its new state is in the mask; if a newer job holds it and the new state is
+  -- retryable or scheduled, this one gives way (cancelled, 'superseded by duplicate <id>'), as in
+  -- the simulation. Default masks hold 'running': nothing enters.
+  keyed AS MATERIALIZED (
+    SELECT o.*, (o.unique_key IS NOT NULL AND (o.unique_states & 4) = 0
+                 AND (o.unique_states & state_bit(o.new_state0)) <> 0) AS enters
+    FROM open o
+  ),
+  take_key AS (
+    INSERT INTO unique_claims (unique_key, job_id)
+    SELECT DISTINCT ON (k.unique_key) k.unique_key, k.job_id FROM keyed k WHERE k.enters ORDER BY k.unique_key, k.job_id
+    ON CONFLICT (unique_key) DO NOTHING
+    RETURNING job_id
+  ),
+  settled AS MATERIALIZED (
+    SELECT k.*, CASE WHEN s.superseded THEN 'cancel' ELSE k.outcome0 END AS outcome,
+           CASE WHEN s.superseded THEN 'superseded by duplicate ' || coalesce(s.holder::text, 'job') ELSE k.message0 END AS message,
+           CASE WHEN s.superseded THEN 'cancelled' ELSE k.new_state0 END AS new_state
+    FROM keyed k
+    CROSS JOIN LATERAL (
+      -- only a live state gives way; a finished job takes the key if it is free, and keeps its end
+      SELECT CASE WHEN k.enters AND k.new_state0 IN ('retryable', 'scheduled') THEN NOT EXISTS (SELECT 1 FROM take_key t WHERE t.job_id = k.job_id)
+                                 AND NOT EXISTS (SELECT 1 FROM unique_claims u WHERE u.unique_key = k.unique_key AND u.job_id = k.job_id)
+                  ELSE false END AS superseded,
+             CASE WHEN k.enters THEN (SELECT u.job_id FROM unique_claims u WHERE u.unique_key = k.unique_key) END AS holder
+    ) s
+  ),
   resolved AS MATERIALIZED (
     SELECT o.*,
            o.new_state = 'failed' AND dlq_enabled(o.queue) AS to_dlq,
@@ -261,7 +289,7 @@ BEGIN
                 WHEN o.outcome = 'cancel' THEN
                   append_error(o.errors, jsonb_build_object('error', 'cancelled: ' || o.message, 'attempt', o.attempt, 'at', v_now))
            END AS new_errors
-    FROM open o
+    FROM settled o
   ),
   -- The two plain tables keyed by job_id come first; what they did not take is not applied.
   ins_dlq AS (
