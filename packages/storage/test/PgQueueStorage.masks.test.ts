@@ -44,7 +44,10 @@ describe("PgQueueStorage unique masks", () => {
             pgLayer().pipe(Layer.provideMerge(PgClient.layer({ url: Redacted.make(url), maxConnections: 1 })))
           )
         )
-        const results = yield* Effect.all(Array.from({ length: 10 }, () => producer), { concurrency: 10 })
+        const results = yield* Effect.all(
+          Array.from({ length: 10 }, () => producer),
+          { concurrency: 10 }
+        )
         assert.strictEqual(
           results.reduce((a, r) => a + r.ok, 0),
           1

@@ -53,7 +53,9 @@ export const masksSuite = (it: Vitest.MethodsNonLive<QueueStorage>, { advance }:
       assert.strictEqual(ca!.jobId, a!.id)
       const [b] = yield* storage.enqueueMany([keyed(q, mask)])
       // a completes: completed is in the mask, but b holds the key; a finishes all the same
-      yield* storage.finalizeMany([{ jobId: ca!.jobId, runLease: ca!.runLease, outcome: { _tag: "Complete" } }])
+      yield* storage.finalizeMany([
+        { jobId: ca!.jobId, runLease: ca!.runLease, outcome: { _tag: "Complete" } }
+      ])
       assert.strictEqual((yield* storage.getJob(a!.id)).state, "completed")
       const conflict = yield* Effect.flip(storage.enqueueMany([keyed(q, mask)]))
       assert.strictEqual(conflict._tag, "UniqueConflict")
@@ -79,7 +81,11 @@ export const masksSuite = (it: Vitest.MethodsNonLive<QueueStorage>, { advance }:
         assert.strictEqual(ca!.jobId, a!.id)
         const [b] = yield* storage.enqueueMany([keyed(q, mask)])
         const results = yield* storage.finalizeMany([
-          { jobId: ca!.jobId, runLease: ca!.runLease, outcome: { _tag: "Retry", delayMs: 0, error: "flaky" } },
+          {
+            jobId: ca!.jobId,
+            runLease: ca!.runLease,
+            outcome: { _tag: "Retry", delayMs: 0, error: "flaky" }
+          },
           { jobId: co!.jobId, runLease: co!.runLease, outcome: { _tag: "Retry", delayMs: 0, error: "flaky" } }
         ])
         assert.deepStrictEqual(
@@ -94,27 +100,29 @@ export const masksSuite = (it: Vitest.MethodsNonLive<QueueStorage>, { advance }:
       })
   )
 
-  it.effect("mask without running: a rescued first job is superseded by the duplicate; the sweep goes on", () =>
-    Effect.gen(function* () {
-      const storage = yield* QueueStorage
-      const q = freshQueue("mask-rescue")
-      const mask: Array<JobState> = ["scheduled", "available", "retryable"]
-      const [a] = yield* storage.enqueueMany([keyed(q, mask)])
-      const [plain] = yield* storage.enqueueMany([{ kind: "mask_job", queue: q, args: { n: 2 } }])
-      yield* storage.claim(claimOf(q, 2, { deadlineMs: 10 }))
-      const [b] = yield* storage.enqueueMany([keyed(q, mask)])
-      yield* advance(60)
-      const rescued = yield* storage.rescueDeadlines(500)
-      assert.sameMembers(
-        rescued.map((r) => `${r.jobId}:${r.state}`),
-        [`${a!.id}:cancelled`, `${plain!.id}:retryable`]
-      )
-      assert.strictEqual(
-        (yield* storage.getJob(a!.id)).errors.at(-1)!.error,
-        `cancelled: superseded by duplicate ${b!.id}`
-      )
-      assert.strictEqual((yield* storage.getJob(b!.id)).state, "available")
-    })
+  it.effect(
+    "mask without running: a rescued first job is superseded by the duplicate; the sweep goes on",
+    () =>
+      Effect.gen(function* () {
+        const storage = yield* QueueStorage
+        const q = freshQueue("mask-rescue")
+        const mask: Array<JobState> = ["scheduled", "available", "retryable"]
+        const [a] = yield* storage.enqueueMany([keyed(q, mask)])
+        const [plain] = yield* storage.enqueueMany([{ kind: "mask_job", queue: q, args: { n: 2 } }])
+        yield* storage.claim(claimOf(q, 2, { deadlineMs: 10 }))
+        const [b] = yield* storage.enqueueMany([keyed(q, mask)])
+        yield* advance(60)
+        const rescued = yield* storage.rescueDeadlines(500)
+        assert.sameMembers(
+          rescued.map((r) => `${r.jobId}:${r.state}`),
+          [`${a!.id}:cancelled`, `${plain!.id}:retryable`]
+        )
+        assert.strictEqual(
+          (yield* storage.getJob(a!.id)).errors.at(-1)!.error,
+          `cancelled: superseded by duplicate ${b!.id}`
+        )
+        assert.strictEqual((yield* storage.getJob(b!.id)).state, "available")
+      })
   )
 
   it.effect("promotion into a mask meets a newer holder: the promoted job is superseded", () =>
