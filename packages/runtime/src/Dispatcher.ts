@@ -10,7 +10,7 @@
  * wake-up, resets it. Without a listener (notifications off, or lost until it re-subscribes, when
  * every dispatcher is woken) the wait stays at `pollIntervalMs`. So a job is picked up at once on
  * a wake-up, and within `idlePollMaxMs × 1.2` (plus one claim) if its wake-up is lost
- * (docs/adr/0015-dlq-retry-unique-masks-idle-dispatch.md).
+ * (docs/adr/0016-dlq-retry-unique-masks-idle-dispatch.md).
  *
  * **Claiming ahead** A claim round trip costs about as much for 500 jobs as for 50, so claiming
  * only the free capacity caps a busy queue at `maxConcurrency` jobs per round trip, and leaves the

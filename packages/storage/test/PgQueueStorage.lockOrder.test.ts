@@ -1,7 +1,7 @@
 /**
  * Operator retry takes the lane's enqueue lock before the unique row, the order enqueue uses
  * (storage-engine review m2): a retry and a producer of the same key never deadlock. The
- * interleaving that deadlocked before 0018: the producer's transaction holds the lane lock (it
+ * interleaving that deadlocked before 0019: the producer's transaction holds the lane lock (it
  * enqueued into the lane), the retry waits for it, and the producer then enqueues the retried
  * job's key. Now the retry holds no key while it waits, so the producer wins the key and the retry
  * answers `UniqueConflict`.

@@ -1,6 +1,6 @@
--- 0018: a DLQ retry racing the move to the DLQ gives one job, run once; no finalize batch is
+-- 0019: a DLQ retry racing the move to the DLQ gives one job, run once; no finalize batch is
 -- aborted by one item; a stale rescue re-checks the heartbeat under the attempt lock; operator
--- retry takes the lane lock before the unique row (ADR 0015; storage-engine review M2, A4, m2,
+-- retry takes the lane lock before the unique row (ADR 0016; storage-engine review M2, A4, m2,
 -- m4, m8).
 --
 -- Before: retry_job_or_dlq looked for a dlq row *before* the per-job lock, and retry_job took any
@@ -34,7 +34,7 @@
 --        no-op re-entry).
 CREATE OR REPLACE FUNCTION :AWA_SCHEMA.retry_job_or_dlq(p_job_id bigint)
 RETURNS text
-LANGUAGE plpgsql SET search_path = :AWA_SCHEMA, pg_catalog AS $$
+LANGUAGE plpgsql SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
 BEGIN
   PERFORM pg_advisory_xact_lock(lock_ns('job'), hashint8(p_job_id));
   -- a new statement after the lock: a move to the DLQ that committed before it is seen
@@ -54,7 +54,7 @@ $$;
 --         re-acquires the unique key when the mask holds 'available' (AWU01 on conflict).
 CREATE OR REPLACE FUNCTION :AWA_SCHEMA.retry_job(p_job_id bigint)
 RETURNS text
-LANGUAGE plpgsql SET search_path = :AWA_SCHEMA, pg_catalog AS $$
+LANGUAGE plpgsql SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
   v_now timestamptz := now();
@@ -113,7 +113,7 @@ $$;
 --        (AWU01 if another job holds it, and the whole call rolls back, entry included).
 CREATE OR REPLACE FUNCTION :AWA_SCHEMA.retry_from_dlq(p_job_id bigint, p_queue text, p_priority int, p_run_at timestamptz)
 RETURNS text
-LANGUAGE plpgsql SET search_path = :AWA_SCHEMA, pg_catalog AS $$
+LANGUAGE plpgsql SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
   v_now timestamptz := now();
@@ -182,7 +182,7 @@ CREATE OR REPLACE FUNCTION :AWA_SCHEMA.finalize(p_items jsonb)
 RETURNS TABLE (ord int, applied boolean, state text)
 LANGUAGE plpgsql
 SET search_path = :AWA_SCHEMA, pg_catalog SET plan_cache_mode = force_generic_plan SET enable_seqscan = off
-SET enable_nestloop = off AS $$
+SET enable_nestloop = off SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
   v_now timestamptz := now();
@@ -361,7 +361,7 @@ $$;
 -- so finalize leaves an attempt whose heartbeat committed after the scan alone.
 CREATE OR REPLACE FUNCTION :AWA_SCHEMA.rescue(p_kind text, p_staleness_ms bigint, p_limit int)
 RETURNS TABLE (job_id bigint, run_lease bigint, state text)
-LANGUAGE plpgsql SET search_path = :AWA_SCHEMA, pg_catalog AS $$
+LANGUAGE plpgsql SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
   v_cutoff timestamptz := now() - p_staleness_ms * interval '1 millisecond';
@@ -415,7 +415,7 @@ $$;
 -- job that retries quickly, and drain_queue would then abort as a whole.
 CREATE OR REPLACE FUNCTION :AWA_SCHEMA.cancel_job(p_job_id bigint, p_reason text)
 RETURNS text
-LANGUAGE plpgsql SET search_path = :AWA_SCHEMA, pg_catalog AS $$
+LANGUAGE plpgsql SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
   v_now timestamptz := now();

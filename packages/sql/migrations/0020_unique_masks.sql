@@ -1,26 +1,27 @@
--- 0019: unique state masks on Postgres as in capabilities.md §4 and the simulation (ADR 0015;
+-- 0020: unique state masks on Postgres as in capabilities.md §4 and the simulation (ADR 0016;
 -- issue 14 property 3; ADR 0004 "Not built yet"). A job holds its key exactly while its state is
 -- in its mask:
 --   enqueue_one, enqueue_batch, enqueue(jsonb)
---                take the key only when the initial state (available or scheduled) is in the mask
---                (before: always). enqueue_one takes it before writing the ready row, so a rejected
---                duplicate leaves no dead tuple in a ring child (review m1).
+--                take the key only when the initial state (available, or scheduled: a future run_at
+--                or a job diverted outside READ COMMITTED) is in the mask (before: always).
 --   claim        releases the key when the mask holds 'available' but not 'running'.
 --   promote      releases it when the mask holds the deferred state but not 'available'; takes it
 --                when the mask holds 'available' but not the deferred state, and a job that finds
 --                the key held by a newer job is cancelled ('superseded by duplicate <id>').
---   finalize     (0018) takes the key when a job whose mask omits 'running' re-enters it, with the
+--   finalize     (0019) takes the key when a job whose mask omits 'running' re-enters it, with the
 --                same supersede rule.
 -- Default masks hold scheduled, available, running and retryable: every new test above is false
 -- for them, so the hot path does no extra key work (one filter over the claimed rows, one probe in
 -- promote). Not built: taking the key at claim for a mask that holds 'running' but not
--- 'available' (ADR 0015).
+-- 'available' (ADR 0016).
 
+-- enqueue_one, enqueue_batch, enqueue(jsonb): as in 0018 (key first, 'duplicate' answers, diversion
+-- outside READ COMMITTED), with the mask condition on the key.
 CREATE OR REPLACE FUNCTION :AWA_SCHEMA.enqueue_one(p_kind text, p_queue text, p_priority int, p_args jsonb,
-                                        p_metadata jsonb, p_tags jsonb, p_max_attempts int,
-                                        p_run_at timestamptz, p_unique_key bytea, p_unique_states int,
-                                        OUT job_id bigint, OUT state text)
-LANGUAGE plpgsql SET search_path = :AWA_SCHEMA, pg_catalog AS $$
+                                                   p_metadata jsonb, p_tags jsonb, p_max_attempts int,
+                                                   p_run_at timestamptz, p_unique_key bytea, p_unique_states int,
+                                                   OUT job_id bigint, OUT state text)
+LANGUAGE plpgsql SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
   v_now timestamptz := now();
@@ -28,15 +29,15 @@ DECLARE
   v_tags text[];
   v_generation bigint;
   v_slot int;
-  v_holder bigint;
+  v_ready boolean := (p_run_at IS NULL OR p_run_at <= v_now)
+                     AND current_setting('transaction_isolation') = 'read committed';
 BEGIN
   IF p_tags IS NULL OR jsonb_array_length(p_tags) = 0 THEN
     v_tags := '{}';
   ELSE
     v_tags := ARRAY(SELECT jsonb_array_elements_text(p_tags));
   END IF;
-  state := CASE WHEN p_run_at IS NULL OR p_run_at <= v_now THEN 'available' ELSE 'scheduled' END;
-  IF state = 'available' THEN
+  IF v_ready THEN
     -- = lane_key(p_queue, p_priority, 0), written with immutable operators so it is inlined
     PERFORM pg_advisory_xact_lock(lock_ns('enqueue'),
                                   hashtext(p_queue || chr(31) || p_priority::text || chr(31) || '0'));
@@ -44,6 +45,17 @@ BEGIN
     IF NOT FOUND THEN
       INSERT INTO lanes (queue, priority, shard) VALUES (p_queue, p_priority, 0) ON CONFLICT DO NOTHING;
     END IF;
+  END IF;
+  -- only when the initial state is in the job's mask (capabilities.md §4)
+  IF p_unique_key IS NOT NULL AND (coalesce(p_unique_states, 0) & CASE WHEN v_ready THEN 2 ELSE 1 END) <> 0 THEN
+    INSERT INTO unique_claims (unique_key, job_id) VALUES (p_unique_key, v_id) ON CONFLICT (unique_key) DO NOTHING;
+    IF NOT FOUND THEN
+      SELECT u.job_id INTO job_id FROM unique_claims u WHERE u.unique_key = p_unique_key;
+      state := 'duplicate';
+      RETURN;
+    END IF;
+  END IF;
+  IF v_ready THEN
     -- After the lane lock: the slot is never older than the lane's previous rows. As
     -- enqueue_ready_slot, inline (one function call less per job).
     LOOP
@@ -71,67 +83,51 @@ BEGIN
       END CASE;
       EXIT WHEN NOT EXISTS (SELECT 1 FROM ring_prunes p WHERE p.ring = 'queue' AND p.generation = v_generation);
     END LOOP;
-    -- The key first (after the lane lock): a conflict then aborts before any ring row is
-    -- written, so a rejected duplicate leaves no dead tuple in a ring child (review m1). Taken
-    -- only when the initial state is in the job's mask (capabilities.md §4).
-    IF p_unique_key IS NOT NULL AND (coalesce(p_unique_states, 0) & state_bit(state)) <> 0 THEN
-      INSERT INTO unique_claims (unique_key, job_id) VALUES (p_unique_key, v_id) ON CONFLICT (unique_key) DO NOTHING;
-      IF NOT FOUND THEN
-        SELECT u.job_id INTO v_holder FROM unique_claims u WHERE u.unique_key = p_unique_key;
-        RAISE EXCEPTION 'unique key % is held by job %', encode(p_unique_key, 'hex'), v_holder
-          USING ERRCODE = 'AWU01', DETAIL = encode(p_unique_key, 'hex'), HINT = v_holder::text;
-      END IF;
-    END IF;
     INSERT INTO ready (slot, generation, job_id, kind, queue, priority, shard, lane_seq, args, metadata, tags,
                        errors, attempt, run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
     VALUES (v_slot, v_generation, v_id, p_kind, p_queue, p_priority, 0, nextval('lane_seq'), p_args,
             p_metadata, v_tags, '[]', 0, 0, p_max_attempts, coalesce(p_run_at, v_now), v_now, p_unique_key,
             coalesce(p_unique_states, 0));
+    state := 'available';
+    -- Delivered on commit only.
+    PERFORM pg_notify('awa_wake_:AWA_SCHEMA', p_queue);
   ELSE
-    -- the key as above (no lane lock: a deferred row has no position yet)
-    IF p_unique_key IS NOT NULL AND (coalesce(p_unique_states, 0) & state_bit(state)) <> 0 THEN
-      INSERT INTO unique_claims (unique_key, job_id) VALUES (p_unique_key, v_id) ON CONFLICT (unique_key) DO NOTHING;
-      IF NOT FOUND THEN
-        SELECT u.job_id INTO v_holder FROM unique_claims u WHERE u.unique_key = p_unique_key;
-        RAISE EXCEPTION 'unique key % is held by job %', encode(p_unique_key, 'hex'), v_holder
-          USING ERRCODE = 'AWU01', DETAIL = encode(p_unique_key, 'hex'), HINT = v_holder::text;
-      END IF;
-    END IF;
     INSERT INTO deferred (job_id, state, kind, queue, priority, shard, args, metadata, tags, errors, attempt,
                           run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
     VALUES (v_id, 'scheduled', p_kind, p_queue, p_priority, 0, p_args, p_metadata, v_tags, '[]', 0, 0,
-            p_max_attempts, p_run_at, v_now, p_unique_key, coalesce(p_unique_states, 0));
-  END IF;
-  IF state = 'available' THEN
-    -- Delivered on commit only.
-    PERFORM pg_notify('awa_wake_:AWA_SCHEMA', p_queue);
+            p_max_attempts, coalesce(p_run_at, v_now), v_now, p_unique_key, coalesce(p_unique_states, 0));
+    state := 'scheduled';
   END IF;
   job_id := v_id;
 END
 $$;
 
 CREATE OR REPLACE FUNCTION :AWA_SCHEMA.enqueue_batch(p_headers jsonb, p_args jsonb, p_header_of int[], p_keys jsonb,
-                                          OUT job_ids bigint[], OUT scheduled_headers int[])
-LANGUAGE plpgsql SET search_path = :AWA_SCHEMA, pg_catalog AS $$
+                                          OUT job_ids bigint[], OUT scheduled_headers int[],
+                                          OUT conflict_key text, OUT conflict_holder bigint)
+LANGUAGE plpgsql SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
   v_now timestamptz := now();
   v_n int := jsonb_array_length(p_args);
+  -- outside READ COMMITTED every job goes to deferred (see the header of this migration)
+  v_divert boolean := current_setting('transaction_isolation') <> 'read committed';
   v_lane record;
   v_slot int;
   v_generation bigint;
   v_pos bigint[];
   v_n_ready int;
   v_h record;
-  v_conflict record;
+  v_keys int;
+  v_inserted int;
 BEGIN
-  SELECT array_agg(e.o::int - 1 ORDER BY e.o) FILTER (WHERE x.run_at > v_now) INTO scheduled_headers
+  SELECT array_agg(e.o::int - 1 ORDER BY e.o) FILTER (WHERE v_divert OR x.run_at > v_now) INTO scheduled_headers
   FROM jsonb_array_elements(p_headers) WITH ORDINALITY AS e(v, o), jsonb_to_record(e.v) AS x(run_at timestamptz);
 
   FOR v_lane IN
     SELECT DISTINCT x.queue COLLATE "C" AS queue, x.priority
     FROM jsonb_to_recordset(p_headers) AS x(queue text, priority int, run_at timestamptz)
-    WHERE x.run_at IS NULL OR x.run_at <= v_now
+    WHERE NOT v_divert AND (x.run_at IS NULL OR x.run_at <= v_now)
     ORDER BY 1, 2
   LOOP
     -- = lane_key(queue, priority, 0), written with immutable operators so it is inlined
@@ -144,6 +140,38 @@ BEGIN
   END LOOP;
 
   SELECT array_agg(v ORDER BY v) INTO job_ids FROM (SELECT nextval('job_id_seq') AS v FROM generate_series(1, v_n)) s;
+
+  IF p_keys IS NOT NULL THEN
+    WITH ins AS (
+      INSERT INTO unique_claims (unique_key, job_id)
+      SELECT decode(k.v, 'hex'), job_ids[k.o] FROM jsonb_array_elements_text(p_keys) WITH ORDINALITY AS k(v, o)
+      -- only a row whose initial state is in its mask takes its key (capabilities.md §4)
+      WHERE k.v IS NOT NULL AND (coalesce((p_headers -> coalesce(p_header_of[k.o], 0) ->> 'unique_states')::int, 0)
+                                   & CASE WHEN coalesce(p_header_of[k.o], 0) = ANY (coalesce(scheduled_headers, '{}')) THEN 1 ELSE 2 END) <> 0
+      ORDER BY k.o
+      ON CONFLICT (unique_key) DO NOTHING
+      RETURNING 1
+    )
+    SELECT count(*) INTO v_inserted FROM ins;
+    SELECT count(*) INTO v_keys FROM jsonb_array_elements_text(p_keys) WITH ORDINALITY AS k(v, o)
+    WHERE k.v IS NOT NULL AND (coalesce((p_headers -> coalesce(p_header_of[k.o], 0) ->> 'unique_states')::int, 0)
+                                 & CASE WHEN coalesce(p_header_of[k.o], 0) = ANY (coalesce(scheduled_headers, '{}')) THEN 1 ELSE 2 END) <> 0;
+    IF v_inserted < v_keys THEN
+      -- A key that was not inserted lost to an existing holder (or to an earlier row of this
+      -- batch): the whole call is rejected. The holder is read before our own keys are removed.
+      SELECT k.v, u.job_id INTO conflict_key, conflict_holder
+      FROM jsonb_array_elements_text(p_keys) WITH ORDINALITY AS k(v, o)
+      LEFT JOIN unique_claims u ON u.unique_key = decode(k.v, 'hex')
+      WHERE k.v IS NOT NULL AND u.job_id IS DISTINCT FROM job_ids[k.o]
+        AND (coalesce((p_headers -> coalesce(p_header_of[k.o], 0) ->> 'unique_states')::int, 0)
+               & CASE WHEN coalesce(p_header_of[k.o], 0) = ANY (coalesce(scheduled_headers, '{}')) THEN 1 ELSE 2 END) <> 0
+      ORDER BY k.o LIMIT 1;
+      DELETE FROM unique_claims u WHERE u.job_id = ANY (job_ids);
+      job_ids := NULL;
+      scheduled_headers := NULL;
+      RETURN;
+    END IF;
+  END IF;
 
   IF scheduled_headers IS NULL THEN
     -- Every job is available now: positions in input order.
@@ -219,57 +247,35 @@ BEGIN
     FROM j WHERE NOT j.ready;
   END IF;
 
-  IF p_keys IS NOT NULL THEN
-    INSERT INTO unique_claims (unique_key, job_id)
-    SELECT decode(k.v, 'hex'), job_ids[k.o] FROM jsonb_array_elements_text(p_keys) WITH ORDINALITY AS k(v, o)
-    -- only a row whose initial state is in its mask takes its key (capabilities.md §4)
-    WHERE k.v IS NOT NULL AND (SELECT coalesce((h.v ->> 'unique_states')::int, 0)
-                 & CASE WHEN h.v ->> 'run_at' IS NULL OR (h.v ->> 'run_at')::timestamptz <= v_now THEN 2 ELSE 1 END
-            FROM (SELECT p_headers -> coalesce(p_header_of[k.o], 0) AS v) h) <> 0
-    ORDER BY k.o
-    ON CONFLICT (unique_key) DO NOTHING;
-    -- A key that was not inserted lost to an existing holder (or to an earlier row of this
-    -- batch): reject the whole call.
-    SELECT encode(u.unique_key, 'hex') AS key, u.job_id AS holder INTO v_conflict
-    FROM jsonb_array_elements_text(p_keys) WITH ORDINALITY AS k(v, o)
-    JOIN unique_claims u ON u.unique_key = decode(k.v, 'hex')
-    WHERE k.v IS NOT NULL AND u.job_id <> job_ids[k.o]
-      AND (SELECT coalesce((h.v ->> 'unique_states')::int, 0)
-                     & CASE WHEN h.v ->> 'run_at' IS NULL OR (h.v ->> 'run_at')::timestamptz <= v_now THEN 2 ELSE 1 END
-              FROM (SELECT p_headers -> coalesce(p_header_of[k.o], 0) AS v) h) <> 0
-    LIMIT 1;
-    IF FOUND THEN
-      RAISE EXCEPTION 'unique key % is held by job %', v_conflict.key, v_conflict.holder
-        USING ERRCODE = 'AWU01', DETAIL = v_conflict.key, HINT = v_conflict.holder::text;
-    END IF;
-  END IF;
-
   -- Delivered on commit only; identical (channel, payload) pairs are folded by Postgres.
   PERFORM pg_notify('awa_wake_:AWA_SCHEMA', q.queue)
   FROM (SELECT DISTINCT x.queue FROM jsonb_to_recordset(p_headers) AS x(queue text, run_at timestamptz)
-        WHERE x.run_at IS NULL OR x.run_at <= v_now) q;
+        WHERE NOT v_divert AND (x.run_at IS NULL OR x.run_at <= v_now)) q;
 END
 $$;
 
 CREATE OR REPLACE FUNCTION :AWA_SCHEMA.enqueue(p_rows jsonb)
 RETURNS TABLE (ord int, job_id bigint, state text)
-LANGUAGE plpgsql SET search_path = :AWA_SCHEMA, pg_catalog AS $$
+LANGUAGE plpgsql SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
   v_now timestamptz := now();
   v_n int := jsonb_array_length(p_rows);
+  v_divert boolean := current_setting('transaction_isolation') <> 'read committed';
   v_lane record;
-  v_ring record;
+  v_slot int;
+  v_generation bigint;
   v_ids bigint[];
   v_pos bigint[];
   v_n_ready int;
-  v_conflict record;
+  v_keys int;
+  v_inserted int;
 BEGIN
   FOR v_lane IN
     -- byte order (C collation): the TypeScript side sorts multi-call batches the same way
     SELECT DISTINCT r.queue COLLATE "C" AS queue, r.priority
     FROM jsonb_to_recordset(p_rows) AS r(queue text, priority int, run_at timestamptz)
-    WHERE r.run_at IS NULL OR r.run_at <= v_now
+    WHERE NOT v_divert AND (r.run_at IS NULL OR r.run_at <= v_now)
     ORDER BY 1, 2
   LOOP
     -- = lane_key(queue, priority, 0), written with immutable operators so it is inlined
@@ -281,19 +287,55 @@ BEGIN
     ON CONFLICT DO NOTHING;
   END LOOP;
 
-  -- After the lane locks: the slot is never older than the lane's previous rows.
-  SELECT o_generation AS generation, o_slot AS slot INTO v_ring FROM enqueue_ready_slot();
   SELECT array_agg(v ORDER BY v) INTO v_ids FROM (SELECT nextval('job_id_seq') AS v FROM generate_series(1, v_n)) s;
+
+  -- Keys first: a batch that loses one writes nothing else (see enqueue_batch).
+  IF EXISTS (SELECT 1 FROM jsonb_array_elements(p_rows) AS e(v) WHERE e.v ->> 'unique_key' IS NOT NULL) THEN
+    WITH ins AS (
+      INSERT INTO unique_claims (unique_key, job_id)
+      SELECT decode(e.v ->> 'unique_key', 'hex'), v_ids[e.o] FROM jsonb_array_elements(p_rows) WITH ORDINALITY AS e(v, o)
+      -- only a row whose initial state is in its mask takes its key (capabilities.md §4)
+      WHERE e.v ->> 'unique_key' IS NOT NULL AND (coalesce((e.v ->> 'unique_states')::int, 0)
+                                                   & CASE WHEN NOT v_divert AND (e.v ->> 'run_at' IS NULL OR (e.v ->> 'run_at')::timestamptz <= v_now)
+                                                          THEN 2 ELSE 1 END) <> 0
+      ORDER BY e.o
+      ON CONFLICT (unique_key) DO NOTHING
+      RETURNING 1
+    )
+    SELECT count(*) INTO v_inserted FROM ins;
+    SELECT count(*) INTO v_keys FROM jsonb_array_elements(p_rows) AS e(v)
+    WHERE e.v ->> 'unique_key' IS NOT NULL AND (coalesce((e.v ->> 'unique_states')::int, 0)
+                                                 & CASE WHEN NOT v_divert AND (e.v ->> 'run_at' IS NULL OR (e.v ->> 'run_at')::timestamptz <= v_now)
+                                                        THEN 2 ELSE 1 END) <> 0;
+    IF v_inserted < v_keys THEN
+      RETURN QUERY
+      SELECT e.o::int, u.job_id, 'duplicate'::text
+      FROM jsonb_array_elements(p_rows) WITH ORDINALITY AS e(v, o)
+      LEFT JOIN unique_claims u ON u.unique_key = decode(e.v ->> 'unique_key', 'hex')
+      WHERE e.v ->> 'unique_key' IS NOT NULL AND u.job_id IS DISTINCT FROM v_ids[e.o]
+        AND (coalesce((e.v ->> 'unique_states')::int, 0)
+               & CASE WHEN NOT v_divert AND (e.v ->> 'run_at' IS NULL OR (e.v ->> 'run_at')::timestamptz <= v_now)
+                      THEN 2 ELSE 1 END) <> 0
+      ORDER BY e.o LIMIT 1;
+      DELETE FROM unique_claims u WHERE u.job_id = ANY (v_ids);
+      RETURN;
+    END IF;
+  END IF;
+
   SELECT count(*) INTO v_n_ready FROM jsonb_to_recordset(p_rows) AS r(run_at timestamptz)
-  WHERE r.run_at IS NULL OR r.run_at <= v_now;
-  SELECT array_agg(v ORDER BY v) INTO v_pos FROM (SELECT nextval('lane_seq') AS v FROM generate_series(1, v_n_ready)) s;
+  WHERE NOT v_divert AND (r.run_at IS NULL OR r.run_at <= v_now);
+  IF v_n_ready > 0 THEN
+    -- After the lane locks: the slot is never older than the lane's previous rows.
+    SELECT o_generation, o_slot INTO v_generation, v_slot FROM enqueue_ready_slot();
+    SELECT array_agg(v ORDER BY v) INTO v_pos FROM (SELECT nextval('lane_seq') AS v FROM generate_series(1, v_n_ready)) s;
+  END IF;
 
   RETURN QUERY
   WITH input AS (
     -- args from the element itself: JSON null stays JSON null (jsonb_to_record made it SQL NULL)
     SELECT x_e.o::int AS o, v_ids[x_e.o] AS id, x.kind, x.queue, x.priority, x_e.v -> 'args' AS args, x.metadata,
            ARRAY(SELECT jsonb_array_elements_text(x.tags)) AS tags, x.max_attempts,
-           coalesce(x.run_at, v_now) AS run_at, (x.run_at IS NULL OR x.run_at <= v_now) AS ready,
+           coalesce(x.run_at, v_now) AS run_at, NOT v_divert AND (x.run_at IS NULL OR x.run_at <= v_now) AS ready,
            decode(x.unique_key, 'hex') AS unique_key, coalesce(x.unique_states, 0) AS unique_states
     FROM jsonb_array_elements(p_rows) WITH ORDINALITY AS x_e(v, o), jsonb_to_record(x_e.v) AS x(kind text, queue text, priority smallint,
          metadata jsonb, tags jsonb, max_attempts int, run_at timestamptz, unique_key text, unique_states int)
@@ -304,7 +346,7 @@ BEGIN
   ins_ready AS (
     INSERT INTO ready (slot, generation, job_id, kind, queue, priority, shard, lane_seq, args, metadata, tags,
                        errors, attempt, run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
-    SELECT v_ring.slot, v_ring.generation, r.id, r.kind, r.queue, r.priority, 0, v_pos[r.rank], r.args, r.metadata,
+    SELECT v_slot, v_generation, r.id, r.kind, r.queue, r.priority, 0, v_pos[r.rank], r.args, r.metadata,
            r.tags, '[]', 0, 0, r.max_attempts, r.run_at, v_now, r.unique_key, r.unique_states
     FROM ranked r
   ),
@@ -314,49 +356,26 @@ BEGIN
     SELECT i.id, 'scheduled', i.kind, i.queue, i.priority, 0, i.args, i.metadata, i.tags, '[]', 0, 0,
            i.max_attempts, i.run_at, v_now, i.unique_key, i.unique_states
     FROM input i WHERE NOT i.ready
-  ),
-  ins_unique AS (
-    INSERT INTO unique_claims (unique_key, job_id)
-    SELECT i.unique_key, i.id FROM input i
-    WHERE i.unique_key IS NOT NULL AND (i.unique_states & CASE WHEN i.ready THEN 2 ELSE 1 END) <> 0
-    ORDER BY i.o
-    ON CONFLICT (unique_key) DO NOTHING
   )
   SELECT i.o, i.id, CASE WHEN i.ready THEN 'available' ELSE 'scheduled' END
   FROM input i
   ORDER BY i.o;
 
-  -- A unique row that was not inserted lost to an existing holder (or to an earlier row of
-  -- this batch): reject the whole call. (No key in the batch: nothing to look for.)
-  IF EXISTS (SELECT 1 FROM jsonb_array_elements(p_rows) AS e(v) WHERE e.v ->> 'unique_key' IS NOT NULL) THEN
-  SELECT encode(x.k, 'hex') AS key, u.job_id AS holder INTO v_conflict
-  FROM (SELECT decode(r.unique_key, 'hex') AS k, v_ids[r_e.o] AS id
-        FROM jsonb_array_elements(p_rows) WITH ORDINALITY AS r_e(v, o),
-             jsonb_to_record(r_e.v) AS r(unique_key text, unique_states int, run_at timestamptz)
-        WHERE r.unique_key IS NOT NULL
-          AND (coalesce(r.unique_states, 0) & CASE WHEN r.run_at IS NULL OR r.run_at <= v_now THEN 2 ELSE 1 END) <> 0) x
-  JOIN unique_claims u ON u.unique_key = x.k
-  WHERE u.job_id <> x.id
-  LIMIT 1;
-  IF FOUND THEN
-    RAISE EXCEPTION 'unique key % is held by job %', v_conflict.key, v_conflict.holder
-      USING ERRCODE = 'AWU01', DETAIL = v_conflict.key, HINT = v_conflict.holder::text;
-  END IF;
-  END IF;
-
   -- Delivered on commit only; identical (channel, payload) pairs are folded by Postgres.
   PERFORM pg_notify('awa_wake_:AWA_SCHEMA', q.queue)
   FROM (SELECT DISTINCT r.queue FROM jsonb_to_recordset(p_rows) AS r(queue text, run_at timestamptz)
-        WHERE r.run_at IS NULL OR r.run_at <= v_now) q;
+        WHERE NOT v_divert AND (r.run_at IS NULL OR r.run_at <= v_now)) q;
 END
 $$;
 
+-- claim: as in 0016 (with 0018's jit = off), releasing keys that leave the mask.
 CREATE OR REPLACE FUNCTION :AWA_SCHEMA.claim(p_queue text, p_max int, p_deadline_ms bigint, p_aging_ms bigint)
 RETURNS TABLE (job_id bigint, run_lease bigint, attempt int, max_attempts int, kind text, queue text,
                priority smallint, args jsonb, metadata jsonb, tags text[], errors jsonb,
                run_at timestamptz, created_at timestamptz, claimed_at timestamptz, deadline_at timestamptz)
 LANGUAGE plpgsql
-SET search_path = :AWA_SCHEMA, pg_catalog SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$
+SET search_path = :AWA_SCHEMA, pg_catalog SET plan_cache_mode = force_generic_plan SET enable_seqscan = off
+SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
   v_now timestamptz := now();
@@ -523,7 +542,7 @@ $$;
 -- promote, as in 0003, with the mask transitions above.
 CREATE OR REPLACE FUNCTION :AWA_SCHEMA.promote(p_limit int)
 RETURNS int
-LANGUAGE plpgsql SET search_path = :AWA_SCHEMA, pg_catalog AS $$
+LANGUAGE plpgsql SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
   v_lane record;
