@@ -4685,5 +4685,1153 @@ BEGIN
 END
 $$;
 `
+  },
+  {
+    file: "0019_dlq_retry_once.sql",
+    text: `-- 0019: a DLQ retry racing the move to the DLQ gives one job, run once; no finalize batch is
+-- aborted by one item; a stale rescue re-checks the heartbeat under the attempt lock; operator
+-- retry takes the lane lock before the unique row (ADR 0016; storage-engine review M2, A4, m2,
+-- m4, m8).
+--
+-- Before: retry_job_or_dlq looked for a dlq row *before* the per-job lock, and retry_job took any
+-- job whose newest representation is 'failed', the DLQ row (rank 0) included. A retry racing
+-- finalize's move to the DLQ, or a direct retry_job on a DLQ job, left the job both in the DLQ and
+-- in the ring: it ran again, and its next failure on a DLQ queue violated dlq_pkey, which aborted
+-- the whole finalize batch (up to 512 unrelated attempts) and then every rescue tick.
+--
+-- Now:
+--   retry_job_or_dlq  per-job lock first, then the DLQ check in a new statement (READ COMMITTED:
+--                     it sees a move that committed before the lock was granted).
+--   retry_job         a job whose newest representation is its DLQ row is retried out of the DLQ
+--                     (retry_from_dlq), never copied beside it.
+--   retry_job, retry_from_dlq
+--                     the lane's enqueue lock before the unique row, the order enqueue uses, so an
+--                     operator retry and a producer of the same key cannot deadlock (review m2).
+--   finalize          the dlq insert is ON CONFLICT (job_id) DO UPDATE, newest attempt wins; the
+--                     deferred insert is ON CONFLICT DO NOTHING. An item whose row could not be
+--                     written reports applied = false and writes nothing (no closure: its attempt
+--                     stays open). Nothing in one item can raise for the batch. An item may carry
+--                     stale_before: it then applies only if the attempt has no heartbeat at or
+--                     after that instant (read under the attempt lock).
+--   rescue            stale items carry their cutoff as stale_before (review m4: a heartbeat that
+--                     commits between the candidate scan and finalize's lock saves the attempt).
+--   cancel_job        retries up to 100 times instead of 5 before SQLSTATE 40001: every retry
+--                     means another party moved the job (review m8).
+
+-- ---------------------------------------------------------------------------------------------
+-- retry_job_or_dlq(id) -> as retry_job / retry_from_dlq.
+-- Locks: per-job lock (blocking), then whatever the delegate takes (the per-job lock again is a
+--        no-op re-entry).
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.retry_job_or_dlq(p_job_id bigint)
+RETURNS text
+LANGUAGE plpgsql SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
+BEGIN
+  PERFORM pg_advisory_xact_lock(lock_ns('job'), hashint8(p_job_id));
+  -- a new statement after the lock: a move to the DLQ that committed before it is seen
+  IF EXISTS (SELECT 1 FROM dlq d WHERE d.job_id = p_job_id) THEN
+    RETURN retry_from_dlq(p_job_id, NULL, NULL, NULL);
+  END IF;
+  RETURN retry_job(p_job_id);
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- retry_job(id) -> 'available', the unchanged state when it is not failed or cancelled, or NULL
+-- when the job does not exist. A job in the DLQ is retried out of it (retry_from_dlq).
+-- Locks: per-job lock, then the lane's enqueue lock (blocking, like an insert), then the unique
+--        row: enqueue's order.
+-- Writes: a new ready row (attempt 0, run_lease unchanged, errors kept) in the current slot;
+--         re-acquires the unique key when the mask holds 'available' (AWU01 on conflict).
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.retry_job(p_job_id bigint)
+RETURNS text
+LANGUAGE plpgsql SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
+#variable_conflict use_column
+DECLARE
+  v_now timestamptz := now();
+  v_job record;
+  v_key record;
+  v_ring record;
+  v_holder bigint;
+BEGIN
+  PERFORM pg_advisory_xact_lock(lock_ns('job'), hashint8(p_job_id));
+  SELECT * INTO v_job FROM jobs j WHERE j.job_id = p_job_id;
+  IF NOT FOUND THEN
+    RETURN NULL;
+  END IF;
+  IF v_job.dlq_reason IS NOT NULL THEN
+    -- the newest representation is the DLQ row: move it out, never copy it beside the entry
+    RETURN retry_from_dlq(p_job_id, NULL, NULL, NULL);
+  END IF;
+  IF v_job.state NOT IN ('failed', 'cancelled') THEN
+    RETURN v_job.state;
+  END IF;
+  SELECT x.unique_key, x.unique_states INTO v_key FROM (
+    SELECT coalesce(t.unique_key, r.unique_key) AS unique_key, coalesce(t.unique_states, r.unique_states) AS unique_states, t.run_lease, t.finalized_at
+    FROM terminal t LEFT JOIN ready r ON NOT t.wide AND r.slot = t.slot AND r.job_id = t.job_id AND r.lane_seq = t.lane_seq
+    WHERE t.job_id = p_job_id
+    UNION ALL
+    SELECT h.unique_key, h.unique_states, h.run_lease, h.finalized_at FROM history h WHERE h.job_id = p_job_id
+  ) x ORDER BY x.run_lease DESC, x.finalized_at DESC LIMIT 1;
+  PERFORM pg_advisory_xact_lock(lock_ns('enqueue'), lane_key(v_job.queue, v_job.priority, 0));
+  IF v_key.unique_key IS NOT NULL AND (v_key.unique_states & state_bit('available')) <> 0 THEN
+    INSERT INTO unique_claims (unique_key, job_id) VALUES (v_key.unique_key, p_job_id) ON CONFLICT DO NOTHING;
+    SELECT u.job_id INTO v_holder FROM unique_claims u WHERE u.unique_key = v_key.unique_key;
+    IF v_holder <> p_job_id THEN
+      RAISE EXCEPTION 'unique key % is held by job %', encode(v_key.unique_key, 'hex'), v_holder
+        USING ERRCODE = 'AWU01', DETAIL = encode(v_key.unique_key, 'hex'), HINT = v_holder::text;
+    END IF;
+  END IF;
+  INSERT INTO lanes (queue, priority, shard) VALUES (v_job.queue, v_job.priority, 0) ON CONFLICT DO NOTHING;
+  SELECT o_generation AS generation, o_slot AS slot INTO v_ring FROM lock_current_slot('ready');
+  INSERT INTO ready (slot, generation, job_id, kind, queue, priority, shard, lane_seq, args, metadata, tags,
+                     errors, progress, attempt, run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
+  VALUES (v_ring.slot, v_ring.generation, p_job_id, v_job.kind, v_job.queue, v_job.priority, 0, nextval('lane_seq'),
+          v_job.args, v_job.metadata, v_job.tags, v_job.errors, v_job.progress, 0, v_job.run_lease, v_job.max_attempts,
+          v_now, v_job.created_at, v_key.unique_key, coalesce(v_key.unique_states, 0));
+  PERFORM pg_notify('awa_wake_:AWA_SCHEMA', v_job.queue);
+  RETURN 'available';
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- retry_from_dlq(id, queue?, priority?, run_at?) -> 'available' | 'scheduled', NULL if not in the
+-- DLQ. As in 0006, with the lane's enqueue lock taken before the unique row (enqueue's order).
+-- Locks: per-job lock; then (available) the lane's enqueue lock, blocking, then the unique row,
+--        then the current slot's ready child via lock_current_slot.
+-- Writes: deletes the dlq row; a ready row (fresh position) or a deferred row with attempt 0 and
+--        the original run lease; re-takes the unique key when the new state is in its mask
+--        (AWU01 if another job holds it, and the whole call rolls back, entry included).
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.retry_from_dlq(p_job_id bigint, p_queue text, p_priority int, p_run_at timestamptz)
+RETURNS text
+LANGUAGE plpgsql SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
+#variable_conflict use_column
+DECLARE
+  v_now timestamptz := now();
+  v_row dlq%ROWTYPE;
+  v_queue text;
+  v_priority smallint;
+  v_run_at timestamptz;
+  v_state text;
+  v_holder bigint;
+  v_ring record;
+BEGIN
+  PERFORM pg_advisory_xact_lock(lock_ns('job'), hashint8(p_job_id));
+  DELETE FROM dlq d WHERE d.job_id = p_job_id RETURNING d.* INTO v_row;
+  IF NOT FOUND THEN
+    RETURN NULL;
+  END IF;
+  v_queue := coalesce(p_queue, v_row.queue);
+  v_priority := coalesce(p_priority, v_row.priority);
+  v_run_at := coalesce(p_run_at, v_now);
+  v_state := CASE WHEN v_run_at > v_now THEN 'scheduled' ELSE 'available' END;
+  IF v_state = 'available' THEN
+    PERFORM pg_advisory_xact_lock(lock_ns('enqueue'), lane_key(v_queue, v_priority, 0));
+  END IF;
+  IF v_row.unique_key IS NOT NULL AND (v_row.unique_states & state_bit(v_state)) <> 0 THEN
+    INSERT INTO unique_claims (unique_key, job_id) VALUES (v_row.unique_key, p_job_id) ON CONFLICT DO NOTHING;
+    SELECT u.job_id INTO v_holder FROM unique_claims u WHERE u.unique_key = v_row.unique_key;
+    IF v_holder <> p_job_id THEN
+      RAISE EXCEPTION 'unique key % is held by job %', encode(v_row.unique_key, 'hex'), v_holder
+        USING ERRCODE = 'AWU01', DETAIL = encode(v_row.unique_key, 'hex'), HINT = v_holder::text;
+    END IF;
+  END IF;
+  IF v_state = 'scheduled' THEN
+    INSERT INTO deferred (job_id, state, kind, queue, priority, shard, args, metadata, tags, errors, progress, attempt,
+                          run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
+    VALUES (p_job_id, 'scheduled', v_row.kind, v_queue, v_priority, 0, v_row.args, v_row.metadata, v_row.tags, v_row.errors,
+            v_row.progress, 0, v_row.original_run_lease, v_row.max_attempts, v_run_at, v_row.created_at,
+            v_row.unique_key, v_row.unique_states);
+    RETURN v_state;
+  END IF;
+  INSERT INTO lanes (queue, priority, shard) VALUES (v_queue, v_priority, 0) ON CONFLICT DO NOTHING;
+  SELECT o_generation AS generation, o_slot AS slot INTO v_ring FROM lock_current_slot('ready');
+  INSERT INTO ready (slot, generation, job_id, kind, queue, priority, shard, lane_seq, args, metadata, tags,
+                     errors, progress, attempt, run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
+  VALUES (v_ring.slot, v_ring.generation, p_job_id, v_row.kind, v_queue, v_priority, 0, nextval('lane_seq'),
+          v_row.args, v_row.metadata, v_row.tags, v_row.errors, v_row.progress, 0, v_row.original_run_lease,
+          v_row.max_attempts, v_run_at, v_row.created_at, v_row.unique_key, v_row.unique_states);
+  PERFORM pg_notify('awa_wake_:AWA_SCHEMA', v_queue);
+  RETURN v_state;
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- finalize(items) -> (ord, applied, state) per item, as in 0016, except:
+--   * dlq insert: ON CONFLICT (job_id) DO UPDATE when the entry is older than this attempt (the
+--     newest attempt wins); an entry of this or a newer attempt leaves the item not applied.
+--   * deferred insert: ON CONFLICT DO NOTHING; a job already there leaves the item not applied.
+--   * an item with stale_before applies only if the attempt's last heartbeat (read after the
+--     attempt lock) is older than it, or absent.
+-- A not-applied item writes nothing: no closure, no terminal row, no key release; its attempt
+-- stays open (rescue or the owner's next write decides it). So one item can never raise for the
+-- batch: the remaining constraint violations (closures, terminal) are on keys this function is the
+-- only writer of, under the attempt lock.
+-- Locks: attempt locks for the distinct items, sorted, in one statement; then row inserts.
+-- Input item: {job_id, run_lease, outcome, delay_ms?, message?, reason?, stale_before?}.
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.finalize(p_items jsonb)
+RETURNS TABLE (ord int, applied boolean, state text)
+LANGUAGE plpgsql
+SET search_path = :AWA_SCHEMA, pg_catalog SET plan_cache_mode = force_generic_plan SET enable_seqscan = off
+SET enable_nestloop = off SET jit = off AS $$
+#variable_conflict use_column
+DECLARE
+  v_now timestamptz := now();
+  v_ids bigint[];
+  v_lo1 int;
+  v_hi1 int;
+  v_lo2 int;
+  v_hi2 int;
+BEGIN
+  -- One statement; the locks are taken row by row in the sorted subquery's order.
+  SELECT array_agg(a.job_id) INTO v_ids
+  FROM (SELECT a.job_id, pg_advisory_xact_lock(attempt_key(a.job_id, a.run_lease)) AS locked
+        FROM (SELECT DISTINCT i.job_id, i.run_lease FROM jsonb_to_recordset(p_items) AS i(job_id bigint, run_lease bigint)
+              ORDER BY i.job_id, i.run_lease) a) a;
+  -- After the locks: the batch's claims can no longer be carried (prune tries these locks), so
+  -- each is in a slot of these ranges, or gone with its pruned slot (stale either way).
+  SELECT s.lo1, s.hi1, s.lo2, s.hi2 INTO v_lo1, v_hi1, v_lo2, v_hi2 FROM queue_slot_ranges() s;
+
+  RETURN QUERY
+  WITH items AS MATERIALIZED (
+    SELECT x_e.o::int AS o, x.job_id, x.run_lease, x.outcome, coalesce(x.delay_ms, 0) AS delay_ms, x.message, x.reason,
+           x.stale_before
+    FROM jsonb_array_elements(p_items) WITH ORDINALITY AS x_e(v, o),
+         jsonb_to_record(x_e.v) AS x(job_id bigint, run_lease bigint, outcome text, delay_ms bigint, message text, reason text,
+                                     stale_before timestamptz)
+  ),
+  batch_claims AS MATERIALIZED (
+    SELECT c.slot, c.generation, c.job_id, c.run_lease, c.attempt, c.queue, c.priority, c.shard, c.lane_seq
+    FROM claims c WHERE c.job_id = ANY (v_ids)
+      AND (c.slot BETWEEN v_lo1 AND v_hi1 OR c.slot BETWEEN v_lo2 AND v_hi2)
+  ),
+  batch_ready AS MATERIALIZED (
+    SELECT r.slot, r.job_id, r.kind, r.queue, r.priority, r.shard, r.lane_seq, r.args, r.metadata, r.tags, r.errors,
+           r.max_attempts, r.created_at, r.run_at, r.unique_key, r.unique_states, r.progress
+    FROM ready r WHERE r.job_id = ANY (v_ids)
+      AND (r.slot BETWEEN v_lo1 AND v_hi1 OR r.slot BETWEEN v_lo2 AND v_hi2)
+  ),
+  batch_closures AS MATERIALIZED (
+    SELECT z.job_id, z.run_lease FROM closures z WHERE z.job_id = ANY (v_ids)
+      AND (z.slot BETWEEN v_lo1 AND v_hi1 OR z.slot BETWEEN v_lo2 AND v_hi2)
+  ),
+  open AS (
+    SELECT DISTINCT ON (i.job_id, i.run_lease)
+           i.o, i.outcome AS outcome0, i.delay_ms, i.message AS message0, i.reason, c.slot, c.generation, c.job_id, c.run_lease, c.attempt, c.lane_seq,
+           r.kind, r.queue, r.priority, r.shard, r.args, r.metadata, r.tags, r.errors, r.max_attempts, r.created_at, r.run_at,
+           r.unique_key, r.unique_states, coalesce(a.progress, r.progress) AS progress, a.found AS has_state,
+           CASE i.outcome
+             WHEN 'complete' THEN 'completed'
+             WHEN 'cancel' THEN 'cancelled'
+             WHEN 'fail' THEN 'failed'
+             WHEN 'snooze' THEN 'scheduled'
+             WHEN 'retry' THEN CASE WHEN c.attempt >= r.max_attempts THEN 'failed' ELSE 'retryable' END
+           END AS new_state0
+    FROM items i
+    JOIN batch_claims c ON c.job_id = i.job_id AND c.run_lease = i.run_lease
+    -- the claimed row by its full key: lane_seq, not run_lease, is unique per ready row (a cancelled
+    -- and then retried job has two ready rows with the same lease)
+    JOIN batch_ready r ON r.slot = c.slot AND r.queue = c.queue AND r.priority = c.priority AND r.shard = c.shard
+                      AND r.lane_seq = c.lane_seq
+    LEFT JOIN LATERAL (
+      SELECT a.progress, a.heartbeat_at, true AS found FROM attempt_state a
+      WHERE a.job_id = c.job_id AND a.run_lease = c.run_lease LIMIT 1
+    ) a ON true
+    WHERE NOT EXISTS (SELECT 1 FROM batch_closures x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease)
+      -- a stale rescue yields to a heartbeat that committed after its scan (we hold the attempt lock)
+      AND (i.stale_before IS NULL OR a.heartbeat_at IS NULL OR a.heartbeat_at < i.stale_before)
+    ORDER BY i.job_id, i.run_lease, i.o
+  ),
+  -- Re-entry into the unique mask (capabilities.md §4): a job whose mask omits 'running' takes
+  -- its key again when its new state is in the mask; if a newer job holds it and the new state is
+  -- retryable or scheduled, this one gives way (cancelled, 'superseded by duplicate <id>'), as in
+  -- the simulation. Default masks hold 'running': nothing enters.
+  keyed AS MATERIALIZED (
+    SELECT o.*, (o.unique_key IS NOT NULL AND (o.unique_states & 4) = 0
+                 AND (o.unique_states & state_bit(o.new_state0)) <> 0) AS enters
+    FROM open o
+  ),
+  take_key AS (
+    INSERT INTO unique_claims (unique_key, job_id)
+    SELECT DISTINCT ON (k.unique_key) k.unique_key, k.job_id FROM keyed k WHERE k.enters ORDER BY k.unique_key, k.job_id
+    ON CONFLICT (unique_key) DO NOTHING
+    RETURNING job_id
+  ),
+  settled AS MATERIALIZED (
+    SELECT k.*, CASE WHEN s.superseded THEN 'cancel' ELSE k.outcome0 END AS outcome,
+           CASE WHEN s.superseded THEN 'superseded by duplicate ' || coalesce(s.holder::text, 'job') ELSE k.message0 END AS message,
+           CASE WHEN s.superseded THEN 'cancelled' ELSE k.new_state0 END AS new_state
+    FROM keyed k
+    CROSS JOIN LATERAL (
+      -- only a live state gives way; a finished job takes the key if it is free, and keeps its end
+      SELECT CASE WHEN k.enters AND k.new_state0 IN ('retryable', 'scheduled') THEN NOT EXISTS (SELECT 1 FROM take_key t WHERE t.job_id = k.job_id)
+                                 AND NOT EXISTS (SELECT 1 FROM unique_claims u WHERE u.unique_key = k.unique_key AND u.job_id = k.job_id)
+                  ELSE false END AS superseded,
+             CASE WHEN k.enters THEN (SELECT u.job_id FROM unique_claims u WHERE u.unique_key = k.unique_key) END AS holder
+    ) s
+  ),
+  resolved AS MATERIALIZED (
+    SELECT o.*,
+           o.new_state = 'failed' AND dlq_enabled(o.queue) AS to_dlq,
+           CASE WHEN o.outcome = 'fail' THEN 'terminal_error' ELSE coalesce(o.reason, 'max_attempts_exhausted') END AS dlq_reason,
+           CASE WHEN o.outcome IN ('retry', 'fail') THEN
+                  append_error(o.errors, jsonb_strip_nulls(jsonb_build_object('error', o.message, 'attempt', o.attempt, 'at', v_now,
+                                         'terminal', CASE WHEN o.new_state = 'failed' THEN true END)))
+                WHEN o.outcome = 'cancel' THEN
+                  append_error(o.errors, jsonb_build_object('error', 'cancelled: ' || o.message, 'attempt', o.attempt, 'at', v_now))
+           END AS new_errors
+    FROM settled o
+  ),
+  -- The two plain tables keyed by job_id come first; what they did not take is not applied.
+  ins_dlq AS (
+    INSERT INTO dlq AS d (job_id, kind, queue, priority, args, metadata, tags, errors, progress, attempt, max_attempts,
+                          original_run_lease, run_at, created_at, dlq_at, dlq_reason, unique_key, unique_states)
+    SELECT DISTINCT ON (r.job_id)
+           r.job_id, r.kind, r.queue, r.priority, r.args, r.metadata, r.tags, coalesce(r.new_errors, r.errors), r.progress,
+           r.attempt, r.max_attempts, r.run_lease, r.run_at, r.created_at, v_now, r.dlq_reason, r.unique_key, r.unique_states
+    FROM resolved r WHERE r.to_dlq
+    ORDER BY r.job_id, r.run_lease DESC
+    ON CONFLICT (job_id) DO UPDATE
+      SET kind = excluded.kind, queue = excluded.queue, priority = excluded.priority, args = excluded.args,
+          metadata = excluded.metadata, tags = excluded.tags, errors = excluded.errors, progress = excluded.progress,
+          attempt = excluded.attempt, max_attempts = excluded.max_attempts, original_run_lease = excluded.original_run_lease,
+          run_at = excluded.run_at, created_at = excluded.created_at, dlq_at = excluded.dlq_at,
+          dlq_reason = excluded.dlq_reason, unique_key = excluded.unique_key, unique_states = excluded.unique_states
+      WHERE d.original_run_lease < excluded.original_run_lease
+    RETURNING d.job_id, d.original_run_lease AS run_lease
+  ),
+  ins_deferred AS (
+    INSERT INTO deferred (job_id, state, kind, queue, priority, shard, args, metadata, tags, errors, progress, attempt,
+                          run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
+    SELECT DISTINCT ON (r.job_id)
+           r.job_id, r.new_state, r.kind, r.queue, r.priority, r.shard, r.args, r.metadata, r.tags,
+           coalesce(r.new_errors, r.errors), r.progress,
+           CASE WHEN r.new_state = 'scheduled' THEN r.attempt - 1 ELSE r.attempt END,
+           r.run_lease, r.max_attempts, v_now + r.delay_ms * interval '1 millisecond', r.created_at, r.unique_key, r.unique_states
+    FROM resolved r WHERE r.new_state IN ('retryable', 'scheduled')
+    ORDER BY r.job_id, r.run_lease DESC
+    ON CONFLICT (job_id) DO NOTHING
+    RETURNING job_id, run_lease
+  ),
+  done AS (
+    SELECT r.* FROM resolved r
+    WHERE CASE WHEN r.to_dlq THEN EXISTS (SELECT 1 FROM ins_dlq x WHERE x.job_id = r.job_id AND x.run_lease = r.run_lease)
+               WHEN r.new_state IN ('retryable', 'scheduled')
+                 THEN EXISTS (SELECT 1 FROM ins_deferred x WHERE x.job_id = r.job_id AND x.run_lease = r.run_lease)
+               ELSE true END
+  ),
+  ins_closures AS (
+    INSERT INTO closures (slot, generation, job_id, run_lease, outcome, closed_at)
+    SELECT r.slot, r.generation, r.job_id, r.run_lease, r.new_state, v_now FROM done r
+  ),
+  ins_terminal AS (
+    INSERT INTO terminal (slot, generation, job_id, run_lease, lane_seq, state, attempt, finalized_at, errors, progress)
+    SELECT r.slot, r.generation, r.job_id, r.run_lease, r.lane_seq, r.new_state, r.attempt, v_now, r.new_errors,
+           CASE WHEN r.new_state = 'completed' THEN NULL ELSE r.progress END
+    FROM done r WHERE r.new_state IN ('completed', 'failed', 'cancelled') AND NOT r.to_dlq
+  ),
+  -- Primary-key probes, only for attempts that had a row (read above): most attempts never
+  -- heartbeat, so most batches delete nothing and probe nothing.
+  del_state AS (
+    DELETE FROM attempt_state a USING done r
+    WHERE r.has_state AND a.job_id = r.job_id AND a.run_lease = r.run_lease
+  ),
+  rel_unique AS (
+    DELETE FROM unique_claims u USING done r
+    WHERE r.unique_key IS NOT NULL AND u.unique_key = r.unique_key AND u.job_id = r.job_id
+      AND (r.unique_states & state_bit(r.new_state)) = 0
+  )
+  SELECT i.o, r.o IS NOT NULL, r.new_state
+  FROM items i LEFT JOIN done r ON r.o = i.o
+  ORDER BY i.o;
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- rescue(kind, staleness_ms, limit), as in 0006; a stale item carries its cutoff (stale_before),
+-- so finalize leaves an attempt whose heartbeat committed after the scan alone.
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.rescue(p_kind text, p_staleness_ms bigint, p_limit int)
+RETURNS TABLE (job_id bigint, run_lease bigint, state text)
+LANGUAGE plpgsql SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
+#variable_conflict use_column
+DECLARE
+  v_cutoff timestamptz := now() - p_staleness_ms * interval '1 millisecond';
+  v_items jsonb;
+  v_row record;
+BEGIN
+  IF p_kind = 'stale' THEN
+    WITH cand AS (
+      SELECT c.job_id, c.run_lease, c.attempt FROM claims c
+      LEFT JOIN attempt_state a ON a.job_id = c.job_id AND a.run_lease = c.run_lease
+      WHERE c.claimed_at < v_cutoff AND (a.heartbeat_at IS NULL OR a.heartbeat_at < v_cutoff)
+        AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.job_id = c.job_id AND z.run_lease = c.run_lease)
+      ORDER BY c.claimed_at LIMIT p_limit
+    )
+    SELECT jsonb_agg(jsonb_build_object('job_id', cand.job_id, 'run_lease', cand.run_lease, 'outcome', 'retry',
+             'delay_ms', backoff_ms(cand.attempt, random()), 'message', 'heartbeat stale: worker presumed dead',
+             'reason', 'stale_heartbeat', 'stale_before', v_cutoff))
+      INTO v_items FROM cand;
+  ELSE
+    WITH cand AS (
+      SELECT c.job_id, c.run_lease, c.attempt FROM claims c
+      WHERE c.deadline_at < now()
+        AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.job_id = c.job_id AND z.run_lease = c.run_lease)
+      ORDER BY c.deadline_at LIMIT p_limit
+    )
+    SELECT jsonb_agg(jsonb_build_object('job_id', cand.job_id, 'run_lease', cand.run_lease, 'outcome', 'retry',
+             'delay_ms', backoff_ms(cand.attempt, random()), 'message', 'hard deadline exceeded',
+             'reason', 'deadline_exceeded'))
+      INTO v_items FROM cand;
+  END IF;
+  IF v_items IS NULL THEN
+    RETURN;
+  END IF;
+  FOR v_row IN
+    SELECT (v_items -> (f.ord - 1) ->> 'job_id')::bigint AS j, (v_items -> (f.ord - 1) ->> 'run_lease')::bigint AS l, f.state AS s
+    FROM finalize(v_items) f WHERE f.applied
+  LOOP
+    PERFORM pg_notify('awa_cancel_:AWA_SCHEMA', v_row.j || ':' || v_row.l);
+    job_id := v_row.j;
+    run_lease := v_row.l;
+    state := v_row.s;
+    RETURN NEXT;
+  END LOOP;
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- cancel_job(id, reason), as in 0003, with 100 tries instead of 5 before SQLSTATE 40001. Each
+-- try that does not return means another party changed the job between our read and our write
+-- (promoted, claimed, closed) under our per-job lock; five such moves in a row are possible for a
+-- job that retries quickly, and drain_queue would then abort as a whole.
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.cancel_job(p_job_id bigint, p_reason text)
+RETURNS text
+LANGUAGE plpgsql SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
+#variable_conflict use_column
+DECLARE
+  v_now timestamptz := now();
+  v_job record;
+  v_row record;
+  v_ring record;
+  v_try int;
+  v_state text;
+BEGIN
+  PERFORM pg_advisory_xact_lock(lock_ns('job'), hashint8(p_job_id));
+  FOR v_try IN 1 .. 100 LOOP
+    SELECT * INTO v_job FROM jobs j WHERE j.job_id = p_job_id;
+    IF NOT FOUND THEN
+      RETURN NULL;
+    END IF;
+    IF v_job.state IN ('completed', 'failed', 'cancelled') THEN
+      RETURN 'terminal:' || v_job.state;
+    END IF;
+
+    IF v_job.state IN ('scheduled', 'retryable') THEN
+      DELETE FROM deferred d WHERE d.job_id = p_job_id RETURNING d.* INTO v_row;
+      IF FOUND THEN
+        SELECT o_generation AS generation, o_slot AS slot INTO v_ring FROM lock_current_slot('terminal');
+        INSERT INTO terminal (slot, generation, job_id, run_lease, state, attempt, finalized_at, errors, progress, wide,
+                              kind, queue, priority, args, metadata, tags, max_attempts, run_at, created_at, unique_key, unique_states)
+        VALUES (v_ring.slot, v_ring.generation, p_job_id, v_row.run_lease, 'cancelled', v_row.attempt, v_now,
+                append_error(v_row.errors, jsonb_build_object('error', 'cancelled: ' || p_reason, 'attempt', v_row.attempt, 'at', v_now)),
+                v_row.progress, true, v_row.kind, v_row.queue, v_row.priority, v_row.args, v_row.metadata, v_row.tags,
+                v_row.max_attempts, v_row.run_at, v_row.created_at, v_row.unique_key, v_row.unique_states);
+        DELETE FROM unique_claims u WHERE u.unique_key = v_row.unique_key AND u.job_id = p_job_id
+          AND (v_row.unique_states & state_bit('cancelled')) = 0;
+        RETURN 'cancelled';
+      END IF;
+
+    ELSIF v_job.state = 'running' THEN
+      SELECT f.state INTO v_state
+      FROM finalize(jsonb_build_array(jsonb_build_object('job_id', p_job_id, 'run_lease', v_job.run_lease,
+                                                         'outcome', 'cancel', 'message', p_reason))) f
+      WHERE f.applied;
+      IF FOUND THEN
+        PERFORM pg_notify('awa_cancel_:AWA_SCHEMA', p_job_id || ':' || v_job.run_lease);
+        RETURN v_state;
+      END IF;
+
+    ELSIF v_job.state = 'available' THEN
+      SELECT r.* INTO v_row FROM ready r
+      WHERE r.job_id = p_job_id AND r.run_lease = v_job.run_lease
+        AND NOT EXISTS (SELECT 1 FROM claims c WHERE c.job_id = r.job_id AND c.lane_seq = r.lane_seq)
+      ORDER BY r.lane_seq DESC LIMIT 1;
+      IF FOUND THEN
+        PERFORM pg_advisory_xact_lock(lock_ns('claim'), lane_key(v_row.queue, v_row.priority, v_row.shard));
+        -- new statement after the claim lock: sees any claim that committed before we got it
+        IF v_row.lane_seq >= lane_cursor(v_row.queue, v_row.priority, v_row.shard) THEN
+          INSERT INTO ready_tombstones (slot, generation, job_id, queue, priority, shard, lane_seq)
+          VALUES (v_row.slot, v_row.generation, p_job_id, v_row.queue, v_row.priority, v_row.shard, v_row.lane_seq);
+          INSERT INTO terminal (slot, generation, job_id, run_lease, state, attempt, finalized_at, errors, progress, wide,
+                                kind, queue, priority, args, metadata, tags, max_attempts, run_at, created_at, unique_key, unique_states)
+          VALUES (v_row.slot, v_row.generation, p_job_id, v_row.run_lease, 'cancelled', v_row.attempt, v_now,
+                  append_error(v_row.errors, jsonb_build_object('error', 'cancelled: ' || p_reason, 'attempt', v_row.attempt, 'at', v_now)),
+                  v_row.progress, true, v_row.kind, v_row.queue, v_row.priority, v_row.args, v_row.metadata, v_row.tags,
+                  v_row.max_attempts, v_row.run_at, v_row.created_at, v_row.unique_key, v_row.unique_states);
+          DELETE FROM unique_claims u WHERE u.unique_key = v_row.unique_key AND u.job_id = p_job_id
+            AND (v_row.unique_states & state_bit('cancelled')) = 0;
+          RETURN 'cancelled';
+        END IF;
+      END IF;
+    END IF;
+    -- The job moved on between our read and our write (promoted, claimed, finished): look again.
+  END LOOP;
+  RAISE EXCEPTION 'cancel_job(%): job kept changing state', p_job_id USING ERRCODE = '40001';
+END
+$$;
+`
+  },
+  {
+    file: "0020_unique_masks.sql",
+    text: `-- 0020: unique state masks on Postgres as in capabilities.md §4 and the simulation (ADR 0016;
+-- issue 14 property 3; ADR 0004 "Not built yet"). A job holds its key exactly while its state is
+-- in its mask:
+--   enqueue_one, enqueue_batch, enqueue(jsonb)
+--                take the key only when the initial state (available, or scheduled: a future run_at
+--                or a job diverted outside READ COMMITTED) is in the mask (before: always).
+--   claim        releases the key when the mask holds 'available' but not 'running'.
+--   promote      releases it when the mask holds the deferred state but not 'available'; takes it
+--                when the mask holds 'available' but not the deferred state, and a job that finds
+--                the key held by a newer job is cancelled ('superseded by duplicate <id>').
+--   finalize     (0019) takes the key when a job whose mask omits 'running' re-enters it, with the
+--                same supersede rule.
+-- Default masks hold scheduled, available, running and retryable: every new test above is false
+-- for them, so the hot path does no extra key work (one filter over the claimed rows, one probe in
+-- promote). Not built: taking the key at claim for a mask that holds 'running' but not
+-- 'available' (ADR 0016).
+
+-- enqueue_one, enqueue_batch, enqueue(jsonb): as in 0018 (key first, 'duplicate' answers, diversion
+-- outside READ COMMITTED), with the mask condition on the key.
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.enqueue_one(p_kind text, p_queue text, p_priority int, p_args jsonb,
+                                                   p_metadata jsonb, p_tags jsonb, p_max_attempts int,
+                                                   p_run_at timestamptz, p_unique_key bytea, p_unique_states int,
+                                                   OUT job_id bigint, OUT state text)
+LANGUAGE plpgsql SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
+#variable_conflict use_column
+DECLARE
+  v_now timestamptz := now();
+  v_id bigint := nextval('job_id_seq');
+  v_tags text[];
+  v_generation bigint;
+  v_slot int;
+  v_ready boolean := (p_run_at IS NULL OR p_run_at <= v_now)
+                     AND current_setting('transaction_isolation') = 'read committed';
+BEGIN
+  IF p_tags IS NULL OR jsonb_array_length(p_tags) = 0 THEN
+    v_tags := '{}';
+  ELSE
+    v_tags := ARRAY(SELECT jsonb_array_elements_text(p_tags));
+  END IF;
+  IF v_ready THEN
+    -- = lane_key(p_queue, p_priority, 0), written with immutable operators so it is inlined
+    PERFORM pg_advisory_xact_lock(lock_ns('enqueue'),
+                                  hashtext(p_queue || chr(31) || p_priority::text || chr(31) || '0'));
+    PERFORM 1 FROM lanes l WHERE l.queue = p_queue AND l.priority = p_priority AND l.shard = 0;
+    IF NOT FOUND THEN
+      INSERT INTO lanes (queue, priority, shard) VALUES (p_queue, p_priority, 0) ON CONFLICT DO NOTHING;
+    END IF;
+  END IF;
+  -- only when the initial state is in the job's mask (capabilities.md §4)
+  IF p_unique_key IS NOT NULL AND (coalesce(p_unique_states, 0) & CASE WHEN v_ready THEN 2 ELSE 1 END) <> 0 THEN
+    INSERT INTO unique_claims (unique_key, job_id) VALUES (p_unique_key, v_id) ON CONFLICT (unique_key) DO NOTHING;
+    IF NOT FOUND THEN
+      SELECT u.job_id INTO job_id FROM unique_claims u WHERE u.unique_key = p_unique_key;
+      state := 'duplicate';
+      RETURN;
+    END IF;
+  END IF;
+  IF v_ready THEN
+    -- After the lane lock: the slot is never older than the lane's previous rows. As
+    -- enqueue_ready_slot, inline (one function call less per job).
+    LOOP
+      SELECT r.generation, r.slot INTO v_generation, v_slot FROM ring_rotations r
+      WHERE r.ring = 'queue' ORDER BY r.generation DESC LIMIT 1;
+      CASE v_slot
+        WHEN 0 THEN LOCK TABLE :AWA_SCHEMA.ready_0 IN ROW EXCLUSIVE MODE;
+        WHEN 1 THEN LOCK TABLE :AWA_SCHEMA.ready_1 IN ROW EXCLUSIVE MODE;
+        WHEN 2 THEN LOCK TABLE :AWA_SCHEMA.ready_2 IN ROW EXCLUSIVE MODE;
+        WHEN 3 THEN LOCK TABLE :AWA_SCHEMA.ready_3 IN ROW EXCLUSIVE MODE;
+        WHEN 4 THEN LOCK TABLE :AWA_SCHEMA.ready_4 IN ROW EXCLUSIVE MODE;
+        WHEN 5 THEN LOCK TABLE :AWA_SCHEMA.ready_5 IN ROW EXCLUSIVE MODE;
+        WHEN 6 THEN LOCK TABLE :AWA_SCHEMA.ready_6 IN ROW EXCLUSIVE MODE;
+        WHEN 7 THEN LOCK TABLE :AWA_SCHEMA.ready_7 IN ROW EXCLUSIVE MODE;
+        WHEN 8 THEN LOCK TABLE :AWA_SCHEMA.ready_8 IN ROW EXCLUSIVE MODE;
+        WHEN 9 THEN LOCK TABLE :AWA_SCHEMA.ready_9 IN ROW EXCLUSIVE MODE;
+        WHEN 10 THEN LOCK TABLE :AWA_SCHEMA.ready_10 IN ROW EXCLUSIVE MODE;
+        WHEN 11 THEN LOCK TABLE :AWA_SCHEMA.ready_11 IN ROW EXCLUSIVE MODE;
+        WHEN 12 THEN LOCK TABLE :AWA_SCHEMA.ready_12 IN ROW EXCLUSIVE MODE;
+        WHEN 13 THEN LOCK TABLE :AWA_SCHEMA.ready_13 IN ROW EXCLUSIVE MODE;
+        WHEN 14 THEN LOCK TABLE :AWA_SCHEMA.ready_14 IN ROW EXCLUSIVE MODE;
+        WHEN 15 THEN LOCK TABLE :AWA_SCHEMA.ready_15 IN ROW EXCLUSIVE MODE;
+        -- a ring installed with more slots than 0002's 16
+        ELSE EXECUTE format('LOCK TABLE %I.%I IN ROW EXCLUSIVE MODE', ':AWA_SCHEMA', 'ready_' || v_slot);
+      END CASE;
+      EXIT WHEN NOT EXISTS (SELECT 1 FROM ring_prunes p WHERE p.ring = 'queue' AND p.generation = v_generation);
+    END LOOP;
+    INSERT INTO ready (slot, generation, job_id, kind, queue, priority, shard, lane_seq, args, metadata, tags,
+                       errors, attempt, run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
+    VALUES (v_slot, v_generation, v_id, p_kind, p_queue, p_priority, 0, nextval('lane_seq'), p_args,
+            p_metadata, v_tags, '[]', 0, 0, p_max_attempts, coalesce(p_run_at, v_now), v_now, p_unique_key,
+            coalesce(p_unique_states, 0));
+    state := 'available';
+    -- Delivered on commit only.
+    PERFORM pg_notify('awa_wake_:AWA_SCHEMA', p_queue);
+  ELSE
+    INSERT INTO deferred (job_id, state, kind, queue, priority, shard, args, metadata, tags, errors, attempt,
+                          run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
+    VALUES (v_id, 'scheduled', p_kind, p_queue, p_priority, 0, p_args, p_metadata, v_tags, '[]', 0, 0,
+            p_max_attempts, coalesce(p_run_at, v_now), v_now, p_unique_key, coalesce(p_unique_states, 0));
+    state := 'scheduled';
+  END IF;
+  job_id := v_id;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.enqueue_batch(p_headers jsonb, p_args jsonb, p_header_of int[], p_keys jsonb,
+                                          OUT job_ids bigint[], OUT scheduled_headers int[],
+                                          OUT conflict_key text, OUT conflict_holder bigint)
+LANGUAGE plpgsql SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
+#variable_conflict use_column
+DECLARE
+  v_now timestamptz := now();
+  v_n int := jsonb_array_length(p_args);
+  -- outside READ COMMITTED every job goes to deferred (see the header of this migration)
+  v_divert boolean := current_setting('transaction_isolation') <> 'read committed';
+  v_lane record;
+  v_slot int;
+  v_generation bigint;
+  v_pos bigint[];
+  v_n_ready int;
+  v_h record;
+  v_keys int;
+  v_inserted int;
+BEGIN
+  SELECT array_agg(e.o::int - 1 ORDER BY e.o) FILTER (WHERE v_divert OR x.run_at > v_now) INTO scheduled_headers
+  FROM jsonb_array_elements(p_headers) WITH ORDINALITY AS e(v, o), jsonb_to_record(e.v) AS x(run_at timestamptz);
+
+  FOR v_lane IN
+    SELECT DISTINCT x.queue COLLATE "C" AS queue, x.priority
+    FROM jsonb_to_recordset(p_headers) AS x(queue text, priority int, run_at timestamptz)
+    WHERE NOT v_divert AND (x.run_at IS NULL OR x.run_at <= v_now)
+    ORDER BY 1, 2
+  LOOP
+    -- = lane_key(queue, priority, 0), written with immutable operators so it is inlined
+    PERFORM pg_advisory_xact_lock(lock_ns('enqueue'),
+                                  hashtext(v_lane.queue || chr(31) || v_lane.priority::text || chr(31) || '0'));
+    PERFORM 1 FROM lanes l WHERE l.queue = v_lane.queue AND l.priority = v_lane.priority AND l.shard = 0;
+    IF NOT FOUND THEN
+      INSERT INTO lanes (queue, priority, shard) VALUES (v_lane.queue, v_lane.priority, 0) ON CONFLICT DO NOTHING;
+    END IF;
+  END LOOP;
+
+  SELECT array_agg(v ORDER BY v) INTO job_ids FROM (SELECT nextval('job_id_seq') AS v FROM generate_series(1, v_n)) s;
+
+  IF p_keys IS NOT NULL THEN
+    WITH ins AS (
+      INSERT INTO unique_claims (unique_key, job_id)
+      SELECT decode(k.v, 'hex'), job_ids[k.o] FROM jsonb_array_elements_text(p_keys) WITH ORDINALITY AS k(v, o)
+      -- only a row whose initial state is in its mask takes its key (capabilities.md §4)
+      WHERE k.v IS NOT NULL AND (coalesce((p_headers -> coalesce(p_header_of[k.o], 0) ->> 'unique_states')::int, 0)
+                                   & CASE WHEN coalesce(p_header_of[k.o], 0) = ANY (coalesce(scheduled_headers, '{}')) THEN 1 ELSE 2 END) <> 0
+      ORDER BY k.o
+      ON CONFLICT (unique_key) DO NOTHING
+      RETURNING 1
+    )
+    SELECT count(*) INTO v_inserted FROM ins;
+    SELECT count(*) INTO v_keys FROM jsonb_array_elements_text(p_keys) WITH ORDINALITY AS k(v, o)
+    WHERE k.v IS NOT NULL AND (coalesce((p_headers -> coalesce(p_header_of[k.o], 0) ->> 'unique_states')::int, 0)
+                                 & CASE WHEN coalesce(p_header_of[k.o], 0) = ANY (coalesce(scheduled_headers, '{}')) THEN 1 ELSE 2 END) <> 0;
+    IF v_inserted < v_keys THEN
+      -- A key that was not inserted lost to an existing holder (or to an earlier row of this
+      -- batch): the whole call is rejected. The holder is read before our own keys are removed.
+      SELECT k.v, u.job_id INTO conflict_key, conflict_holder
+      FROM jsonb_array_elements_text(p_keys) WITH ORDINALITY AS k(v, o)
+      LEFT JOIN unique_claims u ON u.unique_key = decode(k.v, 'hex')
+      WHERE k.v IS NOT NULL AND u.job_id IS DISTINCT FROM job_ids[k.o]
+        AND (coalesce((p_headers -> coalesce(p_header_of[k.o], 0) ->> 'unique_states')::int, 0)
+               & CASE WHEN coalesce(p_header_of[k.o], 0) = ANY (coalesce(scheduled_headers, '{}')) THEN 1 ELSE 2 END) <> 0
+      ORDER BY k.o LIMIT 1;
+      DELETE FROM unique_claims u WHERE u.job_id = ANY (job_ids);
+      job_ids := NULL;
+      scheduled_headers := NULL;
+      RETURN;
+    END IF;
+  END IF;
+
+  IF scheduled_headers IS NULL THEN
+    -- Every job is available now: positions in input order.
+    -- After the lane locks: the slot is never older than the lane's previous rows.
+    SELECT o_generation, o_slot INTO v_generation, v_slot FROM enqueue_ready_slot();
+    SELECT array_agg(v ORDER BY v) INTO v_pos FROM (SELECT nextval('lane_seq') AS v FROM generate_series(1, v_n)) s;
+    IF p_header_of IS NULL AND jsonb_array_length(p_headers) = 1 THEN
+      -- One header (an insertMany): its fields are constants of the insert, no join per row.
+      SELECT x.kind, x.queue, x.priority, x.metadata, ARRAY(SELECT jsonb_array_elements_text(x.tags)) AS tags,
+             x.max_attempts, coalesce(x.run_at, v_now) AS run_at, coalesce(x.unique_states, 0) AS unique_states
+      INTO v_h FROM jsonb_to_record(p_headers -> 0) AS x(kind text, queue text, priority smallint, metadata jsonb,
+                                                         tags jsonb, max_attempts int, run_at timestamptz,
+                                                         unique_states int);
+      INSERT INTO ready (slot, generation, job_id, kind, queue, priority, shard, lane_seq, args, metadata, tags,
+                         errors, attempt, run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
+      SELECT v_slot, v_generation, job_ids[a.o], v_h.kind, v_h.queue, v_h.priority, 0, v_pos[a.o], a.v,
+             v_h.metadata, v_h.tags, '[]', 0, 0, v_h.max_attempts, v_h.run_at, v_now,
+             CASE WHEN p_keys IS NOT NULL THEN decode(p_keys ->> (a.o::int - 1), 'hex') END, v_h.unique_states
+      FROM jsonb_array_elements(p_args) WITH ORDINALITY AS a(v, o);
+    ELSE
+      INSERT INTO ready (slot, generation, job_id, kind, queue, priority, shard, lane_seq, args, metadata, tags,
+                         errors, attempt, run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
+      SELECT v_slot, v_generation, job_ids[a.o], h.kind, h.queue, h.priority, 0, v_pos[a.o], a.v,
+             h.metadata, h.tags, '[]', 0, 0, h.max_attempts, h.run_at, v_now,
+             CASE WHEN p_keys IS NOT NULL THEN decode(p_keys ->> (a.o::int - 1), 'hex') END, h.unique_states
+      FROM jsonb_array_elements(p_args) WITH ORDINALITY AS a(v, o)
+      JOIN (SELECT e.o::int - 1 AS i, x.kind, x.queue, x.priority, x.metadata,
+                   ARRAY(SELECT jsonb_array_elements_text(x.tags)) AS tags, x.max_attempts,
+                   coalesce(x.run_at, v_now) AS run_at, coalesce(x.unique_states, 0) AS unique_states
+            FROM jsonb_array_elements(p_headers) WITH ORDINALITY AS e(v, o),
+                 jsonb_to_record(e.v) AS x(kind text, queue text, priority smallint, metadata jsonb, tags jsonb,
+                                           max_attempts int, run_at timestamptz, unique_states int)) h
+        ON h.i = coalesce(p_header_of[a.o], 0);
+    END IF;
+  ELSE
+    -- Some jobs are deferred: positions go to the available ones, in input order.
+    SELECT count(*) INTO v_n_ready FROM generate_series(1, v_n) AS g(o)
+    WHERE NOT (coalesce(p_header_of[g.o], 0) = ANY (scheduled_headers));
+    IF v_n_ready > 0 THEN
+      SELECT o_generation, o_slot INTO v_generation, v_slot FROM enqueue_ready_slot();
+      SELECT array_agg(v ORDER BY v) INTO v_pos FROM (SELECT nextval('lane_seq') AS v FROM generate_series(1, v_n_ready)) s;
+    END IF;
+    WITH h AS MATERIALIZED (
+      SELECT e.o::int - 1 AS i, x.kind, x.queue, x.priority, x.metadata,
+             ARRAY(SELECT jsonb_array_elements_text(x.tags)) AS tags, x.max_attempts,
+             coalesce(x.run_at, v_now) AS run_at, coalesce(x.unique_states, 0) AS unique_states,
+             NOT (e.o::int - 1 = ANY (scheduled_headers)) AS ready
+      FROM jsonb_array_elements(p_headers) WITH ORDINALITY AS e(v, o),
+           jsonb_to_record(e.v) AS x(kind text, queue text, priority smallint, metadata jsonb, tags jsonb,
+                                     max_attempts int, run_at timestamptz, unique_states int)
+    ),
+    j AS MATERIALIZED (
+      SELECT a.o, a.v AS args, h.kind, h.queue, h.priority, h.metadata, h.tags, h.max_attempts, h.run_at,
+             h.unique_states, h.ready,
+             CASE WHEN p_keys IS NOT NULL THEN decode(p_keys ->> (a.o::int - 1), 'hex') END AS k
+      FROM jsonb_array_elements(p_args) WITH ORDINALITY AS a(v, o)
+      JOIN h ON h.i = coalesce(p_header_of[a.o], 0)
+    ),
+    ranked AS (
+      SELECT j.*, row_number() OVER (ORDER BY j.o) AS rank FROM j WHERE j.ready
+    ),
+    ins_ready AS (
+      INSERT INTO ready (slot, generation, job_id, kind, queue, priority, shard, lane_seq, args, metadata, tags,
+                         errors, attempt, run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
+      SELECT v_slot, v_generation, job_ids[r.o], r.kind, r.queue, r.priority, 0, v_pos[r.rank], r.args,
+             r.metadata, r.tags, '[]', 0, 0, r.max_attempts, r.run_at, v_now, r.k, r.unique_states
+      FROM ranked r
+    )
+    INSERT INTO deferred (job_id, state, kind, queue, priority, shard, args, metadata, tags, errors, attempt,
+                          run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
+    SELECT job_ids[j.o], 'scheduled', j.kind, j.queue, j.priority, 0, j.args, j.metadata, j.tags, '[]', 0, 0,
+           j.max_attempts, j.run_at, v_now, j.k, j.unique_states
+    FROM j WHERE NOT j.ready;
+  END IF;
+
+  -- Delivered on commit only; identical (channel, payload) pairs are folded by Postgres.
+  PERFORM pg_notify('awa_wake_:AWA_SCHEMA', q.queue)
+  FROM (SELECT DISTINCT x.queue FROM jsonb_to_recordset(p_headers) AS x(queue text, run_at timestamptz)
+        WHERE NOT v_divert AND (x.run_at IS NULL OR x.run_at <= v_now)) q;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.enqueue(p_rows jsonb)
+RETURNS TABLE (ord int, job_id bigint, state text)
+LANGUAGE plpgsql SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
+#variable_conflict use_column
+DECLARE
+  v_now timestamptz := now();
+  v_n int := jsonb_array_length(p_rows);
+  v_divert boolean := current_setting('transaction_isolation') <> 'read committed';
+  v_lane record;
+  v_slot int;
+  v_generation bigint;
+  v_ids bigint[];
+  v_pos bigint[];
+  v_n_ready int;
+  v_keys int;
+  v_inserted int;
+BEGIN
+  FOR v_lane IN
+    -- byte order (C collation): the TypeScript side sorts multi-call batches the same way
+    SELECT DISTINCT r.queue COLLATE "C" AS queue, r.priority
+    FROM jsonb_to_recordset(p_rows) AS r(queue text, priority int, run_at timestamptz)
+    WHERE NOT v_divert AND (r.run_at IS NULL OR r.run_at <= v_now)
+    ORDER BY 1, 2
+  LOOP
+    -- = lane_key(queue, priority, 0), written with immutable operators so it is inlined
+    PERFORM pg_advisory_xact_lock(lock_ns('enqueue'),
+                                  hashtext(v_lane.queue || chr(31) || v_lane.priority::text || chr(31) || '0'));
+    INSERT INTO lanes (queue, priority, shard)
+    SELECT v_lane.queue, v_lane.priority, 0
+    WHERE NOT EXISTS (SELECT 1 FROM lanes l WHERE l.queue = v_lane.queue AND l.priority = v_lane.priority AND l.shard = 0)
+    ON CONFLICT DO NOTHING;
+  END LOOP;
+
+  SELECT array_agg(v ORDER BY v) INTO v_ids FROM (SELECT nextval('job_id_seq') AS v FROM generate_series(1, v_n)) s;
+
+  -- Keys first: a batch that loses one writes nothing else (see enqueue_batch).
+  IF EXISTS (SELECT 1 FROM jsonb_array_elements(p_rows) AS e(v) WHERE e.v ->> 'unique_key' IS NOT NULL) THEN
+    WITH ins AS (
+      INSERT INTO unique_claims (unique_key, job_id)
+      SELECT decode(e.v ->> 'unique_key', 'hex'), v_ids[e.o] FROM jsonb_array_elements(p_rows) WITH ORDINALITY AS e(v, o)
+      -- only a row whose initial state is in its mask takes its key (capabilities.md §4)
+      WHERE e.v ->> 'unique_key' IS NOT NULL AND (coalesce((e.v ->> 'unique_states')::int, 0)
+                                                   & CASE WHEN NOT v_divert AND (e.v ->> 'run_at' IS NULL OR (e.v ->> 'run_at')::timestamptz <= v_now)
+                                                          THEN 2 ELSE 1 END) <> 0
+      ORDER BY e.o
+      ON CONFLICT (unique_key) DO NOTHING
+      RETURNING 1
+    )
+    SELECT count(*) INTO v_inserted FROM ins;
+    SELECT count(*) INTO v_keys FROM jsonb_array_elements(p_rows) AS e(v)
+    WHERE e.v ->> 'unique_key' IS NOT NULL AND (coalesce((e.v ->> 'unique_states')::int, 0)
+                                                 & CASE WHEN NOT v_divert AND (e.v ->> 'run_at' IS NULL OR (e.v ->> 'run_at')::timestamptz <= v_now)
+                                                        THEN 2 ELSE 1 END) <> 0;
+    IF v_inserted < v_keys THEN
+      RETURN QUERY
+      SELECT e.o::int, u.job_id, 'duplicate'::text
+      FROM jsonb_array_elements(p_rows) WITH ORDINALITY AS e(v, o)
+      LEFT JOIN unique_claims u ON u.unique_key = decode(e.v ->> 'unique_key', 'hex')
+      WHERE e.v ->> 'unique_key' IS NOT NULL AND u.job_id IS DISTINCT FROM v_ids[e.o]
+        AND (coalesce((e.v ->> 'unique_states')::int, 0)
+               & CASE WHEN NOT v_divert AND (e.v ->> 'run_at' IS NULL OR (e.v ->> 'run_at')::timestamptz <= v_now)
+                      THEN 2 ELSE 1 END) <> 0
+      ORDER BY e.o LIMIT 1;
+      DELETE FROM unique_claims u WHERE u.job_id = ANY (v_ids);
+      RETURN;
+    END IF;
+  END IF;
+
+  SELECT count(*) INTO v_n_ready FROM jsonb_to_recordset(p_rows) AS r(run_at timestamptz)
+  WHERE NOT v_divert AND (r.run_at IS NULL OR r.run_at <= v_now);
+  IF v_n_ready > 0 THEN
+    -- After the lane locks: the slot is never older than the lane's previous rows.
+    SELECT o_generation, o_slot INTO v_generation, v_slot FROM enqueue_ready_slot();
+    SELECT array_agg(v ORDER BY v) INTO v_pos FROM (SELECT nextval('lane_seq') AS v FROM generate_series(1, v_n_ready)) s;
+  END IF;
+
+  RETURN QUERY
+  WITH input AS (
+    -- args from the element itself: JSON null stays JSON null (jsonb_to_record made it SQL NULL)
+    SELECT x_e.o::int AS o, v_ids[x_e.o] AS id, x.kind, x.queue, x.priority, x_e.v -> 'args' AS args, x.metadata,
+           ARRAY(SELECT jsonb_array_elements_text(x.tags)) AS tags, x.max_attempts,
+           coalesce(x.run_at, v_now) AS run_at, NOT v_divert AND (x.run_at IS NULL OR x.run_at <= v_now) AS ready,
+           decode(x.unique_key, 'hex') AS unique_key, coalesce(x.unique_states, 0) AS unique_states
+    FROM jsonb_array_elements(p_rows) WITH ORDINALITY AS x_e(v, o), jsonb_to_record(x_e.v) AS x(kind text, queue text, priority smallint,
+         metadata jsonb, tags jsonb, max_attempts int, run_at timestamptz, unique_key text, unique_states int)
+  ),
+  ranked AS (
+    SELECT i.*, row_number() OVER (ORDER BY i.o) AS rank FROM input i WHERE i.ready
+  ),
+  ins_ready AS (
+    INSERT INTO ready (slot, generation, job_id, kind, queue, priority, shard, lane_seq, args, metadata, tags,
+                       errors, attempt, run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
+    SELECT v_slot, v_generation, r.id, r.kind, r.queue, r.priority, 0, v_pos[r.rank], r.args, r.metadata,
+           r.tags, '[]', 0, 0, r.max_attempts, r.run_at, v_now, r.unique_key, r.unique_states
+    FROM ranked r
+  ),
+  ins_deferred AS (
+    INSERT INTO deferred (job_id, state, kind, queue, priority, shard, args, metadata, tags, errors, attempt,
+                          run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
+    SELECT i.id, 'scheduled', i.kind, i.queue, i.priority, 0, i.args, i.metadata, i.tags, '[]', 0, 0,
+           i.max_attempts, i.run_at, v_now, i.unique_key, i.unique_states
+    FROM input i WHERE NOT i.ready
+  )
+  SELECT i.o, i.id, CASE WHEN i.ready THEN 'available' ELSE 'scheduled' END
+  FROM input i
+  ORDER BY i.o;
+
+  -- Delivered on commit only; identical (channel, payload) pairs are folded by Postgres.
+  PERFORM pg_notify('awa_wake_:AWA_SCHEMA', q.queue)
+  FROM (SELECT DISTINCT r.queue FROM jsonb_to_recordset(p_rows) AS r(queue text, run_at timestamptz)
+        WHERE NOT v_divert AND (r.run_at IS NULL OR r.run_at <= v_now)) q;
+END
+$$;
+
+-- claim: as in 0016 (with 0018's jit = off), releasing keys that leave the mask.
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.claim(p_queue text, p_max int, p_deadline_ms bigint, p_aging_ms bigint)
+RETURNS TABLE (job_id bigint, run_lease bigint, attempt int, max_attempts int, kind text, queue text,
+               priority smallint, args jsonb, metadata jsonb, tags text[], errors jsonb,
+               run_at timestamptz, created_at timestamptz, claimed_at timestamptz, deadline_at timestamptz)
+LANGUAGE plpgsql
+SET search_path = :AWA_SCHEMA, pg_catalog SET plan_cache_mode = force_generic_plan SET enable_seqscan = off
+SET jit = off AS $$
+#variable_conflict use_column
+DECLARE
+  v_now timestamptz := now();
+  v_deadline timestamptz := CASE WHEN p_deadline_ms > 0 THEN now() + p_deadline_ms * interval '1 millisecond' END;
+  v_left int := p_max;
+  v_prios smallint[];
+  v_shards smallint[];
+  v_k int;
+  v_cursor bigint;
+  v_n int;
+  v_ordered boolean := false;
+  v_pass int;
+  v_busy int[] := '{}'; -- indexes into v_prios/v_shards of lanes whose claim lock was taken in pass 1
+  v_saved_timeout text := current_setting('lock_timeout');
+  -- the queue ring's slots that can hold rows (queue_slot_ranges), read once per call
+  v_lo1 int;
+  v_hi1 int;
+  v_lo2 int;
+  v_hi2 int;
+BEGIN
+  IF p_max <= 0 THEN
+    RETURN;
+  END IF;
+  -- the queue's lanes; none when it is paused
+  SELECT array_agg(l.priority), array_agg(l.shard) INTO v_prios, v_shards FROM lanes l
+  WHERE l.queue = p_queue AND NOT EXISTS (SELECT 1 FROM queue_meta m WHERE m.queue = p_queue AND m.paused);
+  IF v_prios IS NULL THEN
+    RETURN;
+  END IF;
+  IF cardinality(v_prios) > 1 THEN
+    v_ordered := true;
+    -- Several lanes: those with a claimable head, in claim order. (With one lane the order is
+    -- trivial and the pick below finds out whether it has anything.)
+    WITH cur AS MATERIALIZED (
+      SELECT l.queue, l.priority, l.shard, lane_cursor(l.queue, l.priority, l.shard) AS c
+      FROM lanes l WHERE l.queue = p_queue
+    )
+    SELECT array_agg(o.priority ORDER BY o.n), array_agg(o.shard ORDER BY o.n) INTO v_prios, v_shards
+    FROM (
+      SELECT cur.priority, cur.shard,
+             row_number() OVER (ORDER BY CASE WHEN p_aging_ms > 0
+                                              THEN greatest(1, cur.priority - floor(extract(epoch FROM (v_now - head.run_at)) * 1000 / p_aging_ms))
+                                              ELSE cur.priority END,
+                                         head.run_at, cur.priority, cur.shard) AS n
+      FROM cur
+      CROSS JOIN LATERAL (
+        SELECT r.run_at FROM ready r
+        WHERE r.queue = cur.queue AND r.priority = cur.priority AND r.shard = cur.shard AND r.lane_seq >= cur.c
+          AND NOT EXISTS (SELECT 1 FROM ready_tombstones t
+                          WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard AND t.lane_seq = r.lane_seq)
+        ORDER BY r.lane_seq LIMIT 1
+      ) head
+    ) o;
+    IF v_prios IS NULL THEN
+      RETURN;
+    END IF;
+  END IF;
+
+  -- Pass 1 tries each lane's claim lock. If it claimed nothing only because every claimable lane
+  -- was busy (another worker mid-claim, a few ms), pass 2 waits briefly for the first of them
+  -- instead of answering "empty", which would idle the worker for a whole poll interval.
+  FOR v_pass IN 1 .. 2 LOOP
+    EXIT WHEN v_pass = 2 AND (v_left < p_max OR cardinality(v_busy) = 0);
+    FOR v_k IN 1 .. cardinality(v_prios) LOOP
+      EXIT WHEN v_left <= 0;
+      IF v_pass = 1 THEN
+        -- = lane_key(p_queue, priority, shard), written with immutable operators so it is inlined
+        -- (the SQL function is planned again on every call, as 0012 found for enqueue)
+        IF NOT pg_try_advisory_xact_lock(lock_ns('claim'),
+                                         hashtext(p_queue || chr(31) || v_prios[v_k]::text || chr(31) || v_shards[v_k]::text)) THEN
+          -- With one lane the ordering query was skipped: wait for the busy lane only if it has
+          -- a claimable head, as with several lanes (an idle queue still answers empty at once).
+          CONTINUE WHEN NOT v_ordered AND NOT EXISTS (
+            SELECT 1 FROM ready r
+            WHERE r.queue = p_queue AND r.priority = v_prios[v_k] AND r.shard = v_shards[v_k]
+              AND r.lane_seq >= (SELECT coalesce(max(m.next_lane_seq), 0) FROM claim_marks m
+                                 WHERE m.queue = p_queue AND m.priority = v_prios[v_k] AND m.shard = v_shards[v_k])
+              AND NOT EXISTS (SELECT 1 FROM ready_tombstones t
+                              WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard AND t.lane_seq = r.lane_seq));
+          v_busy := v_busy || v_k;
+          CONTINUE;
+        END IF;
+      ELSE
+        CONTINUE WHEN NOT v_k = ANY (v_busy);
+        BEGIN
+          PERFORM set_config('lock_timeout', '100ms', true);
+          PERFORM pg_advisory_xact_lock(lock_ns('claim'),
+                                        hashtext(p_queue || chr(31) || v_prios[v_k]::text || chr(31) || v_shards[v_k]::text));
+          PERFORM set_config('lock_timeout', v_saved_timeout, true);
+        EXCEPTION WHEN lock_not_available THEN
+          RETURN; -- still busy after 100 ms: report empty; the dispatcher polls again
+        END;
+      END IF;
+      -- The cursor, in its own statement after the lane lock (see Guard and Mark slot above).
+      -- ORDER BY … LIMIT 1 rather than max(): the same index scans, planned once instead of
+      -- twice (max() is planned as an aggregate and as this query); re-planned after every
+      -- prune, whose TRUNCATE invalidates cached plans.
+      SELECT m.next_lane_seq INTO v_cursor FROM claim_marks m
+      WHERE m.queue = p_queue AND m.priority = v_prios[v_k] AND m.shard = v_shards[v_k]
+      ORDER BY m.next_lane_seq DESC LIMIT 1;
+      v_cursor := coalesce(v_cursor, 0);
+      -- The slots that can hold this lane's rows from the cursor on, read after the cursor
+      -- statement (see Slots above). Once per call: it holds for the rest of the transaction.
+      IF v_lo1 IS NULL THEN
+        SELECT s.lo1, s.hi1, s.lo2, s.hi2 INTO v_lo1, v_hi1, v_lo2, v_hi2 FROM queue_slot_ranges() s;
+      END IF;
+      -- Pick, mark and claim in one statement. The pick is a MATERIALIZED CTE, so its LIMIT
+      -- cannot be merged away, and the rows returned are the picked rows themselves (no second
+      -- lookup of \`ready\`); the claims rows carry the same values.
+      RETURN QUERY
+      WITH picked AS MATERIALIZED (
+        SELECT r.slot, r.generation, r.job_id, r.kind, r.queue, r.priority, r.shard, r.lane_seq, r.args, r.metadata,
+               r.tags, r.errors, r.attempt, r.run_lease, r.max_attempts, r.run_at, r.created_at, r.unique_key, r.unique_states
+        FROM ready r
+        WHERE r.queue = p_queue AND r.priority = v_prios[v_k] AND r.shard = v_shards[v_k] AND r.lane_seq >= v_cursor
+          -- two ranges of scalar parameters: what partition pruning can use at executor start-up
+          -- (it cannot use \`slot = ANY (array parameter)\`), so the other children are not opened
+          AND (r.slot BETWEEN v_lo1 AND v_hi1 OR r.slot BETWEEN v_lo2 AND v_hi2)
+          -- a tombstone lives in its ready row's slot
+          AND NOT EXISTS (SELECT 1 FROM ready_tombstones t
+                          WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard AND t.lane_seq = r.lane_seq
+                            AND (t.slot BETWEEN v_lo1 AND v_hi1 OR t.slot BETWEEN v_lo2 AND v_hi2))
+          -- Paused, checked again in the pick's own snapshot: the check above ran in an earlier
+          -- statement, and a job enqueued after a pause committed (seen here) must not be claimed.
+          AND NOT EXISTS (SELECT 1 FROM queue_meta m WHERE m.queue = p_queue AND m.paused)
+        ORDER BY r.lane_seq LIMIT v_left
+      ),
+      mark AS (
+        INSERT INTO claim_marks (slot, generation, queue, priority, shard, next_lane_seq)
+        SELECT ring.slot, ring.generation, p_queue, v_prios[v_k], v_shards[v_k], last.lane_seq + 1
+        FROM (SELECT max(p.lane_seq) AS lane_seq FROM picked p) last,
+             LATERAL (SELECT g.slot, g.generation FROM ring_rotations g WHERE g.ring = 'queue'
+                      ORDER BY g.generation DESC LIMIT 1) ring
+        WHERE last.lane_seq IS NOT NULL
+      ),
+      ins AS (
+        INSERT INTO claims (slot, generation, job_id, run_lease, attempt, queue, priority, shard, lane_seq, claimed_at, deadline_at)
+        SELECT p.slot, p.generation, p.job_id, p.run_lease + 1, p.attempt + 1, p.queue, p.priority, p.shard, p.lane_seq,
+               v_now, v_deadline
+        FROM picked p
+      ),
+      -- available -> running leaves a mask that holds 'available' but not 'running': the key goes
+      -- (capabilities.md §4). Default masks hold both: the filter finds nothing.
+      rel_unique AS (
+        DELETE FROM unique_claims u USING picked p
+        WHERE p.unique_key IS NOT NULL AND (p.unique_states & 6) = 2
+          AND u.unique_key = p.unique_key AND u.job_id = p.job_id
+      )
+      SELECT p.job_id, p.run_lease + 1, p.attempt + 1, p.max_attempts, p.kind, p.queue, p.priority, p.args, p.metadata,
+             p.tags, p.errors, p.run_at, p.created_at, v_now, v_deadline
+      FROM picked p
+      ORDER BY p.lane_seq;
+      GET DIAGNOSTICS v_n = ROW_COUNT;
+      EXIT WHEN v_n = 0 AND v_pass = 2;
+      CONTINUE WHEN v_n = 0;
+      v_left := v_left - v_n;
+      -- pass 2 serves only the first lane it waited for, so the wait stays bounded
+      EXIT WHEN v_pass = 2;
+    END LOOP;
+  END LOOP;
+END
+$$;
+
+-- promote, as in 0003, with the mask transitions above.
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.promote(p_limit int)
+RETURNS int
+LANGUAGE plpgsql SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
+#variable_conflict use_column
+DECLARE
+  v_lane record;
+  v_q text[] := '{}';
+  v_p int[] := '{}';
+  v_ids bigint[];
+  v_pos bigint[];
+  v_ring record;
+  v_row record;
+  v_def record;
+  v_holder bigint;
+  v_moved int;
+BEGIN
+  FOR v_lane IN
+    SELECT DISTINCT d.queue COLLATE "C" AS queue, d.priority
+    FROM (SELECT d.queue, d.priority FROM deferred d
+          WHERE d.state IN ('scheduled', 'retryable') AND d.run_at <= now()
+          ORDER BY d.run_at, d.job_id LIMIT p_limit) d
+    ORDER BY 1, 2
+  LOOP
+    IF pg_try_advisory_xact_lock(lock_ns('enqueue'), lane_key(v_lane.queue, v_lane.priority, 0)) THEN
+      v_q := v_q || v_lane.queue;
+      v_p := v_p || v_lane.priority::int;
+      INSERT INTO lanes (queue, priority, shard)
+      SELECT v_lane.queue, v_lane.priority, 0
+      WHERE NOT EXISTS (SELECT 1 FROM lanes l WHERE l.queue = v_lane.queue AND l.priority = v_lane.priority AND l.shard = 0)
+      ON CONFLICT DO NOTHING;
+    END IF;
+  END LOOP;
+  IF cardinality(v_q) = 0 THEN
+    RETURN 0;
+  END IF;
+
+  WITH due AS (
+    SELECT d.job_id FROM deferred d
+    WHERE d.state IN ('scheduled', 'retryable') AND d.run_at <= now()
+      AND (d.queue, d.priority) IN (SELECT * FROM unnest(v_q, v_p))
+    ORDER BY d.run_at, d.job_id LIMIT p_limit
+    FOR UPDATE SKIP LOCKED
+  )
+  SELECT array_agg(due.job_id) INTO v_ids FROM due;
+  IF v_ids IS NULL THEN
+    RETURN 0;
+  END IF;
+  v_moved := cardinality(v_ids);
+  -- Unique masks (capabilities.md §4), only for keyed rows whose mask treats their deferred state
+  -- and 'available' differently (never the default mask, so the common path runs one probe):
+  -- leaving the mask releases the key; entering it takes the key, and if a newer job holds it this
+  -- one gives way, cancelled with 'superseded by duplicate <id>' (a wide terminal row).
+  FOR v_row IN
+    SELECT d.job_id, d.unique_key, d.unique_states FROM deferred d
+    WHERE d.job_id = ANY (v_ids) AND d.unique_key IS NOT NULL
+      AND ((d.unique_states & 2) <> 0) <> ((d.unique_states & state_bit(d.state)) <> 0)
+    ORDER BY d.job_id
+  LOOP
+    IF (v_row.unique_states & 2) = 0 THEN
+      DELETE FROM unique_claims u WHERE u.unique_key = v_row.unique_key AND u.job_id = v_row.job_id;
+      CONTINUE;
+    END IF;
+    INSERT INTO unique_claims (unique_key, job_id) VALUES (v_row.unique_key, v_row.job_id) ON CONFLICT DO NOTHING;
+    SELECT u.job_id INTO v_holder FROM unique_claims u WHERE u.unique_key = v_row.unique_key;
+    IF v_holder <> v_row.job_id THEN
+      DELETE FROM deferred d WHERE d.job_id = v_row.job_id RETURNING d.* INTO v_def;
+      SELECT o_generation AS generation, o_slot AS slot INTO v_ring FROM lock_current_slot('terminal');
+      INSERT INTO terminal (slot, generation, job_id, run_lease, state, attempt, finalized_at, errors, progress, wide,
+                            kind, queue, priority, args, metadata, tags, max_attempts, run_at, created_at, unique_key, unique_states)
+      VALUES (v_ring.slot, v_ring.generation, v_def.job_id, v_def.run_lease, 'cancelled', v_def.attempt, now(),
+              append_error(v_def.errors, jsonb_build_object('error', 'cancelled: superseded by duplicate ' || v_holder,
+                                                            'attempt', v_def.attempt, 'at', now())),
+              v_def.progress, true, v_def.kind, v_def.queue, v_def.priority, v_def.args, v_def.metadata, v_def.tags,
+              v_def.max_attempts, v_def.run_at, v_def.created_at, v_def.unique_key, v_def.unique_states);
+      v_ids := array_remove(v_ids, v_row.job_id);
+    END IF;
+  END LOOP;
+  IF cardinality(v_ids) = 0 THEN
+    RETURN v_moved;
+  END IF;
+  SELECT o_generation AS generation, o_slot AS slot INTO v_ring FROM lock_current_slot('ready');
+  SELECT array_agg(v ORDER BY v) INTO v_pos FROM (SELECT nextval('lane_seq') AS v FROM generate_series(1, cardinality(v_ids))) s;
+
+  WITH moved AS (
+    DELETE FROM deferred d WHERE d.job_id = ANY (v_ids) RETURNING d.*
+  ),
+  ranked AS (
+    SELECT m.*, row_number() OVER (ORDER BY m.run_at, m.job_id) AS rank FROM moved m
+  ),
+  ins AS (
+    INSERT INTO ready (slot, generation, job_id, kind, queue, priority, shard, lane_seq, args, metadata, tags,
+                       errors, progress, attempt, run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
+    SELECT v_ring.slot, v_ring.generation, r.job_id, r.kind, r.queue, r.priority, r.shard, v_pos[r.rank], r.args, r.metadata,
+           r.tags, r.errors, r.progress, r.attempt, r.run_lease, r.max_attempts, r.run_at, r.created_at, r.unique_key, r.unique_states
+    FROM ranked r
+    RETURNING queue
+  )
+  SELECT array_agg(DISTINCT ins.queue) INTO v_q FROM ins;
+  PERFORM pg_notify('awa_wake_:AWA_SCHEMA', q) FROM unnest(v_q) AS q;
+  RETURN v_moved;
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- Every representation of every job, most current first per job (storage-engine.md §5.9):
+--   1 deferred row, 2 open claim (running), 3 unclaimed non-tombstoned ready row (available),
+--   4 newest terminal or history row. Older rows are history; nothing is ever rewritten.
+
+`
   }
 ]
