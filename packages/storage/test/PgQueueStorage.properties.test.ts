@@ -324,18 +324,24 @@ describe("PgQueueStorage properties", () => {
           )
           assert.deepStrictEqual(yield* completeAll([open!]), [{ _tag: "Applied", state: "completed" }])
 
-          // 3. an enqueue still in flight in the slot: prune cannot lock it and gives up at once
+          // 3. an enqueue still in flight in the slot (until released): prune cannot lock it and
+          // gives up at once
+          const enqueued = yield* Deferred.make<void>()
+          const commit = yield* Deferred.make<void>()
           const holder = yield* Effect.gen(function* () {
             const s = yield* QueueStorage
             const c = yield* SqlClient.SqlClient
             return yield* c.withTransaction(
-              Effect.andThen(s.enqueueMany([job(q, 3)]), Effect.sleep("1500 millis"))
+              Effect.andThen(
+                s.enqueueMany([job(q, 3)]),
+                Effect.andThen(Deferred.succeed(enqueued, undefined), Deferred.await(commit))
+              )
             )
           }).pipe(
             Effect.provide(client(url, 1), { local: true }),
             Effect.forkChild({ startImmediately: true })
           )
-          yield* Effect.sleep("200 millis")
+          yield* Deferred.await(enqueued)
           // traffic on another lane (the holder keeps its own lane locked until it commits)
           const other = fresh("prune-other")
           yield* storage.enqueueMany([job(other, 2)])
@@ -343,6 +349,7 @@ describe("PgQueueStorage properties", () => {
           assert.strictEqual(yield* storage.rotate, "Rotated")
           const blocked = yield* storage.prune(keepAll)
           assert.deepStrictEqual(blocked, { _tag: "Blocked", reason: "lock" })
+          yield* Deferred.succeed(commit, undefined)
           yield* Fiber.await(holder)
           // committed now: its row is unclaimed, so the slot is still not prunable
           assert.deepStrictEqual(yield* storage.prune(keepAll), { _tag: "Blocked", reason: "unclaimed" })
@@ -355,17 +362,23 @@ describe("PgQueueStorage properties", () => {
           yield* storage.enqueueMany([job(q, 4)])
           yield* completeAll(yield* storage.claim(claimOf(q, 1)))
           assert.strictEqual(yield* storage.rotate, "Rotated")
+          const read = yield* Deferred.make<void>()
+          const done = yield* Deferred.make<void>()
           const reader = yield* Effect.gen(function* () {
             const c = yield* SqlClient.SqlClient
             return yield* c.withTransaction(
-              Effect.andThen(c`SELECT count(*) FROM awa.ready`, Effect.sleep("800 millis"))
+              Effect.andThen(
+                c`SELECT count(*) FROM awa.ready`,
+                Effect.andThen(Deferred.succeed(read, undefined), Deferred.await(done))
+              )
             )
           }).pipe(
             Effect.provide(client(url, 1), { local: true }),
             Effect.forkChild({ startImmediately: true })
           )
-          yield* Effect.sleep("150 millis")
+          yield* Deferred.await(read)
           assert.deepStrictEqual(yield* storage.prune(keepAll), { _tag: "Blocked", reason: "lock" })
+          yield* Deferred.succeed(done, undefined)
           yield* Fiber.await(reader)
           assert.strictEqual((yield* storage.prune(keepAll))._tag, "Pruned")
           const rows = yield* sql<{

@@ -57,24 +57,24 @@ const sealedSlot = (q: string, n: number) =>
   })
 
 /**
- * Runs `statement` in a transaction on its own connection and keeps the transaction open for
- * `ms` after it; `started` opens once the statement has run (its locks are held from then on).
+ * Runs `statement` in a transaction on its own connection and keeps the transaction open until
+ * `release` completes; returns once the statement has run (its locks are held from then on).
  */
-const holdOpen = (url: string, statement: string, ms: number) =>
+const holdUntil = (url: string, statement: string, release: Effect.Effect<unknown>) =>
   Effect.gen(function* () {
     const started = yield* Deferred.make<void>()
     const fiber = yield* Effect.gen(function* () {
       const c = yield* SqlClient.SqlClient
       yield* c.withTransaction(
-        Effect.andThen(
-          c.unsafe(statement),
-          Effect.andThen(Deferred.succeed(started, undefined), Effect.sleep(ms))
-        )
+        Effect.andThen(c.unsafe(statement), Effect.andThen(Deferred.succeed(started, undefined), release))
       )
     }).pipe(Effect.provide(client(url, 1), { local: true }), Effect.forkChild({ startImmediately: true }))
     yield* Deferred.await(started)
     return fiber
   })
+
+/** `holdUntil`, released `ms` after the statement has run. */
+const holdOpen = (url: string, statement: string, ms: number) => holdUntil(url, statement, Effect.sleep(ms))
 
 /** How long a plain read of every claims child takes on a fresh connection of its own. */
 const timedRead = (url: string) =>
@@ -175,10 +175,12 @@ describe("prune without stalls", () => {
             sql<{ n: number }>`SELECT count(*)::int AS n FROM awa.history WHERE queue = ${q}`,
             (rows) => rows[0]!.n
           )
-          // a reader holds the ring: the copy (which needs no exclusive lock) goes ahead and is
-          // committed; the truncate cannot, and gives up
-          const reader = yield* holdOpen(url, "SELECT count(*) FROM awa.claims", 700)
+          // a reader holds the ring until the prune has given up: the copy (which needs no
+          // exclusive lock) goes ahead and is committed; the truncate cannot, and gives up
+          const release = yield* Deferred.make<void>()
+          const reader = yield* holdUntil(url, "SELECT count(*) FROM awa.claims", Deferred.await(release))
           assert.deepStrictEqual(yield* storage.prune(keepAll), { _tag: "Blocked", reason: "lock" })
+          yield* Deferred.succeed(release, undefined)
           assert.strictEqual(yield* inHistory, 1200, "copied ahead and committed")
           const [copy] = yield* sql<{ rows: number }>`
             SELECT terminal_rows::int AS rows FROM awa.history_copies WHERE generation = ${sealed.generation}::bigint`
@@ -290,6 +292,16 @@ describe("prune without stalls", () => {
         Effect.gen(function* () {
           const q = fresh("young")
           yield* drainRing
+          // "moments ago" means within the grace period, by the server's clock: a grace far longer
+          // than this test can take keeps the attempts young however loaded the machine is
+          const young = pgLayer({ rotateMinRows: 1, pruneCarryAfterMs: 60_000 }).pipe(
+            Layer.provide(PgClient.layer({ url: Redacted.make(url), maxConnections: 2 }))
+          )
+          // and a short one, waited out, makes them old
+          const graceMs = 400
+          const short = pgLayer({ rotateMinRows: 1, pruneCarryAfterMs: graceMs }).pipe(
+            Layer.provide(PgClient.layer({ url: Redacted.make(url), maxConnections: 1 }))
+          )
           yield* Effect.gen(function* () {
             const storage = yield* QueueStorage
             yield* storage.enqueueMany([job(q, 0), job(q, 1)])
@@ -297,7 +309,7 @@ describe("prune without stalls", () => {
             assert.strictEqual(claimed.length, 2)
             yield* completeAll(claimed.slice(0, 1))
             assert.strictEqual(yield* storage.rotate, "Rotated")
-            // the open attempt is 0.4 s old at most: no lock taken, nothing written
+            // the open attempt is younger than the grace period: no lock taken, nothing written
             assert.deepStrictEqual(yield* storage.prune(keepAll), {
               _tag: "Blocked",
               reason: "young_attempts"
@@ -314,18 +326,13 @@ describe("prune without stalls", () => {
               _tag: "Blocked",
               reason: "young_attempts"
             })
-            yield* Effect.sleep("450 millis")
-            const carried = yield* storage.prune(keepAll)
+            yield* Effect.sleep(graceMs + 50)
+            const carried = yield* Effect.flatMap(QueueStorage, (s) => s.prune(keepAll)).pipe(
+              Effect.provide(short, { local: true })
+            )
             assert.deepStrictEqual(carried._tag === "Pruned" ? carried.carried : carried, 1)
             assert.deepStrictEqual(yield* completeAll([long!]), [{ _tag: "Applied", state: "completed" }])
-          }).pipe(
-            Effect.provide(
-              pgLayer({ rotateMinRows: 1, pruneCarryAfterMs: 400 }).pipe(
-                Layer.provide(PgClient.layer({ url: Redacted.make(url), maxConnections: 2 }))
-              ),
-              { local: true }
-            )
-          )
+          }).pipe(Effect.provide(young, { local: true }))
         })
       ),
     30_000
