@@ -23,7 +23,12 @@ const fast = {
   rotateInterval: "20 millis"
 } as const
 
-const AwaLive = () => Awa.layerPg().pipe(Layer.provideMerge(TestDatabase.layer({ maxConnections: 8 })))
+// The storage layer's policy: 10,000 rows (the default) or an hour, so its age rule cannot rotate
+// during the test however slowly a loaded machine runs it.
+const AwaLive = () =>
+  Awa.layerPg({ rotateMaxAgeMs: 3_600_000 }).pipe(
+    Layer.provideMerge(TestDatabase.layer({ maxConnections: 8 }))
+  )
 
 const generation = Effect.map(
   Effect.flatMap(QueueStorage, (s) => s.status),
@@ -74,11 +79,11 @@ describe("maintenance options", () => {
       Effect.gen(function* () {
         const client = yield* AwaClient
         const sql = yield* SqlClient.SqlClient
-        // a fresh incarnation first, so the storage layer's age rule (10 s) cannot rotate below
+        // a fresh incarnation first
         yield* client.insert(Tick, { n: 0 })
         yield* Effect.flatMap(QueueStorage, (s) => s.rotateWhenDue({ minRows: 1 }))
         const start = yield* generation
-        // the storage layer's policy (10,000 rows or 10 s): 20 jobs and a second change nothing
+        // the storage layer's policy (10,000 rows or an hour): 20 jobs and a second change nothing
         yield* Effect.scoped(
           Effect.gen(function* () {
             yield* client.insertMany(
@@ -89,23 +94,24 @@ describe("maintenance options", () => {
           }).pipe(Effect.provide(Awa.worker({ queues: { ledger: {} }, handlers, maintenance: fast })))
         )
         assert.strictEqual(yield* generation, start)
-        // the worker's: a rotation every 5 rows, carrying at once; 60 bursts turn the ring many
+        // the worker's: a rotation every 5 rows, carrying at once; 60 bursts of 5, each waiting
+        // for its rotation (not for time, which a loaded machine stretches), turn the ring many
         // times over, and the leader trims its ledgers as it goes
         yield* Effect.scoped(
           Effect.gen(function* () {
             yield* eventually(Effect.map(generation, (g) => g > start))
             for (let i = 0; i < 60; i++) {
+              const before = yield* generation
               yield* client.insertMany(
                 Tick,
                 Array.from({ length: 5 }, (_, n) => ({ n }))
               )
-              yield* Effect.sleep("40 millis")
+              yield* eventually(
+                Effect.map(generation, (g) => g > before),
+                20_000,
+                `the rotation after burst ${i}`
+              )
             }
-            yield* eventually(
-              Effect.map(generation, (g) => g >= start + 40),
-              20_000,
-              "40 rotations"
-            )
           }).pipe(
             Effect.provide(
               Awa.worker({
