@@ -52,8 +52,8 @@ const tick = (retention: RetentionParams = keepAll) =>
 
 const ringStats = Effect.gen(function* () {
   const sql = yield* SqlClient.SqlClient
-  return yield* sql<{ relname: string; upd: bigint; del: bigint; dead: bigint; live: bigint }>`
-    SELECT relname, n_tup_upd AS upd, n_tup_del AS del, n_dead_tup AS dead, n_live_tup AS live
+  return yield* sql<{ relname: string; ins: bigint; upd: bigint; del: bigint; dead: bigint; live: bigint }>`
+    SELECT relname, n_tup_ins AS ins, n_tup_upd AS upd, n_tup_del AS del, n_dead_tup AS dead, n_live_tup AS live
     FROM pg_stat_user_tables WHERE schemaname = 'awa' ORDER BY relname`
 })
 
@@ -85,8 +85,13 @@ describe("PgQueueStorage properties", () => {
                   .pipe(Effect.flip)
               })
             )
-            yield* Effect.sleep("200 millis")
-            return yield* Queue.takeAll(wake)
+            // a marker committed last: notifications arrive in commit order, so everything the
+            // transactions above sent has arrived once the marker has (no wait for time)
+            const marker = fresh("marker")
+            yield* storage.enqueueMany([job(marker, 0)])
+            const seen: Array<{ payload: string }> = []
+            while (seen.at(-1)?.payload !== marker) seen.push(yield* Queue.take(wake))
+            return seen.slice(0, -1)
           })
         )
         // only the committed transaction notified; the payload carries the (long) queue name
@@ -466,17 +471,19 @@ describe("PgQueueStorage properties", () => {
         yield* drainRing
         const before = new Map((yield* ringStats).map((r) => [r.relname, r]))
         // a REPEATABLE READ transaction holding an xid and a snapshot for the whole run
+        const pinned = yield* Deferred.make<void>()
         const pin = yield* Effect.gen(function* () {
           const c = yield* SqlClient.SqlClient
           return yield* c.withTransaction(
             Effect.gen(function* () {
               yield* c`SET TRANSACTION ISOLATION LEVEL REPEATABLE READ`
               yield* c`SELECT txid_current(), count(*) FROM pg_class`
+              yield* Deferred.succeed(pinned, undefined)
               yield* Effect.never
             })
           )
         }).pipe(Effect.provide(client(url, 1), { local: true }), Effect.forkChild({ startImmediately: true }))
-        yield* Effect.sleep("100 millis")
+        yield* Deferred.await(pinned)
         yield* Effect.gen(function* () {
           const storage = yield* QueueStorage
           for (let done = 0; done < total; done += 1000) {
@@ -499,9 +506,17 @@ describe("PgQueueStorage properties", () => {
             yield* completeAll(yield* storage.claim(claimOf(q, 512)))
           yield* completeAll(yield* storage.claim(claimOf(q, 512)))
         }).pipe(Effect.provide(client(url, 2), { local: true }))
-        // the workload's connections are closed: their statistics are flushed
-        yield* Effect.sleep("1200 millis")
-        const after = yield* ringStats
+        // the workload's connections are closed: wait until the server's statistics show all of
+        // its enqueues (the statistics of a closed connection reach the views a little later)
+        const readyInserts = (stats: ReadonlyArray<{ relname: string; ins: bigint }>) =>
+          stats
+            .filter((r) => /^ready_\d+$/.test(r.relname))
+            .reduce((n, r) => n + Number(r.ins - (before.get(r.relname)?.ins ?? 0n)), 0)
+        let after = yield* ringStats
+        for (let i = 0; i < 300 && readyInserts(after) < total; i++) {
+          yield* Effect.sleep("100 millis")
+          after = yield* ringStats
+        }
         const ringTable = /^(ready|ready_tombstones|claims|claim_marks|closures|terminal|history)_\d+$/
         let ringRows = 0
         for (const r of after.filter((r) => ringTable.test(r.relname))) {
