@@ -8,6 +8,7 @@ const StorageLive = pgLayer().pipe(Layer.provideMerge(TestDatabase.layer()))
 
 describe("PgQueueStorage", () => {
   layer(StorageLive, { excludeTestServices: true, timeout: "60 seconds" })("contract", (it) => {
-    suite(it, { advance: (ms) => Effect.sleep(ms) })
+    // windows of 1-2 s where the contract's are 50-100 ms: see ContractOptions.scale
+    suite(it, { advance: (ms) => Effect.sleep(ms), scale: 20 })
   })
 })

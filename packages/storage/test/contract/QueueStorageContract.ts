@@ -14,6 +14,13 @@ import { type ClaimParams, type FinalizeItem, QueueStorage } from "../../src/Que
 export interface ContractOptions {
   /** Lets storage time pass: a real sleep on Postgres, `TestClock.adjust` in the simulation. */
   readonly advance: (ms: number) => Effect.Effect<void>
+  /**
+   * How many times longer the windows are in which something must NOT have happened yet (a retry
+   * not yet due, a heartbeat not yet stale, a DLQ entry not yet expired). Default 1. On Postgres
+   * they run on the wall clock, where a loaded machine can stretch the gap between two statements
+   * past a window of 50 ms: there they are scaled up to seconds.
+   */
+  readonly scale?: number | undefined
 }
 
 const freshQueue = (label: string) => `${label}-${randomUUID().slice(0, 8)}`
@@ -35,7 +42,7 @@ const complete = (t: { jobId: bigint; runLease: bigint }): FinalizeItem => ({
   outcome: { _tag: "Complete" }
 })
 
-export const suite = (it: Vitest.MethodsNonLive<QueueStorage>, { advance }: ContractOptions) => {
+export const suite = (it: Vitest.MethodsNonLive<QueueStorage>, { advance, scale = 1 }: ContractOptions) => {
   it.effect("enqueue returns increasing ids, available now or scheduled for a future runAt", () =>
     Effect.gen(function* () {
       const storage = yield* QueueStorage
@@ -196,7 +203,7 @@ export const suite = (it: Vitest.MethodsNonLive<QueueStorage>, { advance }: Cont
         {
           jobId: first!.jobId,
           runLease: first!.runLease,
-          outcome: { _tag: "Retry", delayMs: 100, error: "boom 1" }
+          outcome: { _tag: "Retry", delayMs: 100 * scale, error: "boom 1" }
         }
       ])
       assert.deepStrictEqual(r, { _tag: "Applied", state: "retryable" })
@@ -207,7 +214,7 @@ export const suite = (it: Vitest.MethodsNonLive<QueueStorage>, { advance }: Cont
       assert.strictEqual(waiting.errors[0]!.attempt, 1)
       assert.strictEqual(yield* storage.promoteDue(100), 0)
       assert.deepStrictEqual(yield* storage.claim(claimOf(q, 1)), [])
-      yield* advance(150)
+      yield* advance(150 * scale)
       assert.isAtLeast(yield* storage.promoteDue(1000), 1)
       const [second] = yield* storage.claim(claimOf(q, 1))
       assert.strictEqual(second!.jobId, first!.jobId)
@@ -320,9 +327,9 @@ export const suite = (it: Vitest.MethodsNonLive<QueueStorage>, { advance }: Cont
       const q = freshQueue("stale")
       const [a, b] = yield* storage.enqueueMany([job(q, { maxAttempts: 1 }), job(q, { maxAttempts: 1 })])
       const claimed = yield* storage.claim(claimOf(q, 2))
-      yield* advance(80)
+      yield* advance(80 * scale)
       yield* storage.heartbeatMany([{ jobId: b!.id, runLease: claimed[1]!.runLease }])
-      const rescued = (yield* storage.rescueStale({ stalenessMs: 40, limit: 500 })).filter(
+      const rescued = (yield* storage.rescueStale({ stalenessMs: 40 * scale, limit: 500 })).filter(
         (r) => r.jobId === a!.id || r.jobId === b!.id
       )
       assert.deepStrictEqual(rescued, [
@@ -759,7 +766,7 @@ export const suite = (it: Vitest.MethodsNonLive<QueueStorage>, { advance }: Cont
       const storage = yield* QueueStorage
       const short = freshQueue("dlq-short")
       const long = freshQueue("dlq-long")
-      yield* storage.configureQueue(short, { dlq: true, dlqRetentionMs: 50 })
+      yield* storage.configureQueue(short, { dlq: true, dlqRetentionMs: 50 * scale })
       yield* storage.configureQueue(long, { dlq: true })
       const [s] = yield* storage.enqueueMany([job(short)])
       const [l] = yield* storage.enqueueMany([job(long)])
@@ -767,7 +774,7 @@ export const suite = (it: Vitest.MethodsNonLive<QueueStorage>, { advance }: Cont
       yield* storage.finalizeMany([failTo((yield* storage.claim(claimOf(long, 1)))[0]!)])
       assert.strictEqual(yield* storage.cleanupDlq(30 * 86_400_000, 1000), 0)
       assert.isDefined(yield* storage.getDlq(s!.id))
-      yield* advance(120)
+      yield* advance(120 * scale)
       assert.isAtLeast(yield* storage.cleanupDlq(30 * 86_400_000, 1000), 1)
       assert.strictEqual((yield* Effect.flip(storage.getDlq(s!.id)))._tag, "JobNotFound")
       assert.strictEqual((yield* storage.getDlq(l!.id)).id, l!.id)
