@@ -51,8 +51,20 @@ const legs: ReadonlyArray<Leg> = [
   { name: "debian15", what: "Debian's postgresql-15 (apt)", binDir: "/usr/lib/postgresql/15/bin" }
 ]
 
-/** The Postgres-backed suites (vitest file filters): everything but the multi-process fault suite. */
-const suites = ["packages/storage/test/", "packages/sql/test/", ".pg.test.ts"]
+/**
+ * The suites each leg runs (vitest file filters): the storage contract and every Pg storage test,
+ * the SQL package's tests, and the worker's end-to-end tests. The full suite (cron scheduling,
+ * tracing, the multi-process fault scenarios, the docs' examples) runs once, on the default server.
+ */
+const suites = [
+  "packages/storage/test/",
+  "packages/sql/test/",
+  "packages/runtime/test/Worker.pg.test.ts",
+  "packages/runtime/test/Worker.faults.pg.test.ts",
+  "packages/runtime/test/Dlq.pg.test.ts",
+  "packages/runtime/test/Maintenance.pg.test.ts",
+  "packages/runtime/test/PromiseClient.pg.test.ts"
+]
 
 const arg = (name: string) => {
   const i = process.argv.indexOf(name)
