@@ -199,7 +199,9 @@ const main = async () => {
     )
   const started = new Date()
   const out: Array<LegResult> = []
-  for (const leg of legs.filter((l) => chosen === undefined || chosen.includes(l.name))) {
+  // in the order given (the leg that matters most first), else all in version order
+  const run = chosen === undefined ? legs : chosen.map((name) => legs.find((l) => l.name === name)!)
+  for (const leg of run) {
     const result = await runLeg(leg).catch(
       (error: unknown): LegResult => ({
         leg: leg.name,
