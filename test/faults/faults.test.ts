@@ -143,7 +143,7 @@ describe("faults: worker processes", () => {
           for (const w of workers) if (w !== victim) assert.isUndefined(w.exit, `${w.name} exited`)
         })
       ),
-    120_000
+    300_000
   )
 
   it.live(
@@ -275,7 +275,7 @@ describe("faults: worker processes", () => {
           for (const w of workers) assert.isUndefined(w.exit, `${w.name} exited\n${describeWorker(w)}`)
         })
       ),
-    120_000
+    300_000
   )
 
   it.live(
@@ -349,7 +349,7 @@ describe("faults: worker processes", () => {
           for (const w of workers) assert.isUndefined(w.exit, `${w.name} exited\n${describeWorker(w)}`)
         }).pipe(Effect.provide(suiteLayer(url, { migrateOnStart: true })))
       }),
-    120_000
+    300_000
   )
 
   it.live(
@@ -464,7 +464,7 @@ describe("faults: worker processes", () => {
           assert.strictEqual(survivors.filter(isLeader).length, 1, "exactly one leader")
         })
       ),
-    120_000
+    300_000
   )
 
   it.live(
@@ -633,7 +633,7 @@ describe("faults: worker processes", () => {
           for (const w of workers) assert.isUndefined(w.exit, `${w.name} exited`)
         })
       ),
-    120_000
+    300_000
   )
 
   it.live(
@@ -866,7 +866,7 @@ describe("faults: worker processes", () => {
           console.log(`[faults] rejected at enqueue:\n  ${rejections.join("\n  ")}`)
         })
       ),
-    120_000
+    300_000
   )
 
   it.live(
@@ -999,6 +999,6 @@ describe("faults: worker processes", () => {
           for (const id of others) assert.strictEqual(all.find((x) => x.jobId === id)!.attempt, 1)
         })
       ),
-    120_000
+    300_000
   )
 })

@@ -108,7 +108,9 @@ export const startWorkers = (url: string, configs: ReadonlyArray<WorkerConfig>) 
     Effect.promise(async () => {
       const workers = configs.map((c) => spawnWorker(url, c))
       try {
-        await Promise.all(workers.map((w) => waitForEvent(w, (e) => e.event === "ready", 30_000)))
+        // a bound, not a margin: several Node processes loading the library at once on a loaded
+        // 2-core machine have taken more than 30 s to be ready
+        await Promise.all(workers.map((w) => waitForEvent(w, (e) => e.event === "ready", 120_000)))
       } catch (error) {
         await Promise.all(workers.map((w) => stopWorker(w, 2000)))
         throw new Error(`${String(error)}\n${workers.map(describeWorker).join("\n")}`)
