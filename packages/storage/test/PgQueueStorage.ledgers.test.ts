@@ -174,7 +174,7 @@ describe("ledger retention", () => {
           )
         })
       ),
-    120_000
+    300_000
   )
 
   it.live(
@@ -227,7 +227,7 @@ describe("ledger retention", () => {
           }),
         4
       ),
-    120_000
+    300_000
   )
 
   it.live("a rotation policy and carry threshold passed per call win over the storage layer's", () =>
