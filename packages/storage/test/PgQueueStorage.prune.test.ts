@@ -73,9 +73,6 @@ const holdUntil = (url: string, statement: string, release: Effect.Effect<unknow
     return fiber
   })
 
-/** `holdUntil`, released `ms` after the statement has run. */
-const holdOpen = (url: string, statement: string, ms: number) => holdUntil(url, statement, Effect.sleep(ms))
-
 /** How long a plain read of every claims child takes on a fresh connection of its own. */
 const timedRead = (url: string) =>
   Effect.gen(function* () {
@@ -85,6 +82,17 @@ const timedRead = (url: string) =>
     yield* c`SELECT count(*) FROM awa.claims`
     return performance.now() - start
   }).pipe(Effect.provide(client(url, 1), { local: true }))
+
+/** Waits until a session of this database runs a statement containing `text` and waits on `event` (a wait event type or name), if given. */
+const untilRunning = (text: string, event?: string) =>
+  Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    const running = sql<{ n: number }>`
+      SELECT count(*)::int AS n FROM pg_stat_activity
+      WHERE datname = current_database() AND pid <> pg_backend_pid() AND query LIKE ${`%${text}%`}
+        AND (${event ?? null}::text IS NULL OR wait_event_type = ${event ?? null} OR wait_event = ${event ?? null})`
+    while ((yield* running)[0]!.n === 0) yield* Effect.sleep("10 millis")
+  })
 
 const withDatabase = <A, E>(body: (url: string) => Effect.Effect<A, E, QueueStorage | SqlClient.SqlClient>) =>
   Effect.flatMap(TestDatabase.acquire(), ({ url }) => body(url).pipe(Effect.provide(client(url, 2))))
@@ -104,18 +112,26 @@ describe("prune without stalls", () => {
           }>`SELECT 'awa.history_' || slot AS rel FROM awa.ring_current('history')`
           const size = sql<{ bytes: number }>`SELECT pg_relation_size(${hist!.rel}::regclass)::int AS bytes`
           const historyBefore = (yield* size)[0]!.bytes
-          // a long reader of the ring (a claim, a `jobs` read) holds ACCESS SHARE on every child
-          const reader = yield* holdOpen(url, "SELECT count(*) FROM awa.claims", 1200)
-          // prune with a long lock_timeout, so a queued lock request would be easy to see
+          // a long reader of the ring (a claim, a `jobs` read) holds ACCESS SHARE on every child,
+          // until prune has given up
+          const gaveUp = yield* Deferred.make<void>()
+          const reader = yield* holdUntil(url, "SELECT count(*) FROM awa.claims", Deferred.await(gaveUp))
+          // prune with the longest lock_timeout (1 s), so a queued lock request would be easy to see
+          let pruneDone = false
           const pruning = yield* Effect.flatMap(QueueStorage, (s) => s.prune(keepAll)).pipe(
-            Effect.provide(client(url, 1, 600), { local: true }),
+            Effect.ensuring(Effect.sync(() => (pruneDone = true))),
+            Effect.ensuring(Deferred.succeed(gaveUp, undefined)),
+            Effect.provide(client(url, 1, 1000), { local: true }),
             Effect.forkChild({ startImmediately: true })
           )
+          // prune runs, and has had time to reach its lock loop (had it not, the read below would
+          // pass without showing anything: a weaker test on a slow machine, never a false failure)
+          yield* untilRunning("prune_queue")
           yield* Effect.sleep("200 millis")
-          // a reader arriving while prune wants the lock: it must not queue behind the request
-          // (0010 made it wait until prune's lock_timeout expired, ~400 ms here)
+          // a reader arriving while prune wants the lock must not queue behind the request: it
+          // is done while prune still tries (0010 made it wait until prune's lock_timeout expired)
           const waited = yield* timedRead(url)
-          assert.isBelow(waited, 150, `the read waited ${waited.toFixed(0)} ms behind prune`)
+          assert.isFalse(pruneDone, `the read waited ${waited.toFixed(0)} ms, until prune gave up`)
           assert.deepStrictEqual(yield* Fiber.join(pruning), { _tag: "Blocked", reason: "lock" })
           // the blocked attempt judged the slot (retention keeps every row) but wrote nothing:
           // no rolled-back history rows, so no dead tuples
@@ -137,18 +153,26 @@ describe("prune without stalls", () => {
         const sql = yield* SqlClient.SqlClient
         const q = fresh("judge")
         const ids = yield* sealedSlot(q, 20)
-        // judging reads per-queue retention overrides from queue_meta: hold that table, so
-        // prune sits in its judging step for a while
-        const blocker = yield* holdOpen(url, "LOCK TABLE awa.queue_meta IN ACCESS EXCLUSIVE MODE", 800)
+        // judging reads per-queue retention overrides from queue_meta: hold that table (until
+        // released below), so prune sits in its judging step
+        const judged = yield* Deferred.make<void>()
+        const blocker = yield* holdUntil(
+          url,
+          "LOCK TABLE awa.queue_meta IN ACCESS EXCLUSIVE MODE",
+          Deferred.await(judged)
+        )
         const pruning = yield* Effect.flatMap(QueueStorage, (s) => s.prune(keepAll)).pipe(
           Effect.provide(client(url, 1), { local: true }),
           Effect.forkChild({ startImmediately: true })
         )
-        yield* Effect.sleep("250 millis")
-        // claims and completions read every child of the ring: they must not wait for judging
-        // (0010 judged under the exclusive lock: this read waited for the blocker, ~550 ms)
-        const waited = yield* timedRead(url)
-        assert.isBelow(waited, 150, `the read waited ${waited.toFixed(0)} ms behind prune`)
+        // prune waits for queue_meta
+        yield* untilRunning("prune_queue", "Lock")
+        // claims and completions read every child of the ring: they must not wait for judging,
+        // so this read ends while the blocker still holds queue_meta (0010 judged under the
+        // exclusive lock: the read waited for the blocker; here it would wait forever)
+        const read = yield* timedRead(url).pipe(Effect.timeoutOption("30 seconds"))
+        assert.isTrue(read._tag === "Some", "the read waited behind prune's judging")
+        yield* Deferred.succeed(judged, undefined)
         yield* Fiber.join(blocker)
         assert.strictEqual((yield* Fiber.join(pruning))._tag, "Pruned")
         const [copied] = yield* sql<{ n: number }>`
