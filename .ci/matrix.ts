@@ -133,7 +133,9 @@ const runLeg = async (leg: Leg): Promise<LegResult> => {
       join(repo, "node_modules", ".bin", "vitest"),
       // with full durability on a loaded 2-core machine a test takes several times longer than
       // on the default server (fsync off): bounds, not margins, so they are raised
-      ["run", "--testTimeout=300000", "--hookTimeout=300000", ...suites],
+      // schema.sql is a document of the default server's catalogs: other majors print views and
+      // functions differently (pg_get_viewdef), so its snapshot is compared on the default only
+      ["run", "--testTimeout=300000", "--hookTimeout=300000", "--exclude=**/Schema.test.ts", ...suites],
       env,
       join(results, `${leg.name}-tests.log`)
     )

@@ -276,12 +276,14 @@ describe("Worker faults on Postgres", () => {
         const w = yield* startWorker(url, {
           queues: { faults: {} },
           handlers: [handler(Slow, ({ ms }) => Effect.sleep(ms))],
-          heartbeatInterval: "100 millis",
-          heartbeatStaleness: "400 millis",
+          // 15 heartbeats per staleness period: a loaded machine (or a server with fsync on)
+          // delayed a heartbeat past 400 ms when there were 4
+          heartbeatInterval: "200 millis",
+          heartbeatStaleness: "3 seconds",
           maintenance: fast
         })
         const client = yield* AwaClient
-        const job = yield* client.insert(Slow, { ms: 1500 })
+        const job = yield* client.insert(Slow, { ms: 4500 })
         yield* eventually(
           Effect.map(client.storage.getJob(job.id), (j) => j.state === "completed"),
           20_000,
