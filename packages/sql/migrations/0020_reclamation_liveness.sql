@@ -891,11 +891,9 @@ END
 $$;
 
 -- ---------------------------------------------------------------------------------------------
--- cancel_job: as in 0003, plus (0020) parked jobs (deleted under the lane's claim lock; a wide
--- cancelled terminal row in the current slot), and, for a ring row, ROW EXCLUSIVE on its slot's
--- tombstone and terminal children before the re-check, so a prune that carried the row away since
--- it was read is noticed (look again) instead of a tombstone landing in a truncated incarnation.
--- Locks: per-job → claim lock of the lane (blocking) → ROW EXCLUSIVE on the slot's children.
+-- cancel_job: as in 0003, plus (0020) parked jobs: deleted under the lane's claim lock (unpark
+-- takes it too), with a wide cancelled terminal row in the current slot, as for a deferred job.
+-- Locks: per-job → claim lock of the lane (blocking).
 CREATE OR REPLACE FUNCTION :AWA_SCHEMA.cancel_job(p_job_id bigint, p_reason text)
 RETURNS text
 LANGUAGE plpgsql SET search_path = :AWA_SCHEMA, pg_catalog AS $$
@@ -969,15 +967,10 @@ BEGIN
       ORDER BY r.lane_seq DESC LIMIT 1;
       IF FOUND THEN
         PERFORM pg_advisory_xact_lock(lock_ns('claim'), lane_key(v_row.queue, v_row.priority, v_row.shard));
-        -- The row's slot, ROW EXCLUSIVE: from now on no prune can truncate it under us. Then, in new
-        -- statements: is the row still there (a prune may have carried or parked it and truncated
-        -- the slot since we read it: look again), and still unclaimed (any claim that committed
-        -- before we got the claim lock is visible)?
-        EXECUTE format('LOCK TABLE %1$I.ready_tombstones_%2$s, %1$I.terminal_%2$s IN ROW EXCLUSIVE MODE', ':AWA_SCHEMA', v_row.slot);
-        IF EXISTS (SELECT 1 FROM ready r
-                   WHERE r.slot = v_row.slot AND r.queue = v_row.queue AND r.priority = v_row.priority
-                     AND r.shard = v_row.shard AND r.lane_seq = v_row.lane_seq AND r.job_id = p_job_id)
-           AND v_row.lane_seq >= lane_cursor(v_row.queue, v_row.priority, v_row.shard) THEN
+        -- new statement after the claim lock: sees any claim that committed before we got it. The
+        -- row cannot have been carried or parked since we read it: our read of the jobs view holds
+        -- ACCESS SHARE on every ring child to commit, and a prune needs ACCESS EXCLUSIVE on its slot.
+        IF v_row.lane_seq >= lane_cursor(v_row.queue, v_row.priority, v_row.shard) THEN
           INSERT INTO ready_tombstones (slot, generation, job_id, queue, priority, shard, lane_seq)
           VALUES (v_row.slot, v_row.generation, p_job_id, v_row.queue, v_row.priority, v_row.shard, v_row.lane_seq);
           INSERT INTO terminal (slot, generation, job_id, run_lease, state, attempt, finalized_at, errors, progress, wide,
