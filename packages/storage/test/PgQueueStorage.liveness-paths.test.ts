@@ -8,7 +8,7 @@ import { PgClient } from "@effect/sql-pg"
 import { assert, describe, it } from "@effect/vitest"
 import { Deferred, Effect, Fiber, Layer, Redacted } from "effect"
 import { SqlClient } from "effect/sql"
-import { layer as pgLayer, type PgQueueStorageOptions } from "../src/PgQueueStorage.ts"
+import { type PgQueueStorageOptions, layer as pgLayer } from "../src/PgQueueStorage.ts"
 import { QueueStorage } from "../src/QueueStorage.ts"
 import { claimOf, completeAll, fresh, keepNothing } from "./pgFixtures.ts"
 
