@@ -356,13 +356,17 @@ describe("PgQueueStorage properties", () => {
         yield* storage.enqueueMany([job(q, 4)])
         yield* completeAll(yield* storage.claim(claimOf(q, 1)))
         assert.strictEqual(yield* storage.rotate, "Rotated")
+        const reading = yield* Deferred.make<void>()
         const reader = yield* Effect.gen(function* () {
           const c = yield* SqlClient.SqlClient
           return yield* c.withTransaction(
-            Effect.andThen(c`SELECT count(*) FROM awa.ready`, Effect.sleep("800 millis"))
+            Effect.andThen(
+              c`SELECT count(*) FROM awa.ready`,
+              Effect.andThen(Deferred.succeed(reading, undefined), Effect.sleep("800 millis"))
+            )
           )
         }).pipe(Effect.provide(client(url, 1), { local: true }), Effect.forkChild({ startImmediately: true }))
-        yield* Effect.sleep("150 millis")
+        yield* Deferred.await(reading)
         assert.deepStrictEqual(yield* storage.prune(keepAll), { _tag: "Blocked", reason: "lock" })
         yield* Fiber.await(reader)
         assert.strictEqual((yield* storage.prune(keepAll))._tag, "Pruned")
