@@ -173,7 +173,8 @@ $$;
 --    prune at most that long while the slot is frozen;
 --  * keys of dropped rows go to pending_key_releases (released after commit by
 --    release_pending_keys), not released under the lock.
--- Outcomes: Pruned, Copied (caller calls again), Noop, Blocked:{busy, young_attempts,
+-- Outcomes: Pruned, Copied / Parked (committed work ahead of the exclusive lock: the caller calls
+--   again), Noop, Blocked:{busy, young_attempts,
 --   locked_attempt, lock}. carried = open attempts carried (as before); moved / parked =
 --   unclaimed rows carried / parked.
 -- Locks: ring serializer (tried) → per-attempt (tried) → slot children SHARE → ACCESS EXCLUSIVE.
@@ -329,6 +330,71 @@ BEGIN
       INSERT INTO history_copies (generation, slot, terminal_rows, rollup, keys)
       VALUES (v_old, v_slot, v_count, coalesce(v_rollup, '{}'), v_keys);
       RETURN QUERY SELECT 'Copied', v_old, 0, 0, 0;
+      RETURN;
+    END IF;
+  END IF;
+
+  -- Park ahead: when more of the residue is to be parked than one prune may carry, move it to
+  -- parked now, in a transaction of its own (committed, so a prune that then fails to get its
+  -- exclusive lock undoes nothing and leaves no dead tuple), and tombstone the ring rows ("moved"),
+  -- under each such lane's claim lock (tried: a claimer at work makes us skip this and park under
+  -- the exclusive lock instead), so no claim of the lane is in flight while its rows move. The
+  -- caller calls again at once ('Parked'); the exclusive phase then only carries, at most
+  -- p_carry_rows rows, instead of inserting the whole backlog while every reader waits.
+  -- Writes: parked, ready_tombstones (this slot, ROW EXCLUSIVE: compatible with our own SHARE).
+  WITH lanes AS MATERIALIZED (
+    SELECT l.queue, l.priority, l.shard, lane_cursor(l.queue, l.priority, l.shard) AS c
+    FROM (SELECT DISTINCT r.queue, r.priority, r.shard FROM ready r WHERE r.slot = v_slot) l
+  )
+  SELECT count(*) INTO v_count FROM (
+    SELECT 1 FROM lanes l
+    JOIN ready r ON r.slot = v_slot AND r.queue = l.queue AND r.priority = l.priority AND r.shard = l.shard AND r.lane_seq >= l.c
+    WHERE NOT EXISTS (SELECT 1 FROM ready_tombstones t
+                      WHERE t.slot = v_slot AND t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard
+                        AND t.lane_seq = r.lane_seq)
+    LIMIT 2 * greatest(p_carry_rows, 1) + 1) x;
+  IF v_count > 2 * greatest(p_carry_rows, 1) THEN
+    FOR v_attempt IN
+      SELECT DISTINCT r.queue, r.priority, r.shard FROM ready r WHERE r.slot = v_slot ORDER BY 1, 2, 3
+    LOOP
+      IF NOT pg_try_advisory_xact_lock(lock_ns('claim'), lane_key(v_attempt.queue, v_attempt.priority, v_attempt.shard)) THEN
+        v_count := -1;
+        EXIT;
+      END IF;
+    END LOOP;
+    IF v_count > 0 THEN
+      WITH lanes AS MATERIALIZED (
+        SELECT l.queue, l.priority, l.shard, lane_cursor(l.queue, l.priority, l.shard) AS c,
+               (SELECT min(p.lane_seq) FROM parked p WHERE p.queue = l.queue AND p.priority = l.priority AND p.shard = l.shard) AS barrier,
+               EXISTS (SELECT 1 FROM queue_meta m WHERE m.queue = l.queue AND m.paused) AS paused
+        FROM (SELECT DISTINCT r.queue, r.priority, r.shard FROM ready r WHERE r.slot = v_slot) l
+      ),
+      residue AS MATERIALIZED (
+        SELECT r.*, l.c, l.barrier, l.paused,
+               row_number() OVER (PARTITION BY r.queue, r.priority, r.shard ORDER BY r.lane_seq) AS n
+        FROM ready r JOIN lanes l ON l.queue = r.queue AND l.priority = r.priority AND l.shard = r.shard
+        WHERE r.slot = v_slot AND r.lane_seq >= l.c
+          AND NOT EXISTS (SELECT 1 FROM ready_tombstones t
+                          WHERE t.slot = v_slot AND t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard
+                            AND t.lane_seq = r.lane_seq)
+      ),
+      decided AS MATERIALIZED (
+        SELECT x.*,
+               x.candidate AND row_number() OVER (PARTITION BY x.candidate ORDER BY x.n, x.queue, x.priority, x.shard) <= p_carry_rows AS carry
+        FROM (SELECT s.*, NOT s.paused AND s.n <= v_lane_head AND (s.barrier IS NULL OR s.lane_seq < s.barrier) AS candidate
+              FROM residue s) x
+      ),
+      ins_park AS (
+        INSERT INTO parked (job_id, kind, queue, priority, shard, lane_seq, args, metadata, tags, errors, progress, attempt,
+                            run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
+        SELECT d.job_id, d.kind, d.queue, d.priority, d.shard, d.lane_seq, d.args, d.metadata, d.tags, d.errors, d.progress,
+               d.attempt, d.run_lease, d.max_attempts, d.run_at, d.created_at, d.unique_key, d.unique_states
+        FROM decided d WHERE NOT d.carry
+      )
+      INSERT INTO ready_tombstones (slot, generation, job_id, queue, priority, shard, lane_seq)
+      SELECT v_slot, d.generation, d.job_id, d.queue, d.priority, d.shard, d.lane_seq FROM decided d WHERE NOT d.carry;
+      GET DIAGNOSTICS v_parked = ROW_COUNT;
+      RETURN QUERY SELECT 'Parked', v_old, 0, 0, v_parked;
       RETURN;
     END IF;
   END IF;

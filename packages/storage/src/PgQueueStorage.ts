@@ -647,19 +647,17 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
   // the two go with the next prune.
   const releasePendingKeys = Effect.asVoid(sql`SELECT ${s}.release_pending_keys(100)`)
 
-  // prune_queue answers 'Copied' when it has copied a large slot's history rows ahead in its own
-  // (now committed) transaction (migration 0013); the next call reuses the copy and prunes. A
-  // second 'Copied' cannot happen (the copy is recorded); it would only end this tick early.
+  // prune_queue answers 'Copied' (history rows copied ahead, migration 0013) or 'Parked' (a large
+  // residue parked ahead, migration 0020) after committing work it did ahead of its exclusive
+  // lock; the next call reuses it. At most one of each precedes the prune itself.
   const pruneRing = (fn: "prune_queue" | "prune_history", r: PruneParams) =>
-    Effect.flatMap(pruneCall(fn, r), (rows) =>
-      rows[0]?.outcome === "Copied"
-        ? Effect.map(pruneCall(fn, r), (again) =>
-            again[0]?.outcome === "Copied"
-              ? pruneOutcome({ ...again[0], outcome: "Blocked:busy" })
-              : pruneOutcome(again[0])
-          )
-        : Effect.succeed(pruneOutcome(rows[0]))
-    ).pipe(
+    Effect.gen(function* () {
+      for (let call = 0; call < 3; call++) {
+        const [row] = yield* pruneCall(fn, r)
+        if (row?.outcome !== "Copied" && row?.outcome !== "Parked") return pruneOutcome(row)
+      }
+      return pruneOutcome({ outcome: "Blocked:busy", generation: null, carried: 0 })
+    }).pipe(
       Effect.tap(
         (outcome): Effect.Effect<void, SqlError.SqlError> =>
           outcome._tag === "Pruned" ? releasePendingKeys : Effect.void
