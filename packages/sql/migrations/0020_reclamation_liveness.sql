@@ -1,4 +1,4 @@
--- 0020: reclamation never stops (docs/adr/0015-reclamation-liveness.md; issue 14, review M1, M5, M6).
+-- 0020: reclamation never stops (docs/adr/0016-reclamation-liveness.md; issue 14, review M1, M5, M6).
 --
 -- Until now prune never truncated a slot holding an unclaimed ready row: one paused queue, one
 -- queue no worker serves or one slow backlog froze rotation and reclamation for every queue.
@@ -130,7 +130,7 @@ CREATE VIEW :AWA_SCHEMA.jobs AS
 -- Running statements are never touched. Without the right to signal a session (same role or
 -- pg_signal_backend) it warns and leaves it.
 CREATE FUNCTION :AWA_SCHEMA.end_idle_blockers(p_slot int, p_idle_ms bigint) RETURNS int
-LANGUAGE plpgsql SET search_path = :AWA_SCHEMA, pg_catalog AS $$
+LANGUAGE plpgsql SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
 DECLARE
   v_pid int;
   v_n int := 0;
@@ -184,7 +184,7 @@ CREATE FUNCTION :AWA_SCHEMA.prune_queue(p_lock_timeout_ms int, p_completed_ms bi
                                         p_cancelled_ms bigint, p_carry_after_ms bigint, p_force_timeout_ms int,
                                         p_carry_rows int, p_end_idle_ms bigint)
 RETURNS TABLE (outcome text, generation bigint, carried int, moved int, parked int)
-LANGUAGE plpgsql SET search_path = :AWA_SCHEMA, pg_catalog AS $$
+LANGUAGE plpgsql SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
   v_n int := ring_slots('queue');
@@ -546,7 +546,7 @@ $$;
 -- Locks: row locks on the records (SKIP LOCKED: two callers never release one record twice) and
 -- on the unique_claims rows deleted. Writes: DELETE on unique_claims and pending_key_releases.
 CREATE FUNCTION :AWA_SCHEMA.release_pending_keys(p_batch int) RETURNS int
-LANGUAGE plpgsql SET search_path = :AWA_SCHEMA, pg_catalog AS $$
+LANGUAGE plpgsql SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
 DECLARE
   v_row record;
   v_n int := 0;
@@ -573,7 +573,7 @@ $$;
 -- Locks: claim lock per lane (tried) → ROW EXCLUSIVE on the current ready child (lock_current_slot).
 -- Writes: DELETE on parked, INSERT into ready (current slot), NOTIFY.
 CREATE FUNCTION :AWA_SCHEMA.unpark(p_limit int) RETURNS int
-LANGUAGE plpgsql SET search_path = :AWA_SCHEMA, pg_catalog AS $$
+LANGUAGE plpgsql SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
   v_lane record;
@@ -645,7 +645,7 @@ $$;
 -- that prune: a deadlock). Under the lock: TRUNCATE and the two ledger inserts only.
 CREATE OR REPLACE FUNCTION :AWA_SCHEMA.prune_history(p_lock_timeout_ms int, p_completed_ms bigint, p_failed_ms bigint, p_cancelled_ms bigint)
 RETURNS TABLE (outcome text, generation bigint, carried int)
-LANGUAGE plpgsql SET search_path = :AWA_SCHEMA, pg_catalog AS $$
+LANGUAGE plpgsql SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
   v_n int := ring_slots('history');
@@ -706,7 +706,7 @@ RETURNS TABLE (job_id bigint, run_lease bigint, attempt int, max_attempts int, k
                priority smallint, args jsonb, metadata jsonb, tags text[], errors jsonb,
                run_at timestamptz, created_at timestamptz, claimed_at timestamptz, deadline_at timestamptz)
 LANGUAGE plpgsql
-SET search_path = :AWA_SCHEMA, pg_catalog SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$
+SET search_path = :AWA_SCHEMA, pg_catalog SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
   v_now timestamptz := now();
@@ -875,7 +875,7 @@ $$;
 -- INSERT ready (current slot, fresh positions), NOTIFY.
 CREATE OR REPLACE FUNCTION :AWA_SCHEMA.promote(p_limit int)
 RETURNS int
-LANGUAGE plpgsql SET search_path = :AWA_SCHEMA, pg_catalog AS $$
+LANGUAGE plpgsql SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
   v_lane record;
@@ -962,7 +962,7 @@ $$;
 -- Locks: per-job → claim lock of the lane (blocking).
 CREATE OR REPLACE FUNCTION :AWA_SCHEMA.cancel_job(p_job_id bigint, p_reason text)
 RETURNS text
-LANGUAGE plpgsql SET search_path = :AWA_SCHEMA, pg_catalog AS $$
+LANGUAGE plpgsql SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
   v_now timestamptz := now();

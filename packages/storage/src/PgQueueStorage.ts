@@ -628,7 +628,7 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
       return yield* rotateQueue(minRows, maxAgeMs)
     })
 
-  // A forced prune queues for its locks (ADR 0015); 0 = NOWAIT retries.
+  // A forced prune queues for its locks (ADR 0016); 0 = NOWAIT retries.
   const forceTimeout = (r: PruneParams) =>
     r.forceLockTimeoutMs === undefined ? 0 : Math.min(5000, Math.max(1, Math.round(r.forceLockTimeoutMs)))
 

@@ -1,5 +1,5 @@
 /**
- * The paths around reclamation liveness (migration 0020, docs/adr/0015-reclamation-liveness.md):
+ * The paths around reclamation liveness (migration 0020, docs/adr/0016-reclamation-liveness.md):
  * unique keys released after the truncate rather than under its exclusive lock, cancel of a
  * parked job, and promotion past a lane whose producer holds its enqueue lock.
  */
