@@ -582,6 +582,7 @@ DECLARE
   v_cursor bigint;
   v_barrier bigint;
   v_have int;
+  v_stop bigint;
   v_ring record;
 BEGIN
   FOR v_lane IN
@@ -612,12 +613,23 @@ BEGIN
                           AND t.shard = r.shard AND t.lane_seq = r.lane_seq)
       LIMIT greatest(1, p_limit / 2)) x;
     CONTINUE WHEN v_have >= greatest(1, p_limit / 2);
+    -- A row parked ahead keeps a tombstone ("moved") in its old slot until that slot is truncated;
+    -- tombstones match by lane position, whatever the slot, so a copy brought back before then
+    -- would count as tombstoned and be skipped (and passed by the cursor). Bring back only the
+    -- parked rows below the first one whose tombstone is still there.
+    SELECT t.lane_seq INTO v_stop FROM ready_tombstones t
+    WHERE t.queue = v_lane.queue AND t.priority = v_lane.priority AND t.shard = v_lane.shard AND t.lane_seq >= v_barrier
+      AND EXISTS (SELECT 1 FROM parked p WHERE p.queue = t.queue AND p.priority = t.priority AND p.shard = t.shard
+                                           AND p.lane_seq = t.lane_seq)
+    ORDER BY t.lane_seq LIMIT 1;
+    CONTINUE WHEN v_stop = v_barrier;
     SELECT o_generation AS generation, o_slot AS slot INTO v_ring FROM lock_current_slot('ready');
     WITH moved AS (
       DELETE FROM parked p
       WHERE p.queue = v_lane.queue AND p.priority = v_lane.priority AND p.shard = v_lane.shard
         AND p.lane_seq IN (SELECT q.lane_seq FROM parked q
                            WHERE q.queue = v_lane.queue AND q.priority = v_lane.priority AND q.shard = v_lane.shard
+                             AND q.lane_seq < coalesce(v_stop, 9223372036854775807)
                            ORDER BY q.lane_seq LIMIT p_limit - v_moved)
       RETURNING p.*
     )
