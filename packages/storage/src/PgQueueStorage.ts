@@ -580,12 +580,13 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
       return rows.map((r): AttemptToken => ({ jobId: r.job_id, runLease: r.run_lease }))
     })
 
-  // Promotion, then parked rows brought back into their lanes (migration 0020): both move rows
-  // into the ring for claimers, on the leader's promote schedule.
+  // Promotion, and parked rows brought back into their lanes (migration 0020) on the same
+  // schedule. The answer counts promoted jobs only: the leader's loop (and the contract) read it
+  // as "due jobs moved", and a refill of a parked lane is not one.
   const promoteDue = (limit: number) =>
     Effect.map(
       sql<{ n: number; u: number }>`SELECT ${s}.promote(${limit}) AS n, ${s}.unpark(${limit}) AS u`,
-      (rows) => (rows[0]?.n ?? 0) + (rows[0]?.u ?? 0)
+      (rows) => rows[0]?.n ?? 0
     )
 
   const rescue = (kind: "stale" | "deadline", stalenessMs: number, limit: number) =>
