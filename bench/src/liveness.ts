@@ -1,5 +1,5 @@
 /**
- * Reclamation liveness at full size (migration 0020, docs/adr/0016-reclamation-liveness.md;
+ * Reclamation liveness at full size (migration 0021, docs/adr/0017-reclamation-liveness.md;
  * issue 14, property 1): one queue paused with jobs, one served by no worker, a backlog draining
  * slowly, and a busy queue running its jobs, with the leader's rotate/prune/unpark duties driven
  * by hand, one "tick" per busy batch.

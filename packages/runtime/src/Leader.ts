@@ -64,7 +64,7 @@ export const duties = Effect.fnUntraced(function* (config: MaintenanceConfig) {
   const trimLedgers = Effect.gen(function* () {
     for (let i = 0; i < 10; i++) if (!(yield* storage.trimLedgers(5000)).more) return
   })
-  // Prune cannot starve (ADR 0016): its NOWAIT lock fails under readers that never all let go at
+  // Prune cannot starve (ADR 0017): its NOWAIT lock fails under readers that never all let go at
   // once, so after 3 ticks blocked on the lock it queues for it (`forceLockTimeoutMs`): 200 ms,
   // doubling with each forced attempt that fails, up to 2 s (readers of the slot stall that long
   // at most), the k-th failed forced attempt followed by 2^k ticks (≤ 32) of NOWAIT attempts only.

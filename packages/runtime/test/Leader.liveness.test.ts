@@ -1,5 +1,5 @@
 /**
- * The leader's answer to a prune that keeps failing on its lock (ADR 0016): after 3 ticks blocked
+ * The leader's answer to a prune that keeps failing on its lock (ADR 0017): after 3 ticks blocked
  * on the lock it queues for it (`forceLockTimeoutMs`, 200 ms, doubling per failed forced attempt up
  * to 2 s), and after a failed forced attempt it waits 2^k ticks before the next one; NOWAIT
  * attempts go on every tick in between.

@@ -580,7 +580,7 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
       return rows.map((r): AttemptToken => ({ jobId: r.job_id, runLease: r.run_lease }))
     })
 
-  // Promotion, and parked rows brought back into their lanes (migration 0020) on the same
+  // Promotion, and parked rows brought back into their lanes (migration 0021) on the same
   // schedule. The answer counts promoted jobs only: the leader's loop (and the contract) read it
   // as "due jobs moved", and a refill of a parked lane is not one.
   const promoteDue = (limit: number) =>
@@ -629,7 +629,7 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
       return yield* rotateQueue(minRows, maxAgeMs)
     })
 
-  // A forced prune queues for its locks (ADR 0016); 0 = NOWAIT retries.
+  // A forced prune queues for its locks (ADR 0017); 0 = NOWAIT retries.
   const forceTimeout = (r: PruneParams) =>
     r.forceLockTimeoutMs === undefined ? 0 : Math.min(5000, Math.max(1, Math.round(r.forceLockTimeoutMs)))
 
@@ -644,12 +644,12 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
             ${r.cancelledMs}::bigint)`
 
   // Keys of the rows a prune dropped are released after its truncate committed, in their own
-  // transaction (migration 0020: not under the exclusive lock). Records left by a crash between
+  // transaction (migration 0021: not under the exclusive lock). Records left by a crash between
   // the two go with the next prune.
   const releasePendingKeys = Effect.asVoid(sql`SELECT ${s}.release_pending_keys(100)`)
 
   // prune_queue answers 'Copied' (history rows copied ahead, migration 0013) or 'Parked' (a large
-  // residue parked ahead, migration 0020) after committing work it did ahead of its exclusive
+  // residue parked ahead, migration 0021) after committing work it did ahead of its exclusive
   // lock; the next call reuses it. At most one of each precedes the prune itself.
   const pruneRing = (fn: "prune_queue" | "prune_history", r: PruneParams) =>
     Effect.gen(function* () {

@@ -133,7 +133,7 @@ export interface PruneParams extends RetentionParams {
   readonly carryAfterMs?: number | undefined
   /**
    * Queue for the slot's locks for up to this long (ms, clamped to 1–5,000) instead of retrying
-   * NOWAIT: the leader's answer to a prune blocked on its lock tick after tick (ADR 0016). Readers
+   * NOWAIT: the leader's answer to a prune blocked on its lock tick after tick (ADR 0017). Readers
    * of the slot stall that long at most. Unset: NOWAIT.
    */
   readonly forceLockTimeoutMs?: number | undefined

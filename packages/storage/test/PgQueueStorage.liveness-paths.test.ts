@@ -1,5 +1,5 @@
 /**
- * The paths around reclamation liveness (migration 0020, docs/adr/0016-reclamation-liveness.md):
+ * The paths around reclamation liveness (migration 0021, docs/adr/0017-reclamation-liveness.md):
  * unique keys released after the truncate rather than under its exclusive lock, cancel of a
  * parked job, and promotion past a lane whose producer holds its enqueue lock.
  */
@@ -163,7 +163,7 @@ describe("reclamation liveness: paths", () => {
     )
   )
 
-  // Park ahead (0020) leaves a "moved" tombstone in the old slot until that slot is truncated, and
+  // Park ahead (0021) leaves a "moved" tombstone in the old slot until that slot is truncated, and
   // tombstones match by lane position: a parked row brought back before then would be skipped.
   it.live("a row parked ahead stays parked until its old slot is truncated, then runs in order", () =>
     withDatabase({ pruneCarryRows: 4 }, (url) =>

@@ -1,5 +1,5 @@
 /**
- * Reclamation never stops (migration 0020, docs/adr/0016-reclamation-liveness.md): whatever one
+ * Reclamation never stops (migration 0021, docs/adr/0017-reclamation-liveness.md): whatever one
  * queue does (paused with jobs, served by no worker, a backlog draining slowly), the ring keeps
  * rotating and pruning, partitions stay bounded, and every held-up job is still there and runs in
  * lane order afterwards; and prune gets its lock against readers that never all let go at once

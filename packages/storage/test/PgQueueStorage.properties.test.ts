@@ -304,7 +304,7 @@ describe("PgQueueStorage properties", () => {
         // drain whatever earlier tests left so this test starts from a prunable ring
         yield* drainRing
 
-        // 1. an unclaimed row is carried into the current slot (migration 0020), still available
+        // 1. an unclaimed row is carried into the current slot (migration 0021), still available
         const [waiting] = yield* storage.enqueueMany([job(q, 1)])
         assert.strictEqual(yield* storage.rotate, "Rotated")
         assert.strictEqual((yield* storage.prune(keepAll))._tag, "Pruned")
@@ -857,7 +857,7 @@ describe("hot path plans", () => {
                 ["Applied"]
               )
             })
-          // Since migration 0020 prune carries unclaimed rows; the 0014 function, which still refuses
+          // Since migration 0021 prune carries unclaimed rows; the 0014 function, which still refuses
           // a slot holding one, keeps the two-slot span this test moves around the ring.
           const holdingTick = Effect.gen(function* () {
             yield* storage.rotate

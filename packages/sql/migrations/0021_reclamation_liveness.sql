@@ -1,4 +1,4 @@
--- 0020: reclamation never stops (docs/adr/0016-reclamation-liveness.md; issue 14, review M1, M5, M6).
+-- 0021: reclamation never stops (docs/adr/0016-reclamation-liveness.md; issue 14, review M1, M5, M6).
 --
 -- Until now prune never truncated a slot holding an unclaimed ready row: one paused queue, one
 -- queue no worker serves or one slow backlog froze rotation and reclamation for every queue.
@@ -711,14 +711,15 @@ BEGIN
 END
 $$;
 -- ---------------------------------------------------------------------------------------------
--- claim: as in 0016 (same options), plus the lane's barrier in the pick: no ring row at or past the
+-- claim: as in 0020 (same options), plus the lane's barrier in the pick: no ring row at or past the
 -- lane's smallest parked position is taken (FIFO over ring and parked rows; see the header).
 CREATE OR REPLACE FUNCTION :AWA_SCHEMA.claim(p_queue text, p_max int, p_deadline_ms bigint, p_aging_ms bigint)
 RETURNS TABLE (job_id bigint, run_lease bigint, attempt int, max_attempts int, kind text, queue text,
                priority smallint, args jsonb, metadata jsonb, tags text[], errors jsonb,
                run_at timestamptz, created_at timestamptz, claimed_at timestamptz, deadline_at timestamptz)
 LANGUAGE plpgsql
-SET search_path = :AWA_SCHEMA, pg_catalog SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off AS $$
+SET search_path = :AWA_SCHEMA, pg_catalog SET plan_cache_mode = force_generic_plan SET enable_seqscan = off
+SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
   v_now timestamptz := now();
@@ -831,7 +832,7 @@ BEGIN
       RETURN QUERY
       WITH picked AS MATERIALIZED (
         SELECT r.slot, r.generation, r.job_id, r.kind, r.queue, r.priority, r.shard, r.lane_seq, r.args, r.metadata,
-               r.tags, r.errors, r.attempt, r.run_lease, r.max_attempts, r.run_at, r.created_at
+               r.tags, r.errors, r.attempt, r.run_lease, r.max_attempts, r.run_at, r.created_at, r.unique_key, r.unique_states
         FROM ready r
         WHERE r.queue = p_queue AND r.priority = v_prios[v_k] AND r.shard = v_shards[v_k] AND r.lane_seq >= v_cursor
           -- two ranges of scalar parameters: what partition pruning can use at executor start-up
@@ -844,7 +845,7 @@ BEGIN
           -- Paused, checked again in the pick's own snapshot: the check above ran in an earlier
           -- statement, and a job enqueued after a pause committed (seen here) must not be claimed.
           AND NOT EXISTS (SELECT 1 FROM queue_meta m WHERE m.queue = p_queue AND m.paused)
-          -- The lane's barrier (0020): its smallest parked position. Every parked row is at or past
+          -- The lane's barrier (0021): its smallest parked position. Every parked row is at or past
           -- it, so the pick never takes a row while a smaller one of the lane is parked, and its
           -- mark never passes a parked row. Same statement, same snapshot as the pick.
           AND r.lane_seq < coalesce((SELECT p.lane_seq FROM parked p
@@ -865,6 +866,13 @@ BEGIN
         SELECT p.slot, p.generation, p.job_id, p.run_lease + 1, p.attempt + 1, p.queue, p.priority, p.shard, p.lane_seq,
                v_now, v_deadline
         FROM picked p
+      ),
+      -- available -> running leaves a mask that holds 'available' but not 'running': the key goes
+      -- (capabilities.md §4). Default masks hold both: the filter finds nothing.
+      rel_unique AS (
+        DELETE FROM unique_claims u USING picked p
+        WHERE p.unique_key IS NOT NULL AND (p.unique_states & 6) = 2
+          AND u.unique_key = p.unique_key AND u.job_id = p.job_id
       )
       SELECT p.job_id, p.run_lease + 1, p.attempt + 1, p.max_attempts, p.kind, p.queue, p.priority, p.args, p.metadata,
              p.tags, p.errors, p.run_at, p.created_at, v_now, v_deadline
@@ -882,7 +890,7 @@ END
 $$;
 
 -- ---------------------------------------------------------------------------------------------
--- promote: as in 0003, except that busy lanes no longer hide the due rows behind them (m5).
+-- promote: as in 0020, except that busy lanes no longer hide the due rows behind them (m5).
 -- Locks: enqueue lock per lane, tried; due rows FOR UPDATE SKIP LOCKED. Writes: DELETE deferred,
 -- INSERT ready (current slot, fresh positions), NOTIFY.
 CREATE OR REPLACE FUNCTION :AWA_SCHEMA.promote(p_limit int)
@@ -896,6 +904,10 @@ DECLARE
   v_ids bigint[];
   v_pos bigint[];
   v_ring record;
+  v_row record;
+  v_def record;
+  v_holder bigint;
+  v_moved int;
   v_round int;
   v_found boolean;
   v_busy_q text[] := '{}';
@@ -945,6 +957,39 @@ BEGIN
   IF v_ids IS NULL THEN
     RETURN 0;
   END IF;
+  v_moved := cardinality(v_ids);
+  -- Unique masks (capabilities.md §4), only for keyed rows whose mask treats their deferred state
+  -- and 'available' differently (never the default mask, so the common path runs one probe):
+  -- leaving the mask releases the key; entering it takes the key, and if a newer job holds it this
+  -- one gives way, cancelled with 'superseded by duplicate <id>' (a wide terminal row).
+  FOR v_row IN
+    SELECT d.job_id, d.unique_key, d.unique_states FROM deferred d
+    WHERE d.job_id = ANY (v_ids) AND d.unique_key IS NOT NULL
+      AND ((d.unique_states & 2) <> 0) <> ((d.unique_states & state_bit(d.state)) <> 0)
+    ORDER BY d.job_id
+  LOOP
+    IF (v_row.unique_states & 2) = 0 THEN
+      DELETE FROM unique_claims u WHERE u.unique_key = v_row.unique_key AND u.job_id = v_row.job_id;
+      CONTINUE;
+    END IF;
+    INSERT INTO unique_claims (unique_key, job_id) VALUES (v_row.unique_key, v_row.job_id) ON CONFLICT DO NOTHING;
+    SELECT u.job_id INTO v_holder FROM unique_claims u WHERE u.unique_key = v_row.unique_key;
+    IF v_holder <> v_row.job_id THEN
+      DELETE FROM deferred d WHERE d.job_id = v_row.job_id RETURNING d.* INTO v_def;
+      SELECT o_generation AS generation, o_slot AS slot INTO v_ring FROM lock_current_slot('terminal');
+      INSERT INTO terminal (slot, generation, job_id, run_lease, state, attempt, finalized_at, errors, progress, wide,
+                            kind, queue, priority, args, metadata, tags, max_attempts, run_at, created_at, unique_key, unique_states)
+      VALUES (v_ring.slot, v_ring.generation, v_def.job_id, v_def.run_lease, 'cancelled', v_def.attempt, now(),
+              append_error(v_def.errors, jsonb_build_object('error', 'cancelled: superseded by duplicate ' || v_holder,
+                                                            'attempt', v_def.attempt, 'at', now())),
+              v_def.progress, true, v_def.kind, v_def.queue, v_def.priority, v_def.args, v_def.metadata, v_def.tags,
+              v_def.max_attempts, v_def.run_at, v_def.created_at, v_def.unique_key, v_def.unique_states);
+      v_ids := array_remove(v_ids, v_row.job_id);
+    END IF;
+  END LOOP;
+  IF cardinality(v_ids) = 0 THEN
+    RETURN v_moved;
+  END IF;
   SELECT o_generation AS generation, o_slot AS slot INTO v_ring FROM lock_current_slot('ready');
   SELECT array_agg(v ORDER BY v) INTO v_pos FROM (SELECT nextval('lane_seq') AS v FROM generate_series(1, cardinality(v_ids))) s;
 
@@ -964,12 +1009,12 @@ BEGIN
   )
   SELECT array_agg(DISTINCT ins.queue) INTO v_q FROM ins;
   PERFORM pg_notify('awa_wake_:AWA_SCHEMA', q) FROM unnest(v_q) AS q;
-  RETURN cardinality(v_ids);
+  RETURN v_moved;
 END
 $$;
 
 -- ---------------------------------------------------------------------------------------------
--- cancel_job: as in 0003, plus (0020) parked jobs: deleted under the lane's claim lock (unpark
+-- cancel_job: as in 0019, plus (0021) parked jobs: deleted under the lane's claim lock (unpark
 -- takes it too), with a wide cancelled terminal row in the current slot, as for a deferred job.
 -- Locks: per-job → claim lock of the lane (blocking).
 CREATE OR REPLACE FUNCTION :AWA_SCHEMA.cancel_job(p_job_id bigint, p_reason text)
@@ -985,7 +1030,7 @@ DECLARE
   v_state text;
 BEGIN
   PERFORM pg_advisory_xact_lock(lock_ns('job'), hashint8(p_job_id));
-  FOR v_try IN 1 .. 5 LOOP
+  FOR v_try IN 1 .. 100 LOOP
     SELECT * INTO v_job FROM jobs j WHERE j.job_id = p_job_id;
     IF NOT FOUND THEN
       RETURN NULL;
@@ -1020,7 +1065,7 @@ BEGIN
       END IF;
 
     ELSIF v_job.state = 'available' THEN
-      -- Parked (0020): out of the ring. The lane's claim lock keeps unpark away while we delete it.
+      -- Parked (0021): out of the ring. The lane's claim lock keeps unpark away while we delete it.
       SELECT p.queue, p.priority, p.shard INTO v_row FROM parked p WHERE p.job_id = p_job_id;
       IF FOUND THEN
         PERFORM pg_advisory_xact_lock(lock_ns('claim'), lane_key(v_row.queue, v_row.priority, v_row.shard));
@@ -1045,9 +1090,7 @@ BEGIN
       ORDER BY r.lane_seq DESC LIMIT 1;
       IF FOUND THEN
         PERFORM pg_advisory_xact_lock(lock_ns('claim'), lane_key(v_row.queue, v_row.priority, v_row.shard));
-        -- new statement after the claim lock: sees any claim that committed before we got it. The
-        -- row cannot have been carried or parked since we read it: our read of the jobs view holds
-        -- ACCESS SHARE on every ring child to commit, and a prune needs ACCESS EXCLUSIVE on its slot.
+        -- new statement after the claim lock: sees any claim that committed before we got it
         IF v_row.lane_seq >= lane_cursor(v_row.queue, v_row.priority, v_row.shard) THEN
           INSERT INTO ready_tombstones (slot, generation, job_id, queue, priority, shard, lane_seq)
           VALUES (v_row.slot, v_row.generation, p_job_id, v_row.queue, v_row.priority, v_row.shard, v_row.lane_seq);
