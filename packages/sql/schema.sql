@@ -12,6 +12,8 @@ CREATE SEQUENCE awa.job_id_seq AS bigint START 1 INCREMENT 1 MINVALUE 1 MAXVALUE
 
 CREATE SEQUENCE awa.lane_seq AS bigint START 1 INCREMENT 1 MINVALUE 1 MAXVALUE 9223372036854775807 CACHE 1;
 
+CREATE SEQUENCE awa.pending_key_releases_id_seq AS bigint START 1 INCREMENT 1 MINVALUE 1 MAXVALUE 9223372036854775807 CACHE 1;
+
 -- ================================================================================================
 -- Tables
 -- ================================================================================================
@@ -190,6 +192,40 @@ CREATE TABLE awa.lanes (
 );
 -- privileges besides the owner: owner only
 
+CREATE TABLE awa.parked (
+  job_id bigint NOT NULL,
+  kind text NOT NULL,
+  queue text NOT NULL,
+  priority smallint NOT NULL,
+  shard smallint NOT NULL,
+  lane_seq bigint NOT NULL,
+  args jsonb NOT NULL,
+  metadata jsonb NOT NULL,
+  tags text[] NOT NULL,
+  errors jsonb NOT NULL,
+  progress jsonb,
+  attempt integer NOT NULL,
+  run_lease bigint NOT NULL,
+  max_attempts integer NOT NULL,
+  run_at timestamp with time zone NOT NULL,
+  created_at timestamp with time zone NOT NULL,
+  unique_key bytea,
+  unique_states integer DEFAULT 0 NOT NULL,
+  parked_at timestamp with time zone DEFAULT now() NOT NULL,
+  CONSTRAINT parked_pkey PRIMARY KEY (queue, priority, shard, lane_seq)
+);
+-- privileges besides the owner: owner only
+
+CREATE TABLE awa.pending_key_releases (
+  id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+  ring text NOT NULL,
+  generation bigint NOT NULL,
+  keys jsonb NOT NULL,
+  recorded_at timestamp with time zone DEFAULT now() NOT NULL,
+  CONSTRAINT pending_key_releases_pkey PRIMARY KEY (id)
+);
+-- privileges besides the owner: owner only
+
 CREATE TABLE awa.queue_meta (
   queue text NOT NULL,
   paused boolean DEFAULT false NOT NULL,
@@ -347,6 +383,8 @@ CREATE INDEX history_job_id_idx ON ONLY awa.history USING btree (job_id);
 
 CREATE INDEX history_queue_state_finalized_at_idx ON ONLY awa.history USING btree (queue, state, finalized_at);
 
+CREATE INDEX parked_job_id_idx ON awa.parked USING btree (job_id);
+
 CREATE INDEX ready_job_id_idx ON ONLY awa.ready USING btree (job_id);
 
 CREATE INDEX ready_tombstones_job_id_idx ON ONLY awa.ready_tombstones USING btree (job_id);
@@ -451,6 +489,26 @@ UNION ALL
           WHERE c.job_id = r.job_id AND c.lane_seq = r.lane_seq)) AND NOT (EXISTS ( SELECT 1
            FROM awa.ready_tombstones t
           WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard AND t.lane_seq = r.lane_seq))
+UNION ALL
+ SELECT p.job_id,
+    3 AS rank,
+    'available'::text AS state,
+    p.kind,
+    p.queue,
+    p.priority,
+    p.args,
+    p.metadata,
+    p.tags,
+    p.errors,
+    p.progress,
+    p.attempt,
+    p.max_attempts,
+    p.run_lease,
+    p.run_at,
+    p.created_at,
+    NULL::timestamp with time zone AS finalized_at,
+    NULL::text AS dlq_reason
+   FROM awa.parked p
 UNION ALL
  SELECT t.job_id,
     4 AS rank,
@@ -623,6 +681,25 @@ BEGIN
       END IF;
 
     ELSIF v_job.state = 'available' THEN
+      -- Parked (0021): out of the ring. The lane's claim lock keeps unpark away while we delete it.
+      SELECT p.queue, p.priority, p.shard INTO v_row FROM parked p WHERE p.job_id = p_job_id;
+      IF FOUND THEN
+        PERFORM pg_advisory_xact_lock(lock_ns('claim'), lane_key(v_row.queue, v_row.priority, v_row.shard));
+        DELETE FROM parked p WHERE p.job_id = p_job_id RETURNING p.* INTO v_row;
+        IF FOUND THEN
+          SELECT o_generation AS generation, o_slot AS slot INTO v_ring FROM lock_current_slot('terminal');
+          INSERT INTO terminal (slot, generation, job_id, run_lease, state, attempt, finalized_at, errors, progress, wide,
+                                kind, queue, priority, args, metadata, tags, max_attempts, run_at, created_at, unique_key, unique_states)
+          VALUES (v_ring.slot, v_ring.generation, p_job_id, v_row.run_lease, 'cancelled', v_row.attempt, v_now,
+                  append_error(v_row.errors, jsonb_build_object('error', 'cancelled: ' || p_reason, 'attempt', v_row.attempt, 'at', v_now)),
+                  v_row.progress, true, v_row.kind, v_row.queue, v_row.priority, v_row.args, v_row.metadata, v_row.tags,
+                  v_row.max_attempts, v_row.run_at, v_row.created_at, v_row.unique_key, v_row.unique_states);
+          DELETE FROM unique_claims u WHERE u.unique_key = v_row.unique_key AND u.job_id = p_job_id
+            AND (v_row.unique_states & state_bit('cancelled')) = 0;
+          RETURN 'cancelled';
+        END IF;
+        CONTINUE; -- brought back into the ring meanwhile: look again
+      END IF;
       SELECT r.* INTO v_row FROM ready r
       WHERE r.job_id = p_job_id AND r.run_lease = v_job.run_lease
         AND NOT EXISTS (SELECT 1 FROM claims c WHERE c.job_id = r.job_id AND c.lane_seq = r.lane_seq)
@@ -785,6 +862,12 @@ BEGIN
           -- Paused, checked again in the pick's own snapshot: the check above ran in an earlier
           -- statement, and a job enqueued after a pause committed (seen here) must not be claimed.
           AND NOT EXISTS (SELECT 1 FROM queue_meta m WHERE m.queue = p_queue AND m.paused)
+          -- The lane's barrier (0021): its smallest parked position. Every parked row is at or past
+          -- it, so the pick never takes a row while a smaller one of the lane is parked, and its
+          -- mark never passes a parked row. Same statement, same snapshot as the pick.
+          AND r.lane_seq < coalesce((SELECT p.lane_seq FROM parked p
+                                     WHERE p.queue = p_queue AND p.priority = v_prios[v_k] AND p.shard = v_shards[v_k]
+                                     ORDER BY p.lane_seq LIMIT 1), 9223372036854775807)
         ORDER BY r.lane_seq LIMIT v_left
       ),
       mark AS (
@@ -1102,6 +1185,40 @@ BEGIN
     END IF;
   END LOOP;
   RETURN v_count;
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.end_idle_blockers(p_slot integer, p_idle_ms bigint)
+ RETURNS integer
+ LANGUAGE plpgsql
+ SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
+AS $function$
+DECLARE
+  v_pid int;
+  v_n int := 0;
+BEGIN
+  FOR v_pid IN
+    SELECT DISTINCT l.pid
+    FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+    WHERE l.locktype = 'relation' AND l.granted AND l.pid <> pg_backend_pid()
+      AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+      AND l.relation IN (SELECT format('%I.%I', 'awa', t || '_' || p_slot)::regclass::oid
+                         FROM unnest(ARRAY['ready', 'ready_tombstones', 'claims', 'claim_marks', 'closures', 'terminal']) t)
+      AND a.state IN ('idle in transaction', 'idle in transaction (aborted)')
+      AND a.state_change < now() - p_idle_ms * interval '1 millisecond'
+  LOOP
+    BEGIN
+      IF pg_terminate_backend(v_pid) THEN
+        v_n := v_n + 1;
+        RAISE WARNING 'awa: ended session % (idle in transaction, holding queue-ring slot % against prune)', v_pid, p_slot;
+      END IF;
+    EXCEPTION WHEN insufficient_privilege THEN
+      RAISE WARNING 'awa: session % is idle in transaction and blocks prune of slot %, but may not be ended by this role', v_pid, p_slot;
+    END;
+  END LOOP;
+  RETURN v_n;
 END
 $function$
 -- execute besides the owner: owner only
@@ -1805,22 +1922,39 @@ DECLARE
   v_def record;
   v_holder bigint;
   v_moved int;
+  v_round int;
+  v_found boolean;
+  v_busy_q text[] := '{}';
+  v_busy_p int[] := '{}';
 BEGIN
-  FOR v_lane IN
-    SELECT DISTINCT d.queue COLLATE "C" AS queue, d.priority
-    FROM (SELECT d.queue, d.priority FROM deferred d
-          WHERE d.state IN ('scheduled', 'retryable') AND d.run_at <= now()
-          ORDER BY d.run_at, d.job_id LIMIT p_limit) d
-    ORDER BY 1, 2
-  LOOP
-    IF pg_try_advisory_xact_lock(lock_ns('enqueue'), lane_key(v_lane.queue, v_lane.priority, 0)) THEN
-      v_q := v_q || v_lane.queue;
-      v_p := v_p || v_lane.priority::int;
-      INSERT INTO lanes (queue, priority, shard)
-      SELECT v_lane.queue, v_lane.priority, 0
-      WHERE NOT EXISTS (SELECT 1 FROM lanes l WHERE l.queue = v_lane.queue AND l.priority = v_lane.priority AND l.shard = 0)
-      ON CONFLICT DO NOTHING;
-    END IF;
+  -- Lanes of the first p_limit due rows, enqueue locks tried. When every one of them is busy (a
+  -- producer holds the lane in an open transaction), look further, past those lanes, instead of
+  -- promoting nothing while other lanes' rows are due (review m5). Tried locks never wait, so the
+  -- order across rounds does not matter.
+  FOR v_round IN 1 .. 8 LOOP
+    v_found := false;
+    FOR v_lane IN
+      SELECT DISTINCT d.queue COLLATE "C" AS queue, d.priority
+      FROM (SELECT d.queue, d.priority FROM deferred d
+            WHERE d.state IN ('scheduled', 'retryable') AND d.run_at <= now()
+              AND (d.queue, d.priority) NOT IN (SELECT * FROM unnest(v_busy_q, v_busy_p))
+            ORDER BY d.run_at, d.job_id LIMIT p_limit) d
+      ORDER BY 1, 2
+    LOOP
+      v_found := true;
+      IF pg_try_advisory_xact_lock(lock_ns('enqueue'), lane_key(v_lane.queue, v_lane.priority, 0)) THEN
+        v_q := v_q || v_lane.queue;
+        v_p := v_p || v_lane.priority::int;
+        INSERT INTO lanes (queue, priority, shard)
+        SELECT v_lane.queue, v_lane.priority, 0
+        WHERE NOT EXISTS (SELECT 1 FROM lanes l WHERE l.queue = v_lane.queue AND l.priority = v_lane.priority AND l.shard = 0)
+        ON CONFLICT DO NOTHING;
+      ELSE
+        v_busy_q := v_busy_q || v_lane.queue;
+        v_busy_p := v_busy_p || v_lane.priority::int;
+      END IF;
+    END LOOP;
+    EXIT WHEN NOT v_found OR cardinality(v_q) > 0;
   END LOOP;
   IF cardinality(v_q) = 0 THEN
     RETURN 0;
@@ -1931,6 +2065,11 @@ BEGIN
     RETURN QUERY SELECT 'Blocked:retention', v_old, 0;
     RETURN;
   END IF;
+  SELECT (SELECT jsonb_object_agg(k, n) FROM (SELECT h.queue || ':' || h.state AS k, count(*) AS n FROM history h WHERE h.slot = v_slot GROUP BY 1) c),
+         (SELECT jsonb_agg(jsonb_build_object('job_id', h.job_id, 'run_lease', h.run_lease, 'finalized_at', h.finalized_at,
+                                              'unique_key', encode(h.unique_key, 'hex')))
+          FROM history h WHERE h.slot = v_slot AND h.unique_key IS NOT NULL)
+    INTO v_rollup, v_keys;
   BEGIN
     PERFORM set_config('lock_timeout', p_lock_timeout_ms || 'ms', true);
     EXECUTE format('LOCK TABLE %I.history_%s IN ACCESS EXCLUSIVE MODE', 'awa', v_slot);
@@ -1939,15 +2078,9 @@ BEGIN
     RETURN;
   END;
   PERFORM set_config('lock_timeout', v_saved_timeout, true);
-  SELECT (SELECT jsonb_object_agg(k, n) FROM (SELECT h.queue || ':' || h.state AS k, count(*) AS n FROM history h WHERE h.slot = v_slot GROUP BY 1) c),
-         (SELECT jsonb_agg(jsonb_build_object('job_id', h.job_id, 'run_lease', h.run_lease, 'finalized_at', h.finalized_at,
-                                              'unique_key', encode(h.unique_key, 'hex')))
-          FROM history h WHERE h.slot = v_slot AND h.unique_key IS NOT NULL)
-    INTO v_rollup, v_keys;
-  -- Truncate first: release_keys_of must no longer see these rows as a representation of the job.
   EXECUTE format('TRUNCATE %I.history_%s', 'awa', v_slot);
   IF v_keys IS NOT NULL THEN
-    PERFORM release_keys_of(v_keys);
+    INSERT INTO pending_key_releases (ring, generation, keys) VALUES ('history', v_old, v_keys);
   END IF;
   INSERT INTO ring_prunes (ring, generation, slot, rollup) VALUES ('history', v_old, v_slot, coalesce(v_rollup, '{}'));
   RETURN QUERY SELECT 'Pruned', v_old, 0;
@@ -2205,6 +2338,366 @@ END
 $function$
 -- execute besides the owner: owner only
 
+CREATE OR REPLACE FUNCTION awa.prune_queue(p_lock_timeout_ms integer, p_completed_ms bigint, p_failed_ms bigint, p_cancelled_ms bigint, p_carry_after_ms bigint, p_force_timeout_ms integer, p_carry_rows integer, p_end_idle_ms bigint)
+ RETURNS TABLE(outcome text, generation bigint, carried integer, moved integer, parked integer)
+ LANGUAGE plpgsql
+ SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
+AS $function$
+#variable_conflict use_column
+DECLARE
+  v_n int := ring_slots('queue');
+  v_cur record;
+  v_hist record;
+  v_old bigint;
+  v_slot int;
+  v_attempt record;
+  v_open_claims claims[];
+  v_open_ready ready[];
+  v_kept history[];
+  v_copy record;
+  v_copied boolean;
+  v_count bigint;
+  -- below this many rows to keep, inserting them under the lock costs less than a second commit
+  v_copy_ahead_rows constant int := 1000;
+  v_lane_head int := greatest(1, p_carry_rows / 2);
+  v_rollup jsonb;
+  v_keys jsonb;
+  v_children text;
+  v_deadline timestamptz;
+  v_forced boolean := p_force_timeout_ms > 0;
+  v_timeout int := CASE WHEN p_force_timeout_ms > 0 THEN p_force_timeout_ms ELSE p_lock_timeout_ms END;
+  v_moved int := 0;
+  v_parked int := 0;
+  v_locked boolean := false;
+  v_saved_timeout text := current_setting('lock_timeout');
+  v_saved_nestloop text := current_setting('enable_nestloop');
+BEGIN
+  IF NOT pg_try_advisory_xact_lock(lock_ns('ring'), hashtext('queue')) THEN
+    RETURN QUERY SELECT 'Blocked:busy', NULL::bigint, 0, 0, 0;
+    RETURN;
+  END IF;
+  SELECT * INTO v_cur FROM ring_current('queue');
+  SELECT min(g.g) INTO v_old
+  FROM generate_series(greatest(0, v_cur.generation - v_n + 1), v_cur.generation - 1) AS g(g)
+  WHERE NOT EXISTS (SELECT 1 FROM ring_prunes p WHERE p.ring = 'queue' AND p.generation = g.g);
+  IF v_old IS NULL THEN
+    RETURN QUERY SELECT 'Noop', NULL::bigint, 0, 0, 0;
+    RETURN;
+  END IF;
+  v_slot := (v_old % v_n)::int;
+
+  -- An attempt claimed moments ago will most likely close by itself (0014).
+  IF p_carry_after_ms > 0 AND EXISTS (
+    SELECT 1 FROM claims c
+    WHERE c.slot = v_slot AND c.claimed_at > now() - p_carry_after_ms * interval '1 millisecond'
+      AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.slot = v_slot AND z.job_id = c.job_id AND z.run_lease = c.run_lease)
+  ) THEN
+    RETURN QUERY SELECT 'Blocked:young_attempts', v_old, 0, 0, 0;
+    RETURN;
+  END IF;
+  FOR v_attempt IN
+    SELECT c.job_id, c.run_lease FROM claims c
+    WHERE c.slot = v_slot AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.slot = v_slot AND z.job_id = c.job_id AND z.run_lease = c.run_lease)
+    ORDER BY c.job_id, c.run_lease
+  LOOP
+    IF NOT pg_try_advisory_xact_lock(attempt_key(v_attempt.job_id, v_attempt.run_lease)) THEN
+      RETURN QUERY SELECT 'Blocked:locked_attempt', v_old, 0, 0, 0;
+      RETURN;
+    END IF;
+  END LOOP;
+
+  v_children := format('%1$I.ready_%2$s, %1$I.ready_tombstones_%2$s, %1$I.claims_%2$s, %1$I.claim_marks_%2$s, %1$I.closures_%2$s, %1$I.terminal_%2$s',
+                       'awa', v_slot);
+  -- Freeze the slot (SHARE: waits out writers, keeps new ones out, blocks no reader).
+  BEGIN
+    PERFORM set_config('lock_timeout', v_timeout || 'ms', true);
+    EXECUTE 'LOCK TABLE ' || v_children || ' IN SHARE MODE';
+  EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
+    IF v_forced AND p_end_idle_ms > 0 THEN
+      PERFORM end_idle_blockers(v_slot, p_end_idle_ms);
+    END IF;
+    RETURN QUERY SELECT 'Blocked:lock', v_old, 0, 0, 0;
+    RETURN;
+  END;
+  PERFORM set_config('lock_timeout', v_saved_timeout, true);
+
+  -- Open attempts: claims without a closure (ours since the tried locks, or claimed after them
+  -- from rows that arrived late; either way their finalizers need the slot, which is frozen).
+  SELECT array_agg(c) INTO v_open_claims FROM claims c
+  WHERE c.slot = v_slot AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.slot = v_slot AND z.job_id = c.job_id AND z.run_lease = c.run_lease);
+  IF v_open_claims IS NOT NULL THEN
+    SELECT array_agg(r) INTO v_open_ready
+    FROM unnest(v_open_claims) o
+    JOIN ready r ON r.slot = v_slot AND r.queue = o.queue AND r.priority = o.priority AND r.shard = o.shard AND r.lane_seq = o.lane_seq;
+  END IF;
+
+  -- The terminal rows: judged here, or already copied ahead by an earlier call (0013).
+  SELECT * INTO v_copy FROM history_copies hc WHERE hc.generation = v_old;
+  v_copied := FOUND;
+  IF v_copied THEN
+    EXECUTE format('SELECT count(*) FROM %I.terminal_%s', 'awa', v_slot) INTO v_count;
+  END IF;
+  IF v_copied AND v_count = v_copy.terminal_rows THEN
+    v_rollup := v_copy.rollup;
+    v_keys := v_copy.keys;
+  ELSE
+    PERFORM set_config('enable_nestloop', 'off', true);
+    -- After a copy ahead the judging reads history while we hold the slot frozen: a history
+    -- prune's exclusive lock may make it wait at most lock_timeout (then an error: nothing was
+    -- written), never as long as that prune runs (review M6).
+    IF v_copied THEN
+      PERFORM set_config('lock_timeout', v_timeout || 'ms', true);
+    END IF;
+    WITH wide AS (
+      SELECT t.job_id, t.run_lease, t.state, t.attempt, coalesce(t.max_attempts, r.max_attempts) AS max_attempts,
+             coalesce(t.kind, r.kind) AS kind, coalesce(t.queue, r.queue) AS queue, coalesce(t.priority, r.priority) AS priority,
+             coalesce(t.args, r.args) AS args, coalesce(t.metadata, r.metadata) AS metadata, coalesce(t.tags, r.tags) AS tags,
+             coalesce(t.errors, r.errors) AS errors, t.progress, coalesce(t.run_at, r.run_at) AS run_at,
+             coalesce(t.created_at, r.created_at) AS created_at, t.finalized_at,
+             coalesce(t.unique_key, r.unique_key) AS unique_key, coalesce(t.unique_states, r.unique_states, 0) AS unique_states
+      FROM terminal t
+      LEFT JOIN ready r ON NOT t.wide AND r.slot = t.slot AND r.job_id = t.job_id AND r.lane_seq = t.lane_seq
+      WHERE t.slot = v_slot
+    ),
+    judged AS MATERIALIZED (
+      SELECT w.*, w.finalized_at > now() - retention(w.state, w.queue, p_completed_ms, p_failed_ms, p_cancelled_ms) AS keep,
+             v_copied AND EXISTS (SELECT 1 FROM history h WHERE h.job_id = w.job_id AND h.run_lease = w.run_lease
+                                    AND h.state = w.state AND h.finalized_at = w.finalized_at) AS in_history
+      FROM wide w
+    )
+    SELECT (SELECT array_agg(ROW(0, 0, j.job_id, j.run_lease, j.state, j.attempt, j.max_attempts, j.kind, j.queue, j.priority,
+                                 j.args, j.metadata, j.tags, j.errors, j.progress, j.run_at, j.created_at, j.finalized_at,
+                                 j.unique_key, j.unique_states)::history)
+            FROM judged j WHERE j.keep AND NOT j.in_history),
+           (SELECT jsonb_object_agg(k, n) FROM (SELECT j.queue || ':' || j.state AS k, count(*) AS n FROM judged j GROUP BY 1) c),
+           (SELECT jsonb_agg(jsonb_build_object('job_id', j.job_id, 'run_lease', j.run_lease, 'finalized_at', j.finalized_at,
+                                                'unique_key', encode(j.unique_key, 'hex')))
+            FROM judged j WHERE NOT j.keep AND NOT j.in_history AND j.unique_key IS NOT NULL),
+           (SELECT count(*) FROM judged)
+      INTO v_kept, v_rollup, v_keys, v_count;
+    PERFORM set_config('enable_nestloop', v_saved_nestloop, true);
+    PERFORM set_config('lock_timeout', v_saved_timeout, true);
+
+    IF NOT v_copied AND v_open_claims IS NULL AND coalesce(cardinality(v_kept), 0) >= v_copy_ahead_rows THEN
+      SELECT * INTO v_hist FROM ring_current('history');
+      INSERT INTO history (slot, generation, job_id, run_lease, state, attempt, max_attempts, kind, queue, priority, args,
+                           metadata, tags, errors, progress, run_at, created_at, finalized_at, unique_key, unique_states)
+      SELECT v_hist.slot, v_hist.generation, h.job_id, h.run_lease, h.state, h.attempt, h.max_attempts, h.kind, h.queue, h.priority,
+             h.args, h.metadata, h.tags, h.errors, h.progress, h.run_at, h.created_at, h.finalized_at, h.unique_key, h.unique_states
+      FROM unnest(v_kept) h;
+      INSERT INTO history_copies (generation, slot, terminal_rows, rollup, keys)
+      VALUES (v_old, v_slot, v_count, coalesce(v_rollup, '{}'), v_keys);
+      RETURN QUERY SELECT 'Copied', v_old, 0, 0, 0;
+      RETURN;
+    END IF;
+  END IF;
+
+  -- Park ahead: when more of the residue is to be parked than one prune may carry, move it to
+  -- parked now, in a transaction of its own (committed, so a prune that then fails to get its
+  -- exclusive lock undoes nothing and leaves no dead tuple), and tombstone the ring rows ("moved"),
+  -- under each such lane's claim lock (tried: a claimer at work makes us skip this and park under
+  -- the exclusive lock instead), so no claim of the lane is in flight while its rows move. The
+  -- caller calls again at once ('Parked'); the exclusive phase then only carries, at most
+  -- p_carry_rows rows, instead of inserting the whole backlog while every reader waits.
+  -- Writes: parked, ready_tombstones (this slot, ROW EXCLUSIVE: compatible with our own SHARE).
+  WITH lanes AS MATERIALIZED (
+    SELECT l.queue, l.priority, l.shard, lane_cursor(l.queue, l.priority, l.shard) AS c
+    FROM (SELECT DISTINCT r.queue, r.priority, r.shard FROM ready r WHERE r.slot = v_slot) l
+  )
+  SELECT count(*) INTO v_count FROM (
+    SELECT 1 FROM lanes l
+    JOIN ready r ON r.slot = v_slot AND r.queue = l.queue AND r.priority = l.priority AND r.shard = l.shard AND r.lane_seq >= l.c
+    WHERE NOT EXISTS (SELECT 1 FROM ready_tombstones t
+                      WHERE t.slot = v_slot AND t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard
+                        AND t.lane_seq = r.lane_seq)
+    LIMIT 2 * greatest(p_carry_rows, 1) + 1) x;
+  IF v_count > 2 * greatest(p_carry_rows, 1) THEN
+    FOR v_attempt IN
+      SELECT DISTINCT r.queue, r.priority, r.shard FROM ready r WHERE r.slot = v_slot ORDER BY 1, 2, 3
+    LOOP
+      IF NOT pg_try_advisory_xact_lock(lock_ns('claim'), lane_key(v_attempt.queue, v_attempt.priority, v_attempt.shard)) THEN
+        v_count := -1;
+        EXIT;
+      END IF;
+    END LOOP;
+    IF v_count > 0 THEN
+      WITH lanes AS MATERIALIZED (
+        SELECT l.queue, l.priority, l.shard, lane_cursor(l.queue, l.priority, l.shard) AS c,
+               (SELECT min(p.lane_seq) FROM parked p WHERE p.queue = l.queue AND p.priority = l.priority AND p.shard = l.shard) AS barrier,
+               EXISTS (SELECT 1 FROM queue_meta m WHERE m.queue = l.queue AND m.paused) AS paused
+        FROM (SELECT DISTINCT r.queue, r.priority, r.shard FROM ready r WHERE r.slot = v_slot) l
+      ),
+      residue AS MATERIALIZED (
+        SELECT r.*, l.c, l.barrier, l.paused,
+               row_number() OVER (PARTITION BY r.queue, r.priority, r.shard ORDER BY r.lane_seq) AS n
+        FROM ready r JOIN lanes l ON l.queue = r.queue AND l.priority = r.priority AND l.shard = r.shard
+        WHERE r.slot = v_slot AND r.lane_seq >= l.c
+          AND NOT EXISTS (SELECT 1 FROM ready_tombstones t
+                          WHERE t.slot = v_slot AND t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard
+                            AND t.lane_seq = r.lane_seq)
+      ),
+      decided AS MATERIALIZED (
+        SELECT x.*,
+               x.candidate AND row_number() OVER (PARTITION BY x.candidate ORDER BY x.n, x.queue, x.priority, x.shard) <= p_carry_rows AS carry
+        FROM (SELECT s.*, NOT s.paused AND s.n <= v_lane_head AND (s.barrier IS NULL OR s.lane_seq < s.barrier) AS candidate
+              FROM residue s) x
+      ),
+      ins_park AS (
+        INSERT INTO parked (job_id, kind, queue, priority, shard, lane_seq, args, metadata, tags, errors, progress, attempt,
+                            run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
+        SELECT d.job_id, d.kind, d.queue, d.priority, d.shard, d.lane_seq, d.args, d.metadata, d.tags, d.errors, d.progress,
+               d.attempt, d.run_lease, d.max_attempts, d.run_at, d.created_at, d.unique_key, d.unique_states
+        FROM decided d WHERE NOT d.carry
+      )
+      INSERT INTO ready_tombstones (slot, generation, job_id, queue, priority, shard, lane_seq)
+      SELECT v_slot, d.generation, d.job_id, d.queue, d.priority, d.shard, d.lane_seq FROM decided d WHERE NOT d.carry;
+      GET DIAGNOSTICS v_parked = ROW_COUNT;
+      RETURN QUERY SELECT 'Parked', v_old, 0, 0, v_parked;
+      RETURN;
+    END IF;
+  END IF;
+
+  -- ACCESS EXCLUSIVE. Normally never queued (a waiting request makes every later reader of the
+  -- slot's children wait behind it): NOWAIT, retried about every millisecond. Forced: queued,
+  -- for at most the force timeout.
+  IF v_forced THEN
+    -- Queued, but for the parents only: ACCESS EXCLUSIVE on the claim_marks and claims parent
+    -- tables themselves (ONLY: not their children). Every reader of the slot's children locks one of
+    -- these parents before any child (claim's cursor statement reads claim_marks first; the jobs
+    -- view, finalize, heartbeat and rescue read claims before any other ring table), so the request
+    -- waits for the readers in flight, however long, and readers that come after it queue at the
+    -- parent holding no child. Waiting for the children instead would take them one by one, and a
+    -- reader that locks them in another order (PostgreSQL 15 and 17 differ) would hold one child
+    -- while waiting for another we hold: a deadlock whose victim may be the reader. Then the
+    -- children, without waiting (the readers in flight are gone). A cycle is still possible with a
+    -- session that waits for our SHARE or attempt locks while holding a parent (a claim picking
+    -- this slot's residue, rescue, cancel_job): the deadlock detector breaks it, and a prune that
+    -- loses answers Blocked:lock. Readers stall for the wait at most (the force timeout).
+    v_deadline := clock_timestamp() + p_force_timeout_ms * interval '1 millisecond';
+    BEGIN
+      PERFORM set_config('lock_timeout', p_force_timeout_ms || 'ms', true);
+      EXECUTE format('LOCK TABLE ONLY %1$I.claim_marks, ONLY %1$I.claims IN ACCESS EXCLUSIVE MODE', 'awa');
+      LOOP
+        BEGIN
+          EXECUTE 'LOCK TABLE ' || v_children || ' IN ACCESS EXCLUSIVE MODE NOWAIT';
+          v_locked := true;
+          EXIT;
+        EXCEPTION WHEN lock_not_available THEN
+          EXIT WHEN clock_timestamp() >= v_deadline;
+        END;
+        PERFORM pg_sleep(0.001);
+      END LOOP;
+    EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
+      v_locked := false;
+    END;
+    IF NOT v_locked THEN
+      IF p_end_idle_ms > 0 THEN
+        PERFORM end_idle_blockers(v_slot, p_end_idle_ms);
+      END IF;
+      RETURN QUERY SELECT 'Blocked:lock', v_old, 0, 0, 0;
+      RETURN;
+    END IF;
+  ELSE
+    v_deadline := clock_timestamp() + p_lock_timeout_ms * interval '1 millisecond';
+    LOOP
+      BEGIN
+        EXECUTE 'LOCK TABLE ' || v_children || ' IN ACCESS EXCLUSIVE MODE NOWAIT';
+        EXIT;
+      EXCEPTION WHEN lock_not_available THEN
+        IF clock_timestamp() >= v_deadline THEN
+          RETURN QUERY SELECT 'Blocked:lock', v_old, 0, 0, 0;
+          RETURN;
+        END IF;
+      END;
+      PERFORM pg_sleep(0.001);
+    END LOOP;
+  END IF;
+  PERFORM set_config('lock_timeout', v_saved_timeout, true);
+
+  -- Under the exclusive lock: only the writes.
+  IF v_open_claims IS NOT NULL THEN
+    INSERT INTO ready (slot, generation, job_id, kind, queue, priority, shard, lane_seq, args, metadata, tags,
+                       errors, progress, attempt, run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
+    SELECT v_cur.slot, v_cur.generation, r.job_id, r.kind, r.queue, r.priority, r.shard, r.lane_seq, r.args, r.metadata, r.tags,
+           r.errors, r.progress, r.attempt, r.run_lease, r.max_attempts, r.run_at, r.created_at, r.unique_key, r.unique_states
+    FROM unnest(v_open_ready) r;
+    INSERT INTO claims (slot, generation, job_id, run_lease, attempt, queue, priority, shard, lane_seq, claimed_at, deadline_at)
+    SELECT v_cur.slot, v_cur.generation, o.job_id, o.run_lease, o.attempt, o.queue, o.priority, o.shard, o.lane_seq, o.claimed_at, o.deadline_at
+    FROM unnest(v_open_claims) o;
+    INSERT INTO claim_marks (slot, generation, queue, priority, shard, next_lane_seq)
+    SELECT v_cur.slot, v_cur.generation, l.queue, l.priority, l.shard, lane_cursor(l.queue, l.priority, l.shard)
+    FROM (SELECT DISTINCT o.queue, o.priority, o.shard FROM unnest(v_open_claims) o) l;
+  END IF;
+
+  -- The residue: ready rows a claimer could still take (at or beyond the lane's cursor, not
+  -- tombstoned). The slot is frozen, and no claim of its rows can commit before we do (they need
+  -- ROW EXCLUSIVE on its claims child), so this is the residue the truncate would drop. Each row
+  -- is carried (same position, current slot) or parked; rows of one lane are decided in position
+  -- order, so a lane's carried rows are a prefix of its residue and lie below its new barrier.
+  WITH lanes AS MATERIALIZED (
+    SELECT l.queue, l.priority, l.shard, lane_cursor(l.queue, l.priority, l.shard) AS c,
+           (SELECT min(p.lane_seq) FROM parked p WHERE p.queue = l.queue AND p.priority = l.priority AND p.shard = l.shard) AS barrier,
+           EXISTS (SELECT 1 FROM queue_meta m WHERE m.queue = l.queue AND m.paused) AS paused
+    FROM (SELECT DISTINCT r.queue, r.priority, r.shard FROM ready r WHERE r.slot = v_slot) l
+  ),
+  residue AS MATERIALIZED (
+    SELECT r.*, l.c, l.barrier, l.paused,
+           row_number() OVER (PARTITION BY r.queue, r.priority, r.shard ORDER BY r.lane_seq) AS n
+    FROM ready r JOIN lanes l ON l.queue = r.queue AND l.priority = r.priority AND l.shard = r.shard
+    WHERE r.slot = v_slot AND r.lane_seq >= l.c
+      AND NOT EXISTS (SELECT 1 FROM ready_tombstones t
+                      WHERE t.slot = v_slot AND t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard
+                        AND t.lane_seq = r.lane_seq)
+  ),
+  decided AS MATERIALIZED (
+    SELECT x.*,
+           x.candidate AND row_number() OVER (PARTITION BY x.candidate ORDER BY x.n, x.queue, x.priority, x.shard) <= p_carry_rows AS carry
+    FROM (SELECT s.*, NOT s.paused AND s.n <= v_lane_head AND (s.barrier IS NULL OR s.lane_seq < s.barrier) AS candidate
+          FROM residue s) x
+  ),
+  ins_carry AS (
+    INSERT INTO ready (slot, generation, job_id, kind, queue, priority, shard, lane_seq, args, metadata, tags,
+                       errors, progress, attempt, run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
+    SELECT v_cur.slot, v_cur.generation, d.job_id, d.kind, d.queue, d.priority, d.shard, d.lane_seq, d.args, d.metadata, d.tags,
+           d.errors, d.progress, d.attempt, d.run_lease, d.max_attempts, d.run_at, d.created_at, d.unique_key, d.unique_states
+    FROM decided d WHERE d.carry
+  ),
+  ins_park AS (
+    INSERT INTO parked (job_id, kind, queue, priority, shard, lane_seq, args, metadata, tags, errors, progress, attempt,
+                        run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
+    SELECT d.job_id, d.kind, d.queue, d.priority, d.shard, d.lane_seq, d.args, d.metadata, d.tags, d.errors, d.progress,
+           d.attempt, d.run_lease, d.max_attempts, d.run_at, d.created_at, d.unique_key, d.unique_states
+    FROM decided d WHERE NOT d.carry
+  ),
+  -- the lane's cursor may come from a mark in this slot: keep it where it is
+  ins_marks AS (
+    INSERT INTO claim_marks (slot, generation, queue, priority, shard, next_lane_seq)
+    SELECT v_cur.slot, v_cur.generation, l.queue, l.priority, l.shard, l.c
+    FROM lanes l
+    WHERE l.c > 0 AND EXISTS (SELECT 1 FROM decided d WHERE d.carry AND d.queue = l.queue AND d.priority = l.priority AND d.shard = l.shard)
+  )
+  SELECT count(*) FILTER (WHERE d.carry), count(*) FILTER (WHERE NOT d.carry) INTO v_moved, v_parked FROM decided d;
+
+  IF v_kept IS NOT NULL THEN
+    SELECT * INTO v_hist FROM ring_current('history');
+    INSERT INTO history (slot, generation, job_id, run_lease, state, attempt, max_attempts, kind, queue, priority, args,
+                         metadata, tags, errors, progress, run_at, created_at, finalized_at, unique_key, unique_states)
+    SELECT v_hist.slot, v_hist.generation, h.job_id, h.run_lease, h.state, h.attempt, h.max_attempts, h.kind, h.queue, h.priority,
+           h.args, h.metadata, h.tags, h.errors, h.progress, h.run_at, h.created_at, h.finalized_at, h.unique_key, h.unique_states
+    FROM unnest(v_kept) h;
+  END IF;
+  -- Keys are released after this commits (release_pending_keys), not under the lock.
+  IF v_keys IS NOT NULL THEN
+    INSERT INTO pending_key_releases (ring, generation, keys) VALUES ('queue', v_old, v_keys);
+  END IF;
+  EXECUTE 'TRUNCATE ' || v_children;
+  INSERT INTO ring_prunes (ring, generation, slot, rollup) VALUES ('queue', v_old, v_slot, coalesce(v_rollup, '{}'));
+  RETURN QUERY SELECT 'Pruned', v_old, coalesce(cardinality(v_open_claims), 0), v_moved, v_parked;
+END
+$function$
+-- execute besides the owner: owner only
+
 CREATE OR REPLACE FUNCTION awa.queue_slot_ranges(OUT lo1 integer, OUT hi1 integer, OUT lo2 integer, OUT hi2 integer)
  RETURNS record
  LANGUAGE plpgsql
@@ -2245,6 +2738,28 @@ AS $function$
       SELECT 1 FROM awa.job_representations j
       WHERE j.job_id = x.job_id
         AND (j.rank < 4 OR j.run_lease > x.run_lease OR (j.run_lease = x.run_lease AND j.finalized_at > x.finalized_at)))
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.release_pending_keys(p_batch integer)
+ RETURNS integer
+ LANGUAGE plpgsql
+ SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
+AS $function$
+DECLARE
+  v_row record;
+  v_n int := 0;
+BEGIN
+  FOR v_row IN
+    SELECT k.id, k.keys FROM pending_key_releases k ORDER BY k.id LIMIT p_batch FOR UPDATE SKIP LOCKED
+  LOOP
+    PERFORM release_keys_of(v_row.keys);
+    DELETE FROM pending_key_releases k WHERE k.id = v_row.id;
+    v_n := v_n + jsonb_array_length(v_row.keys);
+  END LOOP;
+  RETURN v_n;
+END
 $function$
 -- execute besides the owner: owner only
 
@@ -2683,6 +3198,88 @@ BEGIN
     END IF;
     RETURN QUERY SELECT v_ring, 'Trimmed', v_rotations, v_prunes, v_copies;
   END LOOP;
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.unpark(p_limit integer)
+ RETURNS integer
+ LANGUAGE plpgsql
+ SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
+AS $function$
+#variable_conflict use_column
+DECLARE
+  v_lane record;
+  v_moved int := 0;
+  v_n int;
+  v_cursor bigint;
+  v_barrier bigint;
+  v_have int;
+  v_stop bigint;
+  v_ring record;
+BEGIN
+  FOR v_lane IN
+    WITH RECURSIVE l AS (
+      (SELECT p.queue, p.priority, p.shard FROM parked p ORDER BY p.queue, p.priority, p.shard LIMIT 1)
+      UNION ALL
+      SELECT n.queue, n.priority, n.shard
+      FROM l CROSS JOIN LATERAL (
+        SELECT p.queue, p.priority, p.shard FROM parked p
+        WHERE (p.queue, p.priority, p.shard) > (l.queue, l.priority, l.shard)
+        ORDER BY p.queue, p.priority, p.shard LIMIT 1) n
+    )
+    SELECT l.queue, l.priority, l.shard FROM l
+    WHERE NOT EXISTS (SELECT 1 FROM queue_meta m WHERE m.queue = l.queue AND m.paused)
+  LOOP
+    EXIT WHEN v_moved >= p_limit;
+    CONTINUE WHEN NOT pg_try_advisory_xact_lock(lock_ns('claim'), lane_key(v_lane.queue, v_lane.priority, v_lane.shard));
+    -- new statements after the lock: the previous claimer's mark is visible
+    v_cursor := lane_cursor(v_lane.queue, v_lane.priority, v_lane.shard);
+    SELECT min(p.lane_seq) INTO v_barrier FROM parked p
+    WHERE p.queue = v_lane.queue AND p.priority = v_lane.priority AND p.shard = v_lane.shard;
+    CONTINUE WHEN v_barrier IS NULL;
+    SELECT count(*) INTO v_have FROM (
+      SELECT 1 FROM ready r
+      WHERE r.queue = v_lane.queue AND r.priority = v_lane.priority AND r.shard = v_lane.shard
+        AND r.lane_seq >= v_cursor AND r.lane_seq < v_barrier
+        AND NOT EXISTS (SELECT 1 FROM ready_tombstones t WHERE t.queue = r.queue AND t.priority = r.priority
+                          AND t.shard = r.shard AND t.lane_seq = r.lane_seq)
+      LIMIT greatest(1, p_limit / 2)) x;
+    CONTINUE WHEN v_have >= greatest(1, p_limit / 2);
+    -- A row parked ahead keeps a tombstone ("moved") in its old slot until that slot is truncated;
+    -- tombstones match by lane position, whatever the slot, so a copy brought back before then
+    -- would count as tombstoned and be skipped (and passed by the cursor). Bring back only the
+    -- parked rows below the first one whose tombstone is still there.
+    SELECT t.lane_seq INTO v_stop FROM ready_tombstones t
+    WHERE t.queue = v_lane.queue AND t.priority = v_lane.priority AND t.shard = v_lane.shard AND t.lane_seq >= v_barrier
+      AND EXISTS (SELECT 1 FROM parked p WHERE p.queue = t.queue AND p.priority = t.priority AND p.shard = t.shard
+                                           AND p.lane_seq = t.lane_seq)
+    ORDER BY t.lane_seq LIMIT 1;
+    CONTINUE WHEN v_stop = v_barrier;
+    SELECT o_generation AS generation, o_slot AS slot INTO v_ring FROM lock_current_slot('ready');
+    WITH moved AS (
+      DELETE FROM parked p
+      WHERE p.queue = v_lane.queue AND p.priority = v_lane.priority AND p.shard = v_lane.shard
+        AND p.lane_seq IN (SELECT q.lane_seq FROM parked q
+                           WHERE q.queue = v_lane.queue AND q.priority = v_lane.priority AND q.shard = v_lane.shard
+                             AND q.lane_seq < coalesce(v_stop, 9223372036854775807)
+                           ORDER BY q.lane_seq LIMIT p_limit - v_moved)
+      RETURNING p.*
+    )
+    INSERT INTO ready (slot, generation, job_id, kind, queue, priority, shard, lane_seq, args, metadata, tags,
+                       errors, progress, attempt, run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
+    SELECT v_ring.slot, v_ring.generation, m.job_id, m.kind, m.queue, m.priority, m.shard, m.lane_seq, m.args, m.metadata,
+           m.tags, m.errors, m.progress, m.attempt, m.run_lease, m.max_attempts, m.run_at, m.created_at, m.unique_key,
+           m.unique_states
+    FROM moved m;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    v_moved := v_moved + v_n;
+    IF v_n > 0 THEN
+      PERFORM pg_notify('awa_wake_awa', v_lane.queue);
+    END IF;
+  END LOOP;
+  RETURN v_moved;
 END
 $function$
 -- execute besides the owner: owner only

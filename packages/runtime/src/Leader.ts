@@ -64,10 +64,39 @@ export const duties = Effect.fnUntraced(function* (config: MaintenanceConfig) {
   const trimLedgers = Effect.gen(function* () {
     for (let i = 0; i < 10; i++) if (!(yield* storage.trimLedgers(5000)).more) return
   })
+  // Prune cannot starve (ADR 0018): its NOWAIT lock fails under readers that never all let go at
+  // once, so after 3 ticks blocked on the lock it queues for it (`forceLockTimeoutMs`): 200 ms,
+  // doubling with each forced attempt that fails, up to 2 s (readers of the slot stall that long
+  // at most), the k-th failed forced attempt followed by 2^k ticks (≤ 32) of NOWAIT attempts only.
+  // Any other answer ends the tick; the next tick tries again.
+  const forceAfter = 3
+  let tick = 0
+  let lockFailures = 0
+  let forcedFailures = 0
+  let nextForcedTick = 0
+  const pruneOnce = Effect.gen(function* () {
+    const force = lockFailures >= forceAfter && tick >= nextForcedTick
+    const outcome = yield* storage.prune(
+      force ? { ...pruneParams, forceLockTimeoutMs: Math.min(2000, 200 * 2 ** forcedFailures) } : pruneParams
+    )
+    if (outcome._tag === "Pruned") {
+      lockFailures = 0
+      forcedFailures = 0
+      nextForcedTick = 0
+    } else if (outcome._tag === "Blocked" && outcome.reason === "lock") {
+      lockFailures++
+      if (force) {
+        forcedFailures++
+        nextForcedTick = tick + 2 ** Math.min(forcedFailures, 5)
+      }
+    }
+    return outcome._tag === "Pruned"
+  })
   const rotateAndPrune = Effect.gen(function* () {
+    tick++
     yield* storage.rotateWhenDue(config.rotate)
     let pruned = 0
-    for (; pruned < 16; pruned++) if ((yield* storage.prune(pruneParams))._tag !== "Pruned") break
+    for (; pruned < 16; pruned++) if (!(yield* pruneOnce)) break
     if (pruned > 0) yield* trimLedgers
   })
   const history = Effect.gen(function* () {

@@ -101,6 +101,18 @@ export interface PgQueueStorageOptions {
    * leader's calls (`PruneParams.carryAfterMs`).
    */
   readonly pruneCarryAfterMs?: number | undefined
+  /**
+   * Unclaimed rows a prune carries into the current slot (half of it per lane at most); the rest of
+   * a slot's unclaimed residue is parked outside the ring and brought back in lane order. Default
+   * 10,000 (0–1,000,000).
+   */
+  readonly pruneCarryRows?: number | undefined
+  /**
+   * When a forced prune still cannot lock its slot, sessions idle in transaction for longer than
+   * this that hold a lock on the slot are ended (`pg_terminate_backend`); running statements are
+   * never touched. Default 60,000 ms (0–86,400,000; 0 never ends a session).
+   */
+  readonly pruneEndIdleBlockersAfterMs?: number | undefined
 }
 
 // SQLSTATE the operator retries (retry_job, retry_from_dlq) raise for a unique conflict (DETAIL =
@@ -373,6 +385,16 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
     pruneCarryAfterMsRange
   )
 
+  const carryRows = yield* layerOption("pruneCarryRows", options.pruneCarryRows ?? 10_000, {
+    min: 0,
+    max: 1_000_000
+  })
+  const endIdleAfterMs = yield* layerOption(
+    "pruneEndIdleBlockersAfterMs",
+    options.pruneEndIdleBlockersAfterMs ?? 60_000,
+    { min: 0, max: 86_400_000 }
+  )
+
   // One job: typed parameters, no JSON document to build or parse. A held unique key is a state
   // of the answer, not a server error (migration 0018): nothing was written.
   const enqueueOne = (job: CheckedJob) =>
@@ -558,8 +580,14 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
       return rows.map((r): AttemptToken => ({ jobId: r.job_id, runLease: r.run_lease }))
     })
 
+  // Promotion, and parked rows brought back into their lanes (migration 0021) on the same
+  // schedule. The answer counts promoted jobs only: the leader's loop (and the contract) read it
+  // as "due jobs moved", and a refill of a parked lane is not one.
   const promoteDue = (limit: number) =>
-    Effect.map(sql<{ n: number }>`SELECT ${s}.promote(${limit}) AS n`, (rows) => rows[0]?.n ?? 0)
+    Effect.map(
+      sql<{ n: number; u: number }>`SELECT ${s}.promote(${limit}) AS n, ${s}.unpark(${limit}) AS u`,
+      (rows) => rows[0]?.n ?? 0
+    )
 
   const rescue = (kind: "stale" | "deadline", stalenessMs: number, limit: number) =>
     Effect.map(
@@ -601,27 +629,40 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
       return yield* rotateQueue(minRows, maxAgeMs)
     })
 
+  // A forced prune queues for its locks (ADR 0018); 0 = NOWAIT retries.
+  const forceTimeout = (r: PruneParams) =>
+    r.forceLockTimeoutMs === undefined ? 0 : Math.min(5000, Math.max(1, Math.round(r.forceLockTimeoutMs)))
+
   const pruneCall = (fn: "prune_queue" | "prune_history", r: PruneParams) =>
     fn === "prune_queue"
       ? sql<{ outcome: string; generation: bigint | null; carried: number }>`
-          SELECT * FROM ${s}.prune_queue(${lockTimeoutMs}, ${r.completedMs}::bigint, ${r.failedMs}::bigint,
-            ${r.cancelledMs}::bigint, ${r.carryAfterMs ?? carryAfterMs}::bigint)`
+          SELECT outcome, generation, carried FROM ${s}.prune_queue(${lockTimeoutMs}, ${r.completedMs}::bigint,
+            ${r.failedMs}::bigint, ${r.cancelledMs}::bigint, ${r.carryAfterMs ?? carryAfterMs}::bigint,
+            ${forceTimeout(r)}, ${carryRows}, ${endIdleAfterMs}::bigint)`
       : sql<{ outcome: string; generation: bigint | null; carried: number }>`
           SELECT * FROM ${s}.prune_history(${lockTimeoutMs}, ${r.completedMs}::bigint, ${r.failedMs}::bigint,
             ${r.cancelledMs}::bigint)`
 
-  // prune_queue answers 'Copied' when it has copied a large slot's history rows ahead in its own
-  // (now committed) transaction (migration 0013); the next call reuses the copy and prunes. A
-  // second 'Copied' cannot happen (the copy is recorded); it would only end this tick early.
+  // Keys of the rows a prune dropped are released after its truncate committed, in their own
+  // transaction (migration 0021: not under the exclusive lock). Records left by a crash between
+  // the two go with the next prune.
+  const releasePendingKeys = Effect.asVoid(sql`SELECT ${s}.release_pending_keys(100)`)
+
+  // prune_queue answers 'Copied' (history rows copied ahead, migration 0013) or 'Parked' (a large
+  // residue parked ahead, migration 0021) after committing work it did ahead of its exclusive
+  // lock; the next call reuses it. At most one of each precedes the prune itself.
   const pruneRing = (fn: "prune_queue" | "prune_history", r: PruneParams) =>
-    Effect.flatMap(pruneCall(fn, r), (rows) =>
-      rows[0]?.outcome === "Copied"
-        ? Effect.map(pruneCall(fn, r), (again) =>
-            again[0]?.outcome === "Copied"
-              ? pruneOutcome({ ...again[0], outcome: "Blocked:busy" })
-              : pruneOutcome(again[0])
-          )
-        : Effect.succeed(pruneOutcome(rows[0]))
+    Effect.gen(function* () {
+      for (let call = 0; call < 3; call++) {
+        const [row] = yield* pruneCall(fn, r)
+        if (row?.outcome !== "Copied" && row?.outcome !== "Parked") return pruneOutcome(row)
+      }
+      return pruneOutcome({ outcome: "Blocked:busy", generation: null, carried: 0 })
+    }).pipe(
+      Effect.tap(
+        (outcome): Effect.Effect<void, SqlError.SqlError> =>
+          outcome._tag === "Pruned" ? releasePendingKeys : Effect.void
+      )
     )
 
   // Ledger retention (migration 0017): rows below each ring's newest wrap, once a wrap has piled up.

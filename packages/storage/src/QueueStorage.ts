@@ -131,6 +131,12 @@ export interface PruneParams extends RetentionParams {
    * `pruneCarryAfterMs`. 0–3,600,000.
    */
   readonly carryAfterMs?: number | undefined
+  /**
+   * Queue for the slot's locks for up to this long (ms, clamped to 1–5,000) instead of retrying
+   * NOWAIT: the leader's answer to a prune blocked on its lock tick after tick (ADR 0018). Readers
+   * of the slot stall that long at most. Unset: NOWAIT.
+   */
+  readonly forceLockTimeoutMs?: number | undefined
 }
 
 /** When the queue ring moves on; an unset field takes the storage layer's value. */

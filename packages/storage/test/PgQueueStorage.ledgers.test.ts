@@ -104,11 +104,16 @@ describe("ledger retention", () => {
           let prunes = 0
           for (let i = 0; i < 2; i++) prunes += yield* turn(q, 1100)
           for (let i = 0; i < 70; i++) prunes += yield* turn(q, 3)
-          // a sealed slot that cannot be pruned (an unclaimed job): oldestUnpruned is not null
+          // a sealed slot left alone (an open attempt younger than the carry threshold; since
+          // migration 0020 an unclaimed job no longer holds a slot): oldestUnpruned is not null
           const stuck = fresh("stuck")
           yield* storage.enqueueMany([job(stuck)])
+          const stuckClaim = yield* storage.claim(claimOf(stuck, 1))
           assert.strictEqual(yield* storage.rotate, "Rotated")
-          assert.deepStrictEqual(yield* storage.prune(keepAll), { _tag: "Blocked", reason: "unclaimed" })
+          assert.deepStrictEqual(yield* storage.prune({ ...keepAll, carryAfterMs: 3_600_000 }), {
+            _tag: "Blocked",
+            reason: "young_attempts"
+          })
 
           const before = yield* readers
           const rowsBefore = yield* ledgerRows
@@ -148,7 +153,7 @@ describe("ledger retention", () => {
 
           // the rings carry on: the stuck slot is freed and pruned, rotation keeps going, and the
           // ledger stays under two wraps whatever the number of turns
-          yield* completeAll(yield* storage.claim(claimOf(stuck, 10)))
+          yield* completeAll(stuckClaim)
           for (let i = 0; i < 40; i++) {
             prunes += yield* turn(q, 3)
             yield* storage.trimLedgers(5000)
