@@ -13,12 +13,14 @@
  * - The worker's capacity is released before waiting for the durable acknowledgement; the
  *   attempt leaves the running registry (heartbeats) only after it.
  */
-import { Backoff, Job, Traceparent } from "@awa/core"
+import { Backoff, Job, ProgressTooLarge, Traceparent, ValidationError } from "@awa/core"
 import type { AttemptToken, ClaimedJob, Outcome } from "@awa/storage"
 import { Cause, Duration, Effect, Exit, Fiber, FiberSet, Random, Schema, Tracer } from "effect"
+import type { SqlError } from "effect/sql"
 import type { CompletionBatcher } from "./CompletionBatcher.ts"
 import * as Deadlines from "./Deadlines.ts"
 import type { Handler, JobContext } from "./Handler.ts"
+import * as Progress from "./Progress.ts"
 
 export interface ExecutorOptions<R> {
   readonly handlers: ReadonlyMap<string, Handler<R>>
@@ -27,11 +29,13 @@ export interface ExecutorOptions<R> {
   readonly batcher: CompletionBatcher
   /** Wrap each attempt in a consumer span carrying `awa:traceparent`; off = no span at all. Default true. */
   readonly tracing: boolean
-  /** Writes progress not yet carried by a heartbeat, before the outcome is submitted. */
+  /** Largest progress a handler may set, in UTF-8 bytes of its JSON (`maxProgressBytes`). */
+  readonly maxProgressBytes: number
+  /** Writes an attempt's progress now (`ctx.flushProgress`), guarded by its run lease. */
   readonly flushProgress: (
     token: AttemptToken,
     progress: Readonly<Record<string, unknown>>
-  ) => Effect.Effect<unknown, unknown>
+  ) => Effect.Effect<void, SqlError.SqlError>
 }
 
 /** An attempt running in this process. */
@@ -39,9 +43,15 @@ export interface RunningAttempt {
   readonly job: ClaimedJob
   /** When this process received the claim. */
   readonly heldAt: number
-  progress: Readonly<Record<string, unknown>> | undefined
-  /** Progress changed since the last heartbeat wrote it. */
-  progressDirty: boolean
+  /** This attempt's progress; unset until the handler sets some (the base is `job.progress`). */
+  progress: Progress.JobProgress | undefined
+  /** Bumped by every change of `progress`. */
+  progressGeneration: number
+  /**
+   * The newest generation known to be written: a write acknowledges the generation it carried,
+   * never a newer one set while it was in flight, and nothing is written while they are equal.
+   */
+  progressWritten: number
   fiber: Fiber.Fiber<unknown, unknown> | undefined
   /** Created when the handler first reads `ctx.signal`; aborted when the attempt is interrupted. */
   controller: AbortController | undefined
@@ -78,9 +88,11 @@ const messageOf = (error: unknown): string => {
  */
 class AttemptContext implements JobContext {
   readonly #entry: RunningAttempt
+  readonly #progress: ProgressOps
   #job: JobContext["job"] | undefined
-  constructor(entry: RunningAttempt) {
+  constructor(entry: RunningAttempt, progress: ProgressOps) {
     this.#entry = entry
+    this.#progress = progress
   }
   get job(): JobContext["job"] {
     const job = this.#entry.job
@@ -93,7 +105,8 @@ class AttemptContext implements JobContext {
       runLease: job.runLease,
       metadata: job.metadata,
       tags: job.tags,
-      errors: job.errors
+      errors: job.errors,
+      progress: job.progress
     }
     return this.#job
   }
@@ -104,12 +117,40 @@ class AttemptContext implements JobContext {
   }
   get setProgress(): JobContext["setProgress"] {
     const entry = this.#entry
-    return (progress) =>
-      Effect.sync(() => {
-        entry.progress = progress
-        entry.progressDirty = true
-      })
+    const ops = this.#progress
+    return (percent, message) =>
+      Effect.suspend(() =>
+        setTo(entry, Progress.withPercent(currentProgress(entry), percent, message, ops.maxBytes))
+      )
   }
+  get updateMetadata(): JobContext["updateMetadata"] {
+    const entry = this.#entry
+    const ops = this.#progress
+    return (patch) =>
+      Effect.suspend(() => setTo(entry, Progress.withMetadata(currentProgress(entry), patch, ops.maxBytes)))
+  }
+  get flushProgress(): JobContext["flushProgress"] {
+    return this.#progress.flush(this.#entry)
+  }
+}
+
+interface ProgressOps {
+  readonly maxBytes: number
+  readonly flush: (entry: RunningAttempt) => Effect.Effect<void, SqlError.SqlError>
+}
+
+/** What `setProgress` and `updateMetadata` build on: this attempt's value, else the checkpoint it started from. */
+const currentProgress = (entry: RunningAttempt): Progress.JobProgress | null =>
+  entry.progress ?? (entry.job.progress as Progress.JobProgress | null)
+
+const setTo = (
+  entry: RunningAttempt,
+  next: Progress.JobProgress | ValidationError | ProgressTooLarge
+): Effect.Effect<void, ValidationError | ProgressTooLarge> => {
+  if (next instanceof ValidationError || next instanceof ProgressTooLarge) return Effect.fail(next)
+  entry.progress = next
+  entry.progressGeneration++
+  return Effect.void
 }
 
 export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>) {
@@ -207,8 +248,23 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
     return decode
   }
 
+  /**
+   * Writes the attempt's progress when it changed since the last write; acknowledges only the
+   * generation it carried.
+   */
+  const flushProgress = (entry: RunningAttempt): Effect.Effect<void, SqlError.SqlError> =>
+    Effect.suspend(() => {
+      const progress = entry.progress
+      const generation = entry.progressGeneration
+      if (progress === undefined || generation <= entry.progressWritten) return Effect.void
+      return Effect.map(options.flushProgress(entry.job, progress), () => {
+        if (generation > entry.progressWritten) entry.progressWritten = generation
+      })
+    })
+  const progressOps: ProgressOps = { maxBytes: options.maxProgressBytes, flush: flushProgress }
+
   /** The context a handler sees. */
-  const contextOf = (entry: RunningAttempt): JobContext => new AttemptContext(entry)
+  const contextOf = (entry: RunningAttempt): JobContext => new AttemptContext(entry, progressOps)
 
   const undecodable = (e: Schema.SchemaError) => new ArgsUndecodable({ message: e.message })
 
@@ -279,7 +335,8 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
       job,
       heldAt,
       progress: undefined,
-      progressDirty: false,
+      progressGeneration: 0,
+      progressWritten: 0,
       fiber: undefined,
       controller: undefined,
       begun: false,
@@ -336,7 +393,8 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
         entry.closedElsewhere
           ? Effect.void
           : Effect.catchCause(
-              Effect.asVoid(options.batcher.submit(entry.job, outcome)),
+              // the attempt's progress goes with its outcome, in the same statement (capability 14)
+              Effect.asVoid(options.batcher.submit(entry.job, outcome, entry.progress)),
               logFinalizationFailure
             )
       ),

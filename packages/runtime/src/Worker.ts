@@ -19,6 +19,7 @@ import * as Dispatcher from "./Dispatcher.ts"
 import * as Executor from "./Executor.ts"
 import type { Handler } from "./Handler.ts"
 import * as Leader from "./Leader.ts"
+import * as Progress from "./Progress.ts"
 
 export interface QueueOptions {
   /** Handlers of this queue running at once. Default 10 (1–10,000). */
@@ -84,6 +85,11 @@ export interface WorkerOptions<R> {
   readonly heartbeatStaleness?: Duration.Input | undefined
   /** How long shutdown waits for in-flight handlers before interrupting them. Default 30 s. */
   readonly shutdownTimeout?: Duration.Input | undefined
+  /**
+   * Largest progress (percent, message and metadata) a handler may set, in UTF-8 bytes of its
+   * JSON; more ⇒ `ProgressTooLarge`. Default 65,536 (1,024 – 1,048,576).
+   */
+  readonly maxProgressBytes?: number | undefined
   /** A claimed job whose kind has no handler here: fail it (default) or retry it. */
   readonly onUnknownKind?: "fail" | "retry" | undefined
   /** A consumer span per attempt, child of (or linked to) the producer span. Off: no span at all. Default true. */
@@ -364,6 +370,14 @@ export const resolveConfig = <R>(options: WorkerOptions<R>) =>
       true
     )
     const stallWarningMs = durationMs(issues, "stallWarning", options.stallWarning, 1000, 1, 600_000)
+    const maxProgressBytes = integer(
+      issues,
+      "maxProgressBytes",
+      options.maxProgressBytes,
+      Progress.maxBytesRange.default,
+      Progress.maxBytesRange.min,
+      Progress.maxBytesRange.max
+    )
     const cron = options.cron === undefined ? undefined : yield* Cron.resolve(options.cron, issues)
     if (issues.length > 0) return yield* new AwaConfigError({ issues })
     return {
@@ -373,6 +387,7 @@ export const resolveConfig = <R>(options: WorkerOptions<R>) =>
       maintenance,
       shutdownTimeoutMs,
       stallWarningMs,
+      maxProgressBytes,
       cron
     }
   })
@@ -407,7 +422,9 @@ export const make = Effect.fnUntraced(function* <R>(options: WorkerOptions<R>) {
     onUnknownKind: options.onUnknownKind ?? "fail",
     batcher,
     tracing: options.tracing ?? true,
-    flushProgress: (token, progress) => Effect.asVoid(storage.heartbeatMany([{ ...token, progress }]))
+    maxProgressBytes: config.maxProgressBytes,
+    flushProgress: (token, progress) =>
+      Effect.asVoid(storage.heartbeatMany([{ jobId: token.jobId, runLease: token.runLease, progress }]))
   })
   yield* Effect.forkScoped(executor.deadlines)
   const dispatchers = new Map<string, Dispatcher.Dispatcher<R>>()
@@ -444,12 +461,18 @@ export const make = Effect.fnUntraced(function* <R>(options: WorkerOptions<R>) {
     const due = [...executor.running.values()].filter((a) => now - a.heldAt >= config.heartbeatIntervalMs / 2)
     for (let i = 0; i < due.length; i += 500) {
       const chunk = due.slice(i, i + 500)
+      // progress only when it changed since its last write; each acknowledges what it carried
+      const generations = chunk.map((a) => a.progressGeneration)
       const closed = yield* storage.heartbeatMany(
-        chunk.map((a) => {
-          a.progressDirty = false
-          return { jobId: a.job.jobId, runLease: a.job.runLease, progress: a.progress }
-        })
+        chunk.map((a, k) =>
+          a.progress !== undefined && generations[k]! > a.progressWritten
+            ? { jobId: a.job.jobId, runLease: a.job.runLease, progress: a.progress }
+            : { jobId: a.job.jobId, runLease: a.job.runLease }
+        )
       )
+      chunk.forEach((a, k) => {
+        if (generations[k]! > a.progressWritten) a.progressWritten = generations[k]!
+      })
       for (const token of closed) yield* executor.interrupt(token.jobId, token.runLease)
     }
   })

@@ -209,7 +209,11 @@ const mapUniqueConflict = <A, E, R>(
 
 const outcomeJson = (item: FinalizeItem): string => {
   const o = item.outcome
-  const base = `"job_id":${item.jobId},"run_lease":${item.runLease}`
+  // progress rides with the outcome (migration 0018); completion clears it, so it is not sent
+  const base =
+    item.progress === undefined || o._tag === "Complete"
+      ? `"job_id":${item.jobId},"run_lease":${item.runLease}`
+      : `"job_id":${item.jobId},"run_lease":${item.runLease},"progress":${JSON.stringify(item.progress)}`
   switch (o._tag) {
     case "Complete":
       return `{${base},"outcome":"complete"}`
@@ -511,6 +515,7 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
         created_at: Date
         claimed_at: Date
         deadline_at: Date | null
+        progress: Record<string, unknown> | null
       }>`SELECT * FROM ${s}.claim(${params.queue}, ${params.max}, ${params.deadlineMs}::bigint, ${params.agingIntervalMs}::bigint)`
       return rows.map(
         (r): ClaimedJob => ({
@@ -528,7 +533,8 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
           runAt: r.run_at,
           createdAt: r.created_at,
           claimedAt: r.claimed_at,
-          deadlineAt: r.deadline_at
+          deadlineAt: r.deadline_at,
+          progress: r.progress
         })
       )
     })

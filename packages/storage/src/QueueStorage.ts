@@ -61,6 +61,11 @@ export interface ClaimedJob extends AttemptToken {
   readonly createdAt: Date
   readonly claimedAt: Date
   readonly deadlineAt: Date | null
+  /**
+   * The job's progress when it was claimed: the checkpoint the previous attempt left (written with
+   * its outcome, by a heartbeat or kept by a rescue), `null` when there is none.
+   */
+  readonly progress: Readonly<Record<string, unknown>> | null
 }
 
 export interface ClaimParams {
@@ -85,6 +90,11 @@ export type Outcome =
 
 export interface FinalizeItem extends AttemptToken {
   readonly outcome: Outcome
+  /**
+   * The attempt's progress (a JSON object), written in the same statement as the outcome: kept
+   * by retry, snooze, fail and cancel, cleared by completion. Unset keeps what a heartbeat wrote.
+   */
+  readonly progress?: Readonly<Record<string, unknown>> | undefined
 }
 
 export type FinalizeResult =
