@@ -14,7 +14,7 @@
  *   attempt leaves the running registry (heartbeats) only after it.
  */
 import { Backoff, Job, ProgressTooLarge, Traceparent, ValidationError } from "@awa/core"
-import type { AttemptToken, ClaimedJob, Outcome } from "@awa/storage"
+import type { ClaimedJob, Heartbeats, Outcome } from "@awa/storage"
 import { Cause, Duration, Effect, Exit, Fiber, FiberSet, Random, Schema, Tracer } from "effect"
 import type { SqlError } from "effect/sql"
 import type { CompletionBatcher } from "./CompletionBatcher.ts"
@@ -31,11 +31,11 @@ export interface ExecutorOptions<R> {
   readonly tracing: boolean
   /** Largest progress a handler may set, in UTF-8 bytes of its JSON (`maxProgressBytes`). */
   readonly maxProgressBytes: number
-  /** Writes an attempt's progress now (`ctx.flushProgress`), guarded by its run lease. */
-  readonly flushProgress: (
-    token: AttemptToken,
-    progress: Readonly<Record<string, unknown>>
-  ) => Effect.Effect<void, SqlError.SqlError>
+  /**
+   * Heartbeats of the held attempts (on a thread of their own, or on the event loop): told of
+   * every attempt held and forgotten and of progress changes; writes `ctx.flushProgress`.
+   */
+  readonly heartbeats: Pick<Heartbeats.HeartbeatSession, "track" | "untrack" | "progress" | "flush">
 }
 
 /** An attempt running in this process. */
@@ -120,14 +120,16 @@ class AttemptContext implements JobContext {
     const ops = this.#progress
     return (percent, message) =>
       Effect.suspend(() =>
-        setTo(entry, Progress.withPercent(currentProgress(entry), percent, message, ops.maxBytes))
+        setTo(entry, Progress.withPercent(currentProgress(entry), percent, message, ops.maxBytes), ops)
       )
   }
   get updateMetadata(): JobContext["updateMetadata"] {
     const entry = this.#entry
     const ops = this.#progress
     return (patch) =>
-      Effect.suspend(() => setTo(entry, Progress.withMetadata(currentProgress(entry), patch, ops.maxBytes)))
+      Effect.suspend(() =>
+        setTo(entry, Progress.withMetadata(currentProgress(entry), patch, ops.maxBytes), ops)
+      )
   }
   get flushProgress(): JobContext["flushProgress"] {
     return this.#progress.flush(this.#entry)
@@ -137,6 +139,8 @@ class AttemptContext implements JobContext {
 interface ProgressOps {
   readonly maxBytes: number
   readonly flush: (entry: RunningAttempt) => Effect.Effect<void, SqlError.SqlError>
+  /** Called after every change: the next heartbeat carries it. */
+  readonly changed: (entry: RunningAttempt) => void
 }
 
 /** What `setProgress` and `updateMetadata` build on: this attempt's value, else the checkpoint it started from. */
@@ -145,11 +149,13 @@ const currentProgress = (entry: RunningAttempt): Progress.JobProgress | null =>
 
 const setTo = (
   entry: RunningAttempt,
-  next: Progress.JobProgress | ValidationError | ProgressTooLarge
+  next: Progress.JobProgress | ValidationError | ProgressTooLarge,
+  ops: ProgressOps
 ): Effect.Effect<void, ValidationError | ProgressTooLarge> => {
   if (next instanceof ValidationError || next instanceof ProgressTooLarge) return Effect.fail(next)
   entry.progress = next
   entry.progressGeneration++
+  ops.changed(entry)
   return Effect.void
 }
 
@@ -257,11 +263,28 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
       const progress = entry.progress
       const generation = entry.progressGeneration
       if (progress === undefined || generation <= entry.progressWritten) return Effect.void
-      return Effect.map(options.flushProgress(entry.job, progress), () => {
+      return Effect.map(options.heartbeats.flush(entry.job, progress, generation), () => {
         if (generation > entry.progressWritten) entry.progressWritten = generation
       })
     })
-  const progressOps: ProgressOps = { maxBytes: options.maxProgressBytes, flush: flushProgress }
+  const progressOps: ProgressOps = {
+    maxBytes: options.maxProgressBytes,
+    flush: flushProgress,
+    changed: (entry) => options.heartbeats.progress(entry.job, entry.progress!, entry.progressGeneration)
+  }
+
+  // Attempts held since the last hand-over to the heartbeats. Handed over in one call per batch:
+  // before the first of them starts (a handler may block the event loop from its first line on),
+  // and at the end of the current synchronous run for those that wait in a dispatcher's buffer.
+  let toTrack: Array<Heartbeats.TrackedAttempt> = []
+  let publishQueued = false
+  const publish = () => {
+    publishQueued = false
+    if (toTrack.length === 0) return
+    const batch = toTrack
+    toTrack = []
+    options.heartbeats.track(batch)
+  }
 
   /** The context a handler sees. */
   const contextOf = (entry: RunningAttempt): JobContext => new AttemptContext(entry, progressOps)
@@ -306,6 +329,7 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
   /** Forgets a finished attempt: no more heartbeats, deadline or broadcasts for it. */
   const forget = (entry: RunningAttempt) => {
     running.delete(entry.key)
+    options.heartbeats.untrack(entry.job)
     if (entry.deadline !== undefined) deadlines.remove(entry.deadline)
   }
 
@@ -352,6 +376,11 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
         expire(entry)
       )
     running.set(entry.key, entry)
+    toTrack.push({ jobId: job.jobId, runLease: job.runLease, heldAt })
+    if (!publishQueued) {
+      publishQueued = true
+      queueMicrotask(publish)
+    }
     return entry
   }
 
@@ -417,6 +446,7 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
     immediately = false
   ): Effect.Effect<void, never, R> =>
     Effect.suspend(() => {
+      publish()
       if (entry.closedElsewhere) {
         forget(entry)
         return release

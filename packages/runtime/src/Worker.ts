@@ -10,8 +10,15 @@
  */
 import { monitorEventLoopDelay } from "node:perf_hooks"
 import { AwaConfigError, checkQueueName, type ValidationError } from "@awa/core"
-import { type CronStorage, type LeaderLock, QueueStorage, StorageChecks, StorageSignals } from "@awa/storage"
-import { Clock, Context, Duration, Effect, FiberSet, Layer, Schedule, Stream, SubscriptionRef } from "effect"
+import {
+  type CronStorage,
+  Heartbeats,
+  type LeaderLock,
+  QueueStorage,
+  StorageChecks,
+  StorageSignals
+} from "@awa/storage"
+import { Context, Duration, Effect, FiberSet, Layer, Option, Schedule, Stream, SubscriptionRef } from "effect"
 import type { SqlError } from "effect/sql"
 import * as CompletionBatcher from "./CompletionBatcher.ts"
 import * as Cron from "./Cron.ts"
@@ -76,6 +83,22 @@ export interface MaintenanceOptions {
   readonly cronInterval?: Duration.Input | undefined
 }
 
+export interface WatchdogOptions {
+  /**
+   * Heartbeats from a thread of their own (default true; used when the storage layers provide
+   * `Heartbeats`, as `Awa.layerPg` does). `false`: heartbeats on the event loop, which a
+   * handler blocking it longer than `heartbeatStaleness` turns into a false rescue.
+   */
+  readonly thread?: boolean | undefined
+  /** Event-loop delay that logs a stall warning. Default 1 s. */
+  readonly stallWarning?: Duration.Input | undefined
+  /**
+   * After the event loop has not ticked for this long, the heartbeat thread stops vouching for
+   * the process, so a process that never recovers is rescued. Default 10 min (1 s – 1 day).
+   */
+  readonly maxStall?: Duration.Input | undefined
+}
+
 export interface WorkerOptions<R> {
   readonly queues: Readonly<Record<string, QueueOptions>>
   readonly handlers: ReadonlyArray<Handler<R>>
@@ -94,8 +117,14 @@ export interface WorkerOptions<R> {
   readonly onUnknownKind?: "fail" | "retry" | undefined
   /** A consumer span per attempt, child of (or linked to) the producer span. Off: no span at all. Default true. */
   readonly tracing?: boolean | undefined
-  /** Event-loop delay that logs a stall warning. Default 1 s. */
+  /** Event-loop delay that logs a stall warning. Default 1 s. Same as `watchdog.stallWarning`. */
   readonly stallWarning?: Duration.Input | undefined
+  /**
+   * Heartbeats that survive a blocked event loop (capabilities.md §6). By default, on Postgres
+   * (`Awa.layerPg`), heartbeats are written by a worker thread with its own connection, so a
+   * handler doing CPU-bound work does not get this process's attempts rescued as dead.
+   */
+  readonly watchdog?: WatchdogOptions | undefined
   readonly completion?: CompletionBatcher.CompletionBatcherOptions | undefined
   /**
    * Dead-letter failed jobs of queues without their own `dlq` setting. Stored in the database at
@@ -369,7 +398,15 @@ export const resolveConfig = <R>(options: WorkerOptions<R>) =>
       day,
       true
     )
-    const stallWarningMs = durationMs(issues, "stallWarning", options.stallWarning, 1000, 1, 600_000)
+    const stallWarningMs = durationMs(
+      issues,
+      options.watchdog?.stallWarning === undefined ? "stallWarning" : "watchdog.stallWarning",
+      options.watchdog?.stallWarning ?? options.stallWarning,
+      1000,
+      1,
+      600_000
+    )
+    const maxStallMs = durationMs(issues, "watchdog.maxStall", options.watchdog?.maxStall, 600_000, 1000, day)
     const maxProgressBytes = integer(
       issues,
       "maxProgressBytes",
@@ -387,6 +424,8 @@ export const resolveConfig = <R>(options: WorkerOptions<R>) =>
       maintenance,
       shutdownTimeoutMs,
       stallWarningMs,
+      maxStallMs,
+      heartbeatThread: options.watchdog?.thread ?? true,
       maxProgressBytes,
       cron
     }
@@ -410,6 +449,16 @@ export const make = Effect.fnUntraced(function* <R>(options: WorkerOptions<R>) {
   }
   if (config.cron !== undefined) yield* Cron.declare(config.cron)
 
+  // Heartbeats first, so they stop last: an attempt is heartbeated until its outcome is durable.
+  const heartbeatOptions = { intervalMs: config.heartbeatIntervalMs, maxStallMs: config.maxStallMs }
+  const threads = config.heartbeatThread
+    ? Option.getOrUndefined(yield* Effect.serviceOption(Heartbeats.Heartbeats))
+    : undefined
+  const heartbeats =
+    threads === undefined
+      ? yield* Heartbeats.makeLoop(heartbeatOptions)
+      : yield* threads.start(heartbeatOptions)
+
   // Finalizers run in reverse: dispatchers stop first, then the drain, then the FiberSet
   // interrupts stragglers, and the batcher flushes last.
   const batcher = yield* CompletionBatcher.make(options.completion)
@@ -423,8 +472,7 @@ export const make = Effect.fnUntraced(function* <R>(options: WorkerOptions<R>) {
     batcher,
     tracing: options.tracing ?? true,
     maxProgressBytes: config.maxProgressBytes,
-    flushProgress: (token, progress) =>
-      Effect.asVoid(storage.heartbeatMany([{ jobId: token.jobId, runLease: token.runLease, progress }]))
+    heartbeats
   })
   yield* Effect.forkScoped(executor.deadlines)
   const dispatchers = new Map<string, Dispatcher.Dispatcher<R>>()
@@ -453,32 +501,9 @@ export const make = Effect.fnUntraced(function* <R>(options: WorkerOptions<R>) {
     Effect.forkScoped
   )
 
-  // Heartbeats for attempts older than one interval; interrupts attempts closed elsewhere.
-  const heartbeat = Effect.gen(function* () {
-    const now = yield* Clock.currentTimeMillis
-    // Older than half an interval: the first heartbeat comes within 1.5 intervals of the start,
-    // while jobs shorter than half an interval never write anything.
-    const due = [...executor.running.values()].filter((a) => now - a.heldAt >= config.heartbeatIntervalMs / 2)
-    for (let i = 0; i < due.length; i += 500) {
-      const chunk = due.slice(i, i + 500)
-      // progress only when it changed since its last write; each acknowledges what it carried
-      const generations = chunk.map((a) => a.progressGeneration)
-      const closed = yield* storage.heartbeatMany(
-        chunk.map((a, k) =>
-          a.progress !== undefined && generations[k]! > a.progressWritten
-            ? { jobId: a.job.jobId, runLease: a.job.runLease, progress: a.progress }
-            : { jobId: a.job.jobId, runLease: a.job.runLease }
-        )
-      )
-      chunk.forEach((a, k) => {
-        if (generations[k]! > a.progressWritten) a.progressWritten = generations[k]!
-      })
-      for (const token of closed) yield* executor.interrupt(token.jobId, token.runLease)
-    }
-  })
-  yield* heartbeat.pipe(
-    Effect.catchCause((cause) => Effect.logWarning("heartbeat failed", cause)),
-    Effect.repeat(Schedule.spaced(config.heartbeatIntervalMs)),
+  // Attempts a heartbeat found closed elsewhere (cancelled, rescued) are interrupted.
+  yield* heartbeats.closed.pipe(
+    Stream.runForEach((token) => executor.interrupt(token.jobId, token.runLease)),
     Effect.annotateLogs({ module: "Worker", fiber: "heartbeat" }),
     Effect.forkScoped
   )
