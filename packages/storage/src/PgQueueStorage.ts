@@ -209,7 +209,7 @@ const mapUniqueConflict = <A, E, R>(
 
 const outcomeJson = (item: FinalizeItem): string => {
   const o = item.outcome
-  // progress rides with the outcome (migration 0018); completion clears it, so it is not sent
+  // progress rides with the outcome (migration 0019); completion clears it, so it is not sent
   const base =
     item.progress === undefined || o._tag === "Complete"
       ? `"job_id":${item.jobId},"run_lease":${item.runLease}`

@@ -1,4 +1,4 @@
--- 0018: progress travels with the outcome, and back out with the next claim (capability 14).
+-- 0019: progress travels with the outcome, and back out with the next claim (capability 14).
 --
 -- Before, a handler's checkpoint reached the database only with a heartbeat, and heartbeats
 -- cover attempts older than half an interval (15 s by default): a checkpoint set after the last
@@ -12,12 +12,12 @@
 --   from before the attempt (ready.progress), as before.
 --   Locks, guards and writes: 0016's, unchanged (per-attempt advisory locks in (job_id,
 --   run_lease) order, applied only while the attempt is open, one closure per applied attempt).
---   The function is 0016's text with the three lines marked "0018"; its SET options are kept.
+--   The function is 0016's text with the three lines marked "0019"; its SET options are kept.
 -- claim(...): also returns the job's progress (the ready row's, written by the previous attempt's
 --   finalize, a rescue, or carried from deferred by promotion), so the handler can resume from it
 --   without another read. The value is read from the row the pick already holds: no extra
 --   lookup. A new result column changes the function's type, so it is dropped and created again
---   with 0016's text and settings plus the lines marked "0018" (callers select columns by name:
+--   with 0016's text and settings plus the lines marked "0019" (callers select columns by name:
 --   an older worker reading this result ignores the new column).
 --   Locks, guards and writes: 0016's, unchanged.
 
@@ -27,7 +27,7 @@ CREATE FUNCTION :AWA_SCHEMA.claim(p_queue text, p_max int, p_deadline_ms bigint,
 RETURNS TABLE (job_id bigint, run_lease bigint, attempt int, max_attempts int, kind text, queue text,
                priority smallint, args jsonb, metadata jsonb, tags text[], errors jsonb,
                run_at timestamptz, created_at timestamptz, claimed_at timestamptz, deadline_at timestamptz,
-               progress jsonb) -- 0018
+               progress jsonb) -- 0019
 LANGUAGE plpgsql
 SET search_path = :AWA_SCHEMA, pg_catalog SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$
 #variable_conflict use_column
@@ -142,7 +142,7 @@ BEGIN
       RETURN QUERY
       WITH picked AS MATERIALIZED (
         SELECT r.slot, r.generation, r.job_id, r.kind, r.queue, r.priority, r.shard, r.lane_seq, r.args, r.metadata,
-               r.tags, r.errors, r.attempt, r.run_lease, r.max_attempts, r.run_at, r.created_at, r.progress -- 0018
+               r.tags, r.errors, r.attempt, r.run_lease, r.max_attempts, r.run_at, r.created_at, r.progress -- 0019
         FROM ready r
         WHERE r.queue = p_queue AND r.priority = v_prios[v_k] AND r.shard = v_shards[v_k] AND r.lane_seq >= v_cursor
           -- two ranges of scalar parameters: what partition pruning can use at executor start-up
@@ -172,7 +172,7 @@ BEGIN
         FROM picked p
       )
       SELECT p.job_id, p.run_lease + 1, p.attempt + 1, p.max_attempts, p.kind, p.queue, p.priority, p.args, p.metadata,
-             p.tags, p.errors, p.run_at, p.created_at, v_now, v_deadline, p.progress -- 0018
+             p.tags, p.errors, p.run_at, p.created_at, v_now, v_deadline, p.progress -- 0019
       FROM picked p
       ORDER BY p.lane_seq;
       GET DIAGNOSTICS v_n = ROW_COUNT;
@@ -214,10 +214,10 @@ BEGIN
   RETURN QUERY
   WITH items AS MATERIALIZED (
     SELECT x_e.o::int AS o, x.job_id, x.run_lease, x.outcome, coalesce(x.delay_ms, 0) AS delay_ms, x.message, x.reason,
-           x.progress -- 0018
+           x.progress -- 0019
     FROM jsonb_array_elements(p_items) WITH ORDINALITY AS x_e(v, o),
          jsonb_to_record(x_e.v) AS x(job_id bigint, run_lease bigint, outcome text, delay_ms bigint, message text, reason text,
-                                     progress jsonb) -- 0018
+                                     progress jsonb) -- 0019
   ),
   batch_claims AS MATERIALIZED (
     SELECT c.slot, c.generation, c.job_id, c.run_lease, c.attempt, c.queue, c.priority, c.shard, c.lane_seq
@@ -238,7 +238,7 @@ BEGIN
     SELECT DISTINCT ON (i.job_id, i.run_lease)
            i.o, i.outcome, i.delay_ms, i.message, i.reason, c.slot, c.generation, c.job_id, c.run_lease, c.attempt, c.lane_seq,
            r.kind, r.queue, r.priority, r.shard, r.args, r.metadata, r.tags, r.errors, r.max_attempts, r.created_at, r.run_at,
-           r.unique_key, r.unique_states, -- 0018: the outcome's progress first
+           r.unique_key, r.unique_states, -- 0019: the outcome's progress first
            coalesce(i.progress, a.progress, r.progress) AS progress, a.found AS has_state,
            CASE i.outcome
              WHEN 'complete' THEN 'completed'
