@@ -12,13 +12,14 @@
 --   from before the attempt (ready.progress), as before.
 --   Locks, guards and writes: 0016's, unchanged (per-attempt advisory locks in (job_id,
 --   run_lease) order, applied only while the attempt is open, one closure per applied attempt).
---   The function is 0016's text with the three lines marked "0019"; its SET options are kept.
+--   The function is 0016's text with the three lines marked "0019"; its SET options are kept,
+--   with 0018's jit = off (a CREATE OR REPLACE replaces the SET clauses too).
 -- claim(...): also returns the job's progress (the ready row's, written by the previous attempt's
 --   finalize, a rescue, or carried from deferred by promotion), so the handler can resume from it
 --   without another read. The value is read from the row the pick already holds: no extra
 --   lookup. A new result column changes the function's type, so it is dropped and created again
---   with 0016's text and settings plus the lines marked "0019" (callers select columns by name:
---   an older worker reading this result ignores the new column).
+--   with 0016's text and settings, 0018's jit = off, plus the lines marked "0019" (callers
+--   select columns by name: an older worker reading this result ignores the new column).
 --   Locks, guards and writes: 0016's, unchanged.
 
 DROP FUNCTION :AWA_SCHEMA.claim(text, int, bigint, bigint);
@@ -29,7 +30,7 @@ RETURNS TABLE (job_id bigint, run_lease bigint, attempt int, max_attempts int, k
                run_at timestamptz, created_at timestamptz, claimed_at timestamptz, deadline_at timestamptz,
                progress jsonb) -- 0019
 LANGUAGE plpgsql
-SET search_path = :AWA_SCHEMA, pg_catalog SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$
+SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$
 #variable_conflict use_column
 DECLARE
   v_now timestamptz := now();
@@ -191,7 +192,7 @@ REVOKE EXECUTE ON FUNCTION :AWA_SCHEMA.claim(text, int, bigint, bigint) FROM PUB
 CREATE OR REPLACE FUNCTION :AWA_SCHEMA.finalize(p_items jsonb)
 RETURNS TABLE (ord int, applied boolean, state text)
 LANGUAGE plpgsql
-SET search_path = :AWA_SCHEMA, pg_catalog SET plan_cache_mode = force_generic_plan SET enable_seqscan = off
+SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off SET plan_cache_mode = force_generic_plan SET enable_seqscan = off
 SET enable_nestloop = off AS $$
 #variable_conflict use_column
 DECLARE
