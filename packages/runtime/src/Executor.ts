@@ -12,6 +12,12 @@
  * - Interruption by shutdown submits a retry (`interrupted: worker shutting down`).
  * - The worker's capacity is released before waiting for the durable acknowledgement; the
  *   attempt leaves the running registry (heartbeats) only after it.
+ * - An attempt's progress (capability 14) is submitted with its outcome and written in the same
+ *   statement, so a checkpoint set just before a failure reaches the next attempt
+ *   (`ctx.job.progress`); heartbeats and `ctx.flushProgress` write it earlier.
+ * - Held attempts reach the heartbeats (possibly another thread) in one call per claim batch,
+ *   before the first of them starts: a handler blocking the event loop from its first line is
+ *   already covered.
  */
 import { Backoff, Job, ProgressTooLarge, Traceparent, ValidationError } from "@awa/core"
 import type { ClaimedJob, Heartbeats, Outcome } from "@awa/storage"

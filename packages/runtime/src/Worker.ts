@@ -508,7 +508,11 @@ export const make = Effect.fnUntraced(function* <R>(options: WorkerOptions<R>) {
     Effect.forkScoped
   )
 
-  // Event-loop stalls starve every fiber, heartbeats included: measure and warn.
+  const stallEffect =
+    heartbeats.mode === "thread"
+      ? "claims and completions were delayed (heartbeats continued on their thread)"
+      : "heartbeats and claims were delayed"
+  // Event-loop stalls starve every fiber (heartbeats too when they run on the loop): measure and warn.
   const delay = monitorEventLoopDelay({ resolution: 20 })
   delay.enable()
   yield* Effect.addFinalizer(() => Effect.sync(() => delay.disable()))
@@ -519,9 +523,7 @@ export const make = Effect.fnUntraced(function* <R>(options: WorkerOptions<R>) {
   }).pipe(
     Effect.flatMap((maxMs) =>
       maxMs >= config.stallWarningMs
-        ? Effect.logWarning(
-            `event loop stalled for ${Math.round(maxMs)} ms; heartbeats and claims were delayed`
-          )
+        ? Effect.logWarning(`event loop stalled for ${Math.round(maxMs)} ms; ${stallEffect}`)
         : Effect.void
     ),
     Effect.repeat(Schedule.spaced(Math.max(config.stallWarningMs, 1000))),
