@@ -210,6 +210,51 @@ describe("progress on the simulation layer", () => {
     }).pipe(Effect.provide(Awa.layerSim()))
   )
 
+  it.effect("heartbeats carry progress only when it changed since its last write", () =>
+    Effect.gen(function* () {
+      const carried: Array<unknown> = []
+      // the worker's storage, recording the progress each heartbeat carries
+      const Recording = Layer.effect(
+        QueueStorage,
+        Effect.map(QueueStorage, (s) =>
+          QueueStorage.of({
+            ...s,
+            heartbeatMany: (items) => {
+              for (const item of items) if (item.progress !== undefined) carried.push(item.progress)
+              return s.heartbeatMany(items)
+            }
+          })
+        )
+      )
+      const Long = Job.define({ kind: "progress_long", args: Schema.Struct({}), queue: "progress" })
+      const scope = yield* Scope.make()
+      yield* Layer.buildWithScope(
+        Awa.worker({
+          queues: { progress: { pollInterval: "50 millis", deadline: 0 } },
+          handlers: [
+            handler(Long, (_args, ctx) =>
+              Effect.gen(function* () {
+                yield* ctx.setProgress(10)
+                yield* Effect.sleep("10 seconds") // ten heartbeats
+                yield* ctx.setProgress(20)
+                yield* Effect.sleep("10 seconds")
+              })
+            )
+          ],
+          heartbeatInterval: "1 second",
+          maintenance: simMaintenance
+        }).pipe(Layer.provide(Recording)),
+        scope
+      )
+      const client = yield* AwaClient
+      const job = yield* client.insert(Long, {})
+      yield* advance(25_000, 100)
+      yield* Scope.close(scope, Exit.void)
+      assert.deepStrictEqual(carried, [{ percent: 10 }, { percent: 20 }])
+      assert.deepStrictEqual((yield* client.storage.getJob(job.id)).state, "completed")
+    }).pipe(Effect.provide(Awa.layerSim()))
+  )
+
   it.effect("maxProgressBytes outside 1 KiB – 1 MiB is a configuration error", () =>
     Effect.gen(function* () {
       for (const maxProgressBytes of [1023, 1_048_577, 2.5]) {
