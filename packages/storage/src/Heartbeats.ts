@@ -183,7 +183,7 @@ export const layerThread = (options: { readonly schema?: string | undefined } = 
               yield* Effect.logWarning(`heartbeats run on the event loop: ${connection}`)
               return yield* Effect.provideService(makeLoop(o), QueueStorage, storage)
             }
-            return yield* startThread(o, connection, schema)
+            return yield* startThread(o, connection, schema, storage)
           })
       })
     })
@@ -192,8 +192,9 @@ export const layerThread = (options: { readonly schema?: string | undefined } = 
 const startThread = (
   options: HeartbeatOptions,
   connection: ThreadConnection,
-  schema: string
-): Effect.Effect<HeartbeatSession, SqlError, Scope.Scope> =>
+  schema: string,
+  storage: QueueStorage["Service"]
+): Effect.Effect<HeartbeatSession, never, Scope.Scope> =>
   Effect.gen(function* () {
     const tickBuffer = new SharedArrayBuffer(8)
     const tick = new BigInt64Array(tickBuffer)
@@ -284,30 +285,52 @@ const startThread = (
     }
 
     let current: ReturnType<typeof spawn> | undefined
-    const first = yield* Deferred.make<void, SqlError>()
-    // Supervisor: a thread that dies after it was ready is replaced (after 1 s), and told again
-    // which attempts this process holds. Failing before the first was ready fails `start`.
+    // Supervisor: starts the thread, and replaces one that dies (after 1 s), telling it again
+    // which attempts this process holds. The worker does not wait for it: until a thread is
+    // ready (its start loads Effect again in its own isolate, seconds on a loaded machine),
+    // `bridge` heartbeats on the event loop.
     const supervise = Effect.gen(function* () {
       while (!stopping) {
         const spawned = spawn()
         current = spawned
         const started = yield* Effect.exit(Deferred.await(spawned.ready))
         if (started._tag === "Failure") {
-          if (!(yield* Deferred.isDone(first))) return yield* Deferred.failCause(first, started.cause)
-          yield* Effect.logWarning("heartbeat thread could not restart", started.cause)
+          yield* Effect.logWarning(
+            "heartbeat thread could not start; heartbeats stay on the event loop",
+            started.cause
+          )
         } else {
           thread = spawned.worker
           postTrack(held.values())
-          yield* Deferred.succeed(first, undefined)
         }
         const code = yield* Deferred.await(spawned.exited)
         thread = undefined
         if (stopping) return
-        yield* Effect.logWarning(`heartbeat thread exited (code ${code}); restarting it in 1 s`)
+        if (started._tag === "Success")
+          yield* Effect.logWarning(`heartbeat thread exited (code ${code}); restarting it in 1 s`)
         yield* Effect.sleep(1000)
       }
     })
     yield* Effect.forkScoped(supervise)
+    // While no thread is ready: the held attempts' heartbeats on the event loop (no progress:
+    // finalization and flushes still write it).
+    const bridge = Effect.gen(function* () {
+      if (thread !== undefined) return
+      const now = Date.now()
+      const due: Array<AttemptToken> = []
+      for (const a of held.values())
+        if (now - a.heldAt >= options.intervalMs / 2) due.push({ jobId: a.jobId, runLease: a.runLease })
+      for (let i = 0; i < due.length; i += 500) {
+        const notOpen = yield* storage.heartbeatMany(due.slice(i, i + 500))
+        yield* Queue.offerAll(closed, notOpen)
+      }
+    })
+    yield* bridge.pipe(
+      Effect.catchCause((cause) => Effect.logWarning("heartbeat failed", cause)),
+      Effect.repeat(Schedule.spaced(options.intervalMs)),
+      Effect.annotateLogs({ module: "Heartbeats", fiber: "bridge" }),
+      Effect.forkScoped
+    )
     yield* Stream.fromQueue(warnings).pipe(
       Stream.runForEach((message) => Effect.logWarning(message)),
       Effect.forkScoped
@@ -324,8 +347,6 @@ const startThread = (
         if (exited._tag === "None") yield* Effect.promise(() => spawned.worker.terminate())
       })
     )
-    yield* Deferred.await(first)
-
     return {
       mode: "thread",
       track: (attempts) => {
@@ -345,7 +366,12 @@ const startThread = (
       flush: (token, progress, generation) =>
         Effect.callback<void, SqlError>((resume) => {
           if (thread === undefined) {
-            resume(Effect.fail(sqlError("heartbeat thread is restarting")))
+            // no thread yet (or restarting): write it from here
+            resume(
+              Effect.asVoid(
+                storage.heartbeatMany([{ jobId: token.jobId, runLease: token.runLease, progress }])
+              )
+            )
             return
           }
           const id = nextFlush++

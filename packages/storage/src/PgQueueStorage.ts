@@ -211,7 +211,7 @@ const outcomeJson = (item: FinalizeItem): string => {
   const o = item.outcome
   // progress rides with the outcome (migration 0019); completion clears it, so it is not sent
   const base =
-    item.progress === undefined || o._tag === "Complete"
+    item.progress == null || o._tag === "Complete"
       ? `"job_id":${item.jobId},"run_lease":${item.runLease}`
       : `"job_id":${item.jobId},"run_lease":${item.runLease},"progress":${JSON.stringify(item.progress)}`
   switch (o._tag) {
@@ -556,7 +556,7 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
       if (items.length === 0) return []
       const json = items.map(
         (i) =>
-          `{"job_id":${i.jobId},"run_lease":${i.runLease}${i.progress === undefined ? "" : `,"progress":${JSON.stringify(i.progress)}`}}`
+          `{"job_id":${i.jobId},"run_lease":${i.runLease}${i.progress == null ? "" : `,"progress":${JSON.stringify(i.progress)}`}}`
       )
       const rows = yield* sql<{ job_id: bigint; run_lease: bigint }>`
         SELECT * FROM ${s}.heartbeat(${`[${json.join(",")}]`}::jsonb)`

@@ -92,9 +92,10 @@ export interface FinalizeItem extends AttemptToken {
   readonly outcome: Outcome
   /**
    * The attempt's progress (a JSON object), written in the same statement as the outcome: kept
-   * by retry, snooze, fail and cancel, cleared by completion. Unset keeps what a heartbeat wrote.
+   * by retry, snooze, fail and cancel, cleared by completion. Unset (or `null`, as a spread
+   * `ClaimedJob` without progress has) keeps what a heartbeat wrote.
    */
-  readonly progress?: Readonly<Record<string, unknown>> | undefined
+  readonly progress?: Readonly<Record<string, unknown>> | null | undefined
 }
 
 export type FinalizeResult =
@@ -102,8 +103,8 @@ export type FinalizeResult =
   | { readonly _tag: "Stale" }
 
 export interface HeartbeatItem extends AttemptToken {
-  /** Replaces the attempt's progress snapshot when given (a JSON object). */
-  readonly progress?: Readonly<Record<string, unknown>> | undefined
+  /** Replaces the attempt's progress snapshot when given (a JSON object; `null` = not given). */
+  readonly progress?: Readonly<Record<string, unknown>> | null | undefined
 }
 
 export interface RescueParams {

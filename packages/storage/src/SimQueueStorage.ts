@@ -567,7 +567,7 @@ export const make: Effect.Effect<QueueStorage["Service"]> = Effect.gen(function*
         const job = openAttempt(item)
         if (job === undefined) return { _tag: "Stale" }
         // written with the outcome, as Postgres does (completion clears it)
-        if (item.progress !== undefined) job.progressJson = JSON.stringify(item.progress)
+        if (item.progress != null) job.progressJson = JSON.stringify(item.progress)
         return { _tag: "Applied", state: applyOutcome(job, item.outcome, now) }
       })
     )
@@ -584,7 +584,7 @@ export const make: Effect.Effect<QueueStorage["Service"]> = Effect.gen(function*
           continue
         }
         job.heartbeatAt = now
-        if (item.progress !== undefined) job.progressJson = JSON.stringify(item.progress)
+        if (item.progress != null) job.progressJson = JSON.stringify(item.progress)
       }
       return notOpen as ReadonlyArray<AttemptToken>
     })

@@ -34,7 +34,7 @@ export const isProgressObject = (progress: unknown): boolean =>
 
 /**
  * Delays of retry and snooze outcomes must be whole milliseconds, 0 – 30 days; progress, when
- * given, an object.
+ * given (not `undefined` or `null`), an object.
  */
 export const checkFinalizeItems = (
   items: ReadonlyArray<FinalizeItem>
@@ -42,7 +42,7 @@ export const checkFinalizeItems = (
   Effect.forEach(
     items,
     (item, i) => {
-      if (item.progress !== undefined && !isProgressObject(item.progress))
+      if (item.progress != null && !isProgressObject(item.progress))
         return Effect.fail(
           new ValidationError({ field: `items[${i}].progress`, reason: "must be a JSON object" })
         )

@@ -85,7 +85,7 @@ const scenarios = (it: Vitest.MethodsNonLive<QueueStorage>, advance: (ms: number
       ])
       assert.deepStrictEqual(stale, { _tag: "Stale" })
       assert.deepStrictEqual((yield* storage.getJob(claimed.jobId)).progress, { kept: true })
-      for (const bad of [[1], null, "text"]) {
+      for (const bad of [[1], "text", 3]) {
         const error = yield* Effect.flip(
           storage.finalizeMany([
             {
