@@ -10,6 +10,7 @@ import { TestDatabase } from "@awa/testing"
 import { PgClient } from "@effect/sql-pg"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect, Exit, Layer, Redacted, Schema, Scope } from "effect"
+import { SqlClient } from "effect/sql"
 import * as Awa from "../src/Awa.ts"
 import { AwaClient } from "../src/AwaClient.ts"
 import { handler } from "../src/Handler.ts"
@@ -78,6 +79,21 @@ const crunchOnce = (watchdog: WorkerOptions<never>["watchdog"]) =>
     )
     const view = yield* Effect.gen(function* () {
       const client = yield* AwaClient
+      // The worker does not wait for its heartbeat thread (which loads Effect again: seconds on a
+      // loaded machine); a job blocking the loop before the thread is up is not covered. Wait
+      // for the thread's connection, unless heartbeats run on the loop.
+      if (watchdog?.thread !== false) {
+        const sql = yield* SqlClient.SqlClient
+        yield* eventually(
+          Effect.map(
+            sql<{ n: number }>`SELECT count(*)::int AS n FROM pg_stat_activity
+                               WHERE datname = current_database() AND application_name = 'awa heartbeat'`,
+            (rows) => rows[0]!.n === 1
+          ),
+          60_000,
+          "the heartbeat thread connected"
+        )
+      }
       const job = yield* client.insert(Crunch, { ms: blockMs }, { maxAttempts: 3 })
       // attempt 1 finishes its block, or is rescued during it and runs again (promoted by hand:
       // this test has no leader besides the rescuer)

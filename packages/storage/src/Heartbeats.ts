@@ -213,12 +213,17 @@ const startThread = (
     const warnings = yield* Queue.unbounded<string>()
     const flushWaiters = new Map<number, (error: string | undefined) => void>()
     let nextFlush = 0
+    /** The thread once it is ready (connected); `current` is the latest spawned, ready or not. */
     let thread: NodeWorker | undefined
+    let current: { readonly worker: NodeWorker; readonly exited: Deferred.Deferred<number> } | undefined
     let stopping = false
     let pendingUntrack: Array<string> = []
     const pendingProgress = new Map<string, readonly [string, Readonly<Record<string, unknown>>, number]>()
 
-    const post = (message: ToThread) => thread?.postMessage(message)
+    // To the current thread, ready or not: a thread queues what arrives before it listens, so
+    // the attempts held meanwhile are covered from the moment it is up, even if the main loop is
+    // blocked by then and never sees its `ready`.
+    const post = (message: ToThread) => current?.worker.postMessage(message)
     const postTrack = (attempts: Iterable<HeartbeatCore.TrackedAttempt>) => {
       const a: Array<readonly [bigint, bigint, number]> = []
       for (const t of attempts) a.push([t.jobId, t.runLease, t.heldAt])
@@ -284,7 +289,6 @@ const startThread = (
       return { worker, ready, exited }
     }
 
-    let current: ReturnType<typeof spawn> | undefined
     // Supervisor: starts the thread, and replaces one that dies (after 1 s), telling it again
     // which attempts this process holds. The worker does not wait for it: until a thread is
     // ready (its start loads Effect again in its own isolate, seconds on a loaded machine),
@@ -293,6 +297,7 @@ const startThread = (
       while (!stopping) {
         const spawned = spawn()
         current = spawned
+        postTrack(held.values())
         const started = yield* Effect.exit(Deferred.await(spawned.ready))
         if (started._tag === "Failure") {
           yield* Effect.logWarning(
@@ -301,7 +306,6 @@ const startThread = (
           )
         } else {
           thread = spawned.worker
-          postTrack(held.values())
         }
         const code = yield* Deferred.await(spawned.exited)
         thread = undefined
@@ -366,7 +370,11 @@ const startThread = (
       flush: (token, progress, generation) =>
         Effect.callback<void, SqlError>((resume) => {
           if (thread === undefined) {
-            // no thread yet (or restarting): write it from here
+            // no thread ready yet (or restarting): write it from here, and tell the thread, so it
+            // never writes an older value after this one
+            const key = keyOf(token)
+            pendingProgress.delete(key)
+            post({ t: "progress", p: [[key, progress, generation]] })
             resume(
               Effect.asVoid(
                 storage.heartbeatMany([{ jobId: token.jobId, runLease: token.runLease, progress }])
