@@ -92,6 +92,12 @@ const clientLayer = (c: ThreadConnection) =>
     maxConnections: 1
   })
 
+/** About 2 s of quick retries while the connection is being replaced. */
+const retryLostConnection = Schedule.min([
+  Schedule.exponential("20 millis"),
+  Schedule.spaced("500 millis")
+]).pipe(Schedule.upTo({ times: 8 }))
+
 const firstLine = (cause: Cause.Cause<unknown>) => Cause.pretty(cause).split("\n")[0] ?? "unknown error"
 
 const run = (port: NonNullable<typeof parentPort>, data: ThreadData) => {
@@ -149,7 +155,9 @@ const run = (port: NonNullable<typeof parentPort>, data: ThreadData) => {
         return
       }
       stalled = false
-      const closed = yield* core.beat
+      // a lost connection (terminated backend, restart) is replaced by the pool: try again soon
+      // rather than a whole interval later, which may already be past the staleness
+      const closed = yield* core.beat.pipe(Effect.retry(retryLostConnection))
       if (closed.length > 0) send({ t: "closed", tokens: closed.map((c) => [c.jobId, c.runLease] as const) })
     })
     yield* round.pipe(
