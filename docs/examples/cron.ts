@@ -3,8 +3,7 @@
  * docs/cron.md and run by packages/runtime/test/Cron.sim.test.ts (inside `it.effect`, which
  * provides `TestClock`).
  */
-import { Job } from "@awa/core"
-import { Awa, AwaClient, Cron, Handler } from "@awa/runtime"
+import { Awa, AwaClient, Cron, Handler, Job } from "@awa/effect"
 import { Effect, Layer, Schema } from "effect"
 import { TestClock } from "effect/testing"
 

@@ -2,8 +2,7 @@
  * Quick start without Effect: the Promise facade. Used by docs/guide.md and run by
  * test/docs-examples.test.ts.
  */
-import { Job } from "@awa/core"
-import { PromiseClient } from "@awa/runtime"
+import { Job, PromiseClient } from "@awa/effect"
 import { Schema } from "effect"
 
 export const main = async (databaseUrl: string) => {

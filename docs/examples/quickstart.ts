@@ -2,8 +2,7 @@
  * Quick start (Effect): declare a job, enqueue it inside your own transaction, run a worker.
  * Used by docs/guide.md and run by test/docs-examples.test.ts.
  */
-import { Job } from "@awa/core"
-import { Awa, AwaClient, Handler } from "@awa/runtime"
+import { Awa, AwaClient, Handler, Job } from "@awa/effect"
 import { Effect, Layer, Schedule, Schema } from "effect"
 import { SqlClient } from "effect/sql"
 

@@ -3,8 +3,7 @@
  * docs/guide.md and run by test/docs-examples.test.ts (inside `it.effect`, which provides
  * `TestClock`).
  */
-import { Job } from "@awa/core"
-import { Awa, AwaClient, Handler } from "@awa/runtime"
+import { Awa, AwaClient, Handler, Job } from "@awa/effect"
 import { Effect, Layer, Schema } from "effect"
 import { TestClock } from "effect/testing"
 

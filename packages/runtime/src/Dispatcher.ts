@@ -3,6 +3,15 @@
  * executor as capacity frees up. It sleeps until a wake-up (LISTEN/NOTIFY), freed capacity, or
  * the poll interval.
  *
+ * **Idle polling** While the worker's listener is subscribed, every enqueue, promotion, retry and
+ * resume of this queue rings the doorbell, so the poll is only a fallback for a lost wake-up: each
+ * claim that finds nothing doubles the wait, from `pollIntervalMs` up to `idlePollMaxMs`, with
+ * ±20 % jitter so a thousand idle queues do not poll in step. A claim that finds work, or a
+ * wake-up, resets it. Without a listener (notifications off, or lost until it re-subscribes, when
+ * every dispatcher is woken) the wait stays at `pollIntervalMs`. So a job is picked up at once on
+ * a wake-up, and within `idlePollMaxMs × 1.2` (plus one claim) if its wake-up is lost
+ * (docs/adr/0016-dlq-retry-unique-masks-idle-dispatch.md).
+ *
  * **Claiming ahead** A claim round trip costs about as much for 500 jobs as for 50, so claiming
  * only the free capacity caps a busy queue at `maxConcurrency` jobs per round trip, and leaves the
  * handlers idle while each claim is in flight. The dispatcher therefore claims up to `prefetch`
@@ -18,7 +27,7 @@
  * jobs still waiting are given back (snoozed with no delay) instead of starting.
  */
 import { QueueStorage } from "@awa/storage"
-import { Clock, Effect, type FiberSet, Queue } from "effect"
+import { Clock, Effect, type FiberSet, Queue, Random } from "effect"
 import type { Executor, RunningAttempt } from "./Executor.ts"
 
 export interface DispatcherConfig {
@@ -27,6 +36,8 @@ export interface DispatcherConfig {
   /** Most claimed jobs waiting here for capacity; 0 = claim only free capacity. */
   readonly prefetch: number
   readonly pollIntervalMs: number
+  /** Longest idle poll interval while wake-ups are being received (≥ `pollIntervalMs`). */
+  readonly idlePollMaxMs: number
   readonly deadlineMs: number
   readonly agingIntervalMs: number
 }
@@ -47,10 +58,21 @@ export interface Dispatcher<R> {
   readonly stop: Effect.Effect<void>
 }
 
+/** Whether wake-ups are being received now (the worker's listener is subscribed). */
+export interface WakeSource {
+  readonly listening: () => boolean
+}
+
+const alwaysPoll: WakeSource = { listening: () => false }
+
+/** Jitter of the idle poll: the wait is scaled by a factor in [1 − j, 1 + j). */
+const idleJitter = 0.2
+
 export const make = Effect.fnUntraced(function* <R>(
   config: DispatcherConfig,
   fibers: FiberSet.FiberSet<unknown, unknown>,
-  executor: Executor<R>
+  executor: Executor<R>,
+  wakes: WakeSource = alwaysPoll
 ) {
   const storage = yield* QueueStorage
   // Plain mutable state: every reader and writer runs on the JS thread between fiber yields, and
@@ -119,7 +141,28 @@ export const make = Effect.fnUntraced(function* <R>(
     return Effect.all(starts, { discard: true })
   })
 
-  const waitForWork = Queue.take(wakeBell).pipe(Effect.timeoutOption(config.pollIntervalMs), Effect.asVoid)
+  // Consecutive claims that found nothing; the idle poll doubles with each while listening.
+  let idleClaims = 0
+
+  const pollWaitMs = Effect.suspend(() => {
+    if (idleClaims === 0 || !wakes.listening()) return Effect.succeed(config.pollIntervalMs)
+    const backedOff = Math.min(config.idlePollMaxMs, config.pollIntervalMs * 2 ** Math.min(idleClaims, 30))
+    return Effect.map(Random.next, (r) =>
+      Math.max(1, Math.round(backedOff * (1 - idleJitter + 2 * idleJitter * r)))
+    )
+  })
+
+  const waitForWork = Effect.flatMap(pollWaitMs, (ms) =>
+    Queue.take(wakeBell).pipe(
+      Effect.timeoutOption(ms),
+      // a wake-up says work may be there: the next empty claim starts the backoff again
+      Effect.flatMap((woken) =>
+        Effect.sync(() => {
+          if (woken._tag === "Some") idleClaims = 0
+        })
+      )
+    )
+  )
 
   // Claiming a handful of jobs costs a round trip as much as a full batch: with little room,
   // wait briefly for more to free up (or for the linger to pass) so claims come in batches.
@@ -173,6 +216,7 @@ export const make = Effect.fnUntraced(function* <R>(
         )
       )
     yield* startBuffered
+    idleClaims = claimed === 0 ? idleClaims + 1 : 0
     // A full batch means more may be waiting: claim again at once.
     if (claimed < want) yield* waitForWork
   })

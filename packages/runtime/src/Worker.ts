@@ -39,6 +39,13 @@ export interface QueueOptions {
   readonly prefetch?: number | undefined
   /** Claim at least this often without a wake-up. Default 200 ms (10 ms – 1 min). */
   readonly pollInterval?: Duration.Input | undefined
+  /**
+   * While the worker receives wake-ups (LISTEN/NOTIFY), an idle queue's poll interval doubles
+   * from `pollInterval` up to this, with ±20 % jitter: the poll only covers a lost wake-up, and a
+   * thousand idle queues cost a few claims a second instead of thousands. A job whose wake-up
+   * was lost is picked up within 1.2 × this. Default 30 s (`pollInterval` – 10 min).
+   */
+  readonly idlePollMax?: Duration.Input | undefined
   /** Hard deadline per attempt; 0 = none. Default 5 min (0, or 10 ms – 7 days). */
   readonly deadline?: Duration.Input | undefined
   /** One priority level gained per interval waited; 0 disables. Default 60 s. */
@@ -218,11 +225,23 @@ export const resolveConfig = <R>(options: WorkerOptions<R>) =>
     for (const [queue, q] of Object.entries(options.queues)) {
       const name = yield* Effect.result(checkQueueName(queue))
       if (name._tag === "Failure") issues.push({ path: `queues.${queue}`, reason: name.failure.reason })
+      const pollIntervalMs = durationMs(
+        issues,
+        `queues.${queue}.pollInterval`,
+        q.pollInterval,
+        200,
+        10,
+        60_000
+      )
       queues.push({
         queue,
         maxConcurrency: integer(issues, `queues.${queue}.maxConcurrency`, q.maxConcurrency, 10, 1, 10_000),
         prefetch: integer(issues, `queues.${queue}.prefetch`, q.prefetch, 512, 0, 10_000),
-        pollIntervalMs: durationMs(issues, `queues.${queue}.pollInterval`, q.pollInterval, 200, 10, 60_000),
+        pollIntervalMs,
+        idlePollMaxMs: Math.max(
+          pollIntervalMs,
+          durationMs(issues, `queues.${queue}.idlePollMax`, q.idlePollMax, 30_000, 10, 600_000)
+        ),
         deadlineMs: durationMs(issues, `queues.${queue}.deadline`, q.deadline, 300_000, 10, 7 * day, true),
         agingIntervalMs: durationMs(
           issues,
@@ -476,8 +495,11 @@ export const make = Effect.fnUntraced(function* <R>(options: WorkerOptions<R>) {
   })
   yield* Effect.forkScoped(executor.deadlines)
   const dispatchers = new Map<string, Dispatcher.Dispatcher<R>>()
+  // Set while the listener is subscribed: dispatchers then let idle polls back off.
+  let listening = false
+  const wakes: Dispatcher.WakeSource = { listening: () => listening }
   for (const queue of config.queues) {
-    const dispatcher = yield* Dispatcher.make(queue, fibers, executor)
+    const dispatcher = yield* Dispatcher.make(queue, fibers, executor, wakes)
     dispatchers.set(queue.queue, dispatcher)
     // Registered before the loop is forked, so it runs after the loop is interrupted.
     yield* Effect.addFinalizer(() => dispatcher.stop)
@@ -492,8 +514,12 @@ export const make = Effect.fnUntraced(function* <R>(options: WorkerOptions<R>) {
         : signal._tag === "Cancel"
           ? executor.interrupt(signal.token.jobId, signal.token.runLease)
           : // (re)subscribed: wake-ups sent while nobody listened were lost, so look now
-            Effect.forEach(dispatchers.values(), (d) => d.wake, { discard: true })
+            Effect.suspend(() => {
+              listening = true
+              return Effect.forEach(dispatchers.values(), (d) => d.wake, { discard: true })
+            })
     ),
+    Effect.ensuring(Effect.sync(() => (listening = false))),
     Effect.catchCause((cause) => Effect.logWarning("notification listener lost; re-subscribing", cause)),
     Effect.andThen(Effect.sleep(1000)),
     Effect.forever,

@@ -6,15 +6,17 @@
  * succeed, one applies and the other, once the lock is free, finds nothing to do. A schema newer
  * than this code fails with `SchemaTooNew` before anything is written.
  *
- * **Details** Migration files live in `packages/sql/migrations/NNNN_name.sql` as reviewed text.
+ * **Details** Migration files live in `packages/sql/migrations/NNNN_name.sql` as reviewed text;
+ * they ship as code, in `migrations.generated.ts` (`npm run gen:migrations` writes it, a test
+ * checks it matches), so nothing here reads the file system and bundles carry the migrations.
  * `:AWA_SCHEMA` stands for the (validated, unquoted) schema name; a first-line marker
  * `--! breaking` flags migrations older code cannot run against (read by the N-1 fence later).
  * Ring sizes are fixed at install by the migration text, so no DDL ever runs at run time.
  */
-import { readdirSync, readFileSync } from "node:fs"
 import { AwaConfigError, SchemaNotMigrated, SchemaTooNew } from "@awa/core"
 import { Effect, Schedule } from "effect"
 import { SqlClient, type SqlError } from "effect/sql"
+import { migrationFiles } from "./migrations.generated.ts"
 import { isValidSchemaName, splitStatements } from "./SqlText.ts"
 
 export interface Migration {
@@ -38,19 +40,19 @@ export interface SchemaOptions {
 
 export const defaultSchema = "awa"
 
-const migrationsDir = new URL("../migrations/", import.meta.url)
+// The generator only writes files named like this (and rejects duplicate versions).
 const fileName = /^(\d{4})_([a-z0-9_]+)\.sql$/
 
-/** Reads the migration files shipped with this package, in version order. */
-export const loadMigrations = (): ReadonlyArray<Migration> =>
-  readdirSync(migrationsDir)
-    .flatMap((file) => {
-      const match = fileName.exec(file)
-      if (match === null) return []
-      const text = readFileSync(new URL(file, migrationsDir), "utf8")
-      return [{ version: Number(match[1]), name: match[2]!, breaking: text.startsWith("--! breaking"), text }]
-    })
-    .sort((a, b) => a.version - b.version)
+const migrations: ReadonlyArray<Migration> = migrationFiles
+  .flatMap(({ file, text }) => {
+    const match = fileName.exec(file)
+    if (match === null) return []
+    return [{ version: Number(match[1]), name: match[2]!, breaking: text.startsWith("--! breaking"), text }]
+  })
+  .sort((a, b) => a.version - b.version)
+
+/** The migrations shipped with this package (compiled in, no I/O), in version order. */
+export const loadMigrations = (): ReadonlyArray<Migration> => migrations
 
 /** The newest schema version this code knows. */
 export const latestVersion = (): number => loadMigrations().at(-1)?.version ?? 0

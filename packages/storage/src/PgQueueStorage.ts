@@ -67,6 +67,7 @@ import {
   rotateMaxAgeMsRange,
   rotateMinRowsRange
 } from "./StorageChecks.ts"
+import { wakeChannel } from "./StorageSignals.ts"
 
 export interface PgQueueStorageOptions {
   /** Schema Awa is installed in. Default `"awa"`. */
@@ -209,7 +210,7 @@ const mapUniqueConflict = <A, E, R>(
 
 const outcomeJson = (item: FinalizeItem): string => {
   const o = item.outcome
-  // progress rides with the outcome (migration 0019); completion clears it, so it is not sent
+  // progress rides with the outcome (migration 0021); completion clears it, so it is not sent
   const base =
     item.progress == null || o._tag === "Complete"
       ? `"job_id":${item.jobId},"run_lease":${item.runLease}`
@@ -708,6 +709,9 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
       yield* sql`
         INSERT INTO ${s}.queue_meta (queue, paused) VALUES (${queue}, ${paused})
         ON CONFLICT (queue) DO UPDATE SET paused = excluded.paused, updated_at = now()`
+      // a resumed queue's jobs sent their wake-ups while it was paused: wake its workers now, since
+      // idle dispatchers that listen poll rarely (delivered on commit)
+      if (!paused) yield* sql`SELECT pg_notify(${wakeChannel(schema)}, ${queue})`
     })
 
   const status = Effect.map(

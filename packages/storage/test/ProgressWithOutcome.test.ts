@@ -1,5 +1,5 @@
 /**
- * Progress written with the outcome (migration 0019) and handed back by the next claim, on both
+ * Progress written with the outcome (migration 0021) and handed back by the next claim, on both
  * storage layers with the same assertions.
  */
 import { randomUUID } from "node:crypto"

@@ -1,4 +1,4 @@
--- 0019: progress travels with the outcome, and back out with the next claim (capability 14).
+-- 0021: progress travels with the outcome, and back out with the next claim (capability 14).
 --
 -- Before, a handler's checkpoint reached the database only with a heartbeat, and heartbeats
 -- cover attempts older than half an interval (15 s by default): a checkpoint set after the last
@@ -12,13 +12,13 @@
 --   from before the attempt (ready.progress), as before.
 --   Locks, guards and writes: 0016's, unchanged (per-attempt advisory locks in (job_id,
 --   run_lease) order, applied only while the attempt is open, one closure per applied attempt).
---   The function is 0016's text with the three lines marked "0019"; its SET options are kept,
+--   The function is 0019's text (dlq_retry_once) with the three lines marked "0021"; its SET options are kept,
 --   with 0018's jit = off (a CREATE OR REPLACE replaces the SET clauses too).
 -- claim(...): also returns the job's progress (the ready row's, written by the previous attempt's
 --   finalize, a rescue, or carried from deferred by promotion), so the handler can resume from it
 --   without another read. The value is read from the row the pick already holds: no extra
 --   lookup. A new result column changes the function's type, so it is dropped and created again
---   with 0016's text and settings, 0018's jit = off, plus the lines marked "0019" (callers
+--   with 0020's text (unique masks) and settings, plus the lines marked "0021" (callers
 --   select columns by name: an older worker reading this result ignores the new column).
 --   Locks, guards and writes: 0016's, unchanged.
 
@@ -28,9 +28,10 @@ CREATE FUNCTION :AWA_SCHEMA.claim(p_queue text, p_max int, p_deadline_ms bigint,
 RETURNS TABLE (job_id bigint, run_lease bigint, attempt int, max_attempts int, kind text, queue text,
                priority smallint, args jsonb, metadata jsonb, tags text[], errors jsonb,
                run_at timestamptz, created_at timestamptz, claimed_at timestamptz, deadline_at timestamptz,
-               progress jsonb) -- 0019
+               progress jsonb) -- 0021
 LANGUAGE plpgsql
-SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$
+SET search_path = :AWA_SCHEMA, pg_catalog SET plan_cache_mode = force_generic_plan SET enable_seqscan = off
+SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
   v_now timestamptz := now();
@@ -143,7 +144,7 @@ BEGIN
       RETURN QUERY
       WITH picked AS MATERIALIZED (
         SELECT r.slot, r.generation, r.job_id, r.kind, r.queue, r.priority, r.shard, r.lane_seq, r.args, r.metadata,
-               r.tags, r.errors, r.attempt, r.run_lease, r.max_attempts, r.run_at, r.created_at, r.progress -- 0019
+               r.tags, r.errors, r.attempt, r.run_lease, r.max_attempts, r.run_at, r.created_at, r.progress, r.unique_key, r.unique_states -- 0021
         FROM ready r
         WHERE r.queue = p_queue AND r.priority = v_prios[v_k] AND r.shard = v_shards[v_k] AND r.lane_seq >= v_cursor
           -- two ranges of scalar parameters: what partition pruning can use at executor start-up
@@ -171,9 +172,16 @@ BEGIN
         SELECT p.slot, p.generation, p.job_id, p.run_lease + 1, p.attempt + 1, p.queue, p.priority, p.shard, p.lane_seq,
                v_now, v_deadline
         FROM picked p
+      ),
+      -- available -> running leaves a mask that holds 'available' but not 'running': the key goes
+      -- (capabilities.md §4). Default masks hold both: the filter finds nothing.
+      rel_unique AS (
+        DELETE FROM unique_claims u USING picked p
+        WHERE p.unique_key IS NOT NULL AND (p.unique_states & 6) = 2
+          AND u.unique_key = p.unique_key AND u.job_id = p.job_id
       )
       SELECT p.job_id, p.run_lease + 1, p.attempt + 1, p.max_attempts, p.kind, p.queue, p.priority, p.args, p.metadata,
-             p.tags, p.errors, p.run_at, p.created_at, v_now, v_deadline, p.progress -- 0019
+             p.tags, p.errors, p.run_at, p.created_at, v_now, v_deadline, p.progress /* 0021 */
       FROM picked p
       ORDER BY p.lane_seq;
       GET DIAGNOSTICS v_n = ROW_COUNT;
@@ -192,8 +200,8 @@ REVOKE EXECUTE ON FUNCTION :AWA_SCHEMA.claim(text, int, bigint, bigint) FROM PUB
 CREATE OR REPLACE FUNCTION :AWA_SCHEMA.finalize(p_items jsonb)
 RETURNS TABLE (ord int, applied boolean, state text)
 LANGUAGE plpgsql
-SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off SET plan_cache_mode = force_generic_plan SET enable_seqscan = off
-SET enable_nestloop = off AS $$
+SET search_path = :AWA_SCHEMA, pg_catalog SET plan_cache_mode = force_generic_plan SET enable_seqscan = off
+SET enable_nestloop = off SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
   v_now timestamptz := now();
@@ -215,10 +223,10 @@ BEGIN
   RETURN QUERY
   WITH items AS MATERIALIZED (
     SELECT x_e.o::int AS o, x.job_id, x.run_lease, x.outcome, coalesce(x.delay_ms, 0) AS delay_ms, x.message, x.reason,
-           x.progress -- 0019
+           x.stale_before, x.progress -- 0021
     FROM jsonb_array_elements(p_items) WITH ORDINALITY AS x_e(v, o),
          jsonb_to_record(x_e.v) AS x(job_id bigint, run_lease bigint, outcome text, delay_ms bigint, message text, reason text,
-                                     progress jsonb) -- 0019
+                                     stale_before timestamptz, progress jsonb) -- 0021
   ),
   batch_claims AS MATERIALIZED (
     SELECT c.slot, c.generation, c.job_id, c.run_lease, c.attempt, c.queue, c.priority, c.shard, c.lane_seq
@@ -237,17 +245,16 @@ BEGIN
   ),
   open AS (
     SELECT DISTINCT ON (i.job_id, i.run_lease)
-           i.o, i.outcome, i.delay_ms, i.message, i.reason, c.slot, c.generation, c.job_id, c.run_lease, c.attempt, c.lane_seq,
+           i.o, i.outcome AS outcome0, i.delay_ms, i.message AS message0, i.reason, c.slot, c.generation, c.job_id, c.run_lease, c.attempt, c.lane_seq,
            r.kind, r.queue, r.priority, r.shard, r.args, r.metadata, r.tags, r.errors, r.max_attempts, r.created_at, r.run_at,
-           r.unique_key, r.unique_states, -- 0019: the outcome's progress first
-           coalesce(i.progress, a.progress, r.progress) AS progress, a.found AS has_state,
+           r.unique_key, r.unique_states, /* 0021: the outcome's progress first */ coalesce(i.progress, a.progress, r.progress) AS progress, a.found AS has_state,
            CASE i.outcome
              WHEN 'complete' THEN 'completed'
              WHEN 'cancel' THEN 'cancelled'
              WHEN 'fail' THEN 'failed'
              WHEN 'snooze' THEN 'scheduled'
              WHEN 'retry' THEN CASE WHEN c.attempt >= r.max_attempts THEN 'failed' ELSE 'retryable' END
-           END AS new_state
+           END AS new_state0
     FROM items i
     JOIN batch_claims c ON c.job_id = i.job_id AND c.run_lease = i.run_lease
     -- the claimed row by its full key: lane_seq, not run_lease, is unique per ready row (a cancelled
@@ -255,10 +262,41 @@ BEGIN
     JOIN batch_ready r ON r.slot = c.slot AND r.queue = c.queue AND r.priority = c.priority AND r.shard = c.shard
                       AND r.lane_seq = c.lane_seq
     LEFT JOIN LATERAL (
-      SELECT a.progress, true AS found FROM attempt_state a WHERE a.job_id = c.job_id AND a.run_lease = c.run_lease LIMIT 1
+      SELECT a.progress, a.heartbeat_at, true AS found FROM attempt_state a
+      WHERE a.job_id = c.job_id AND a.run_lease = c.run_lease LIMIT 1
     ) a ON true
     WHERE NOT EXISTS (SELECT 1 FROM batch_closures x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease)
+      -- a stale rescue yields to a heartbeat that committed after its scan (we hold the attempt lock)
+      AND (i.stale_before IS NULL OR a.heartbeat_at IS NULL OR a.heartbeat_at < i.stale_before)
     ORDER BY i.job_id, i.run_lease, i.o
+  ),
+  -- Re-entry into the unique mask (capabilities.md §4): a job whose mask omits 'running' takes
+  -- its key again when its new state is in the mask; if a newer job holds it and the new state is
+  -- retryable or scheduled, this one gives way (cancelled, 'superseded by duplicate <id>'), as in
+  -- the simulation. Default masks hold 'running': nothing enters.
+  keyed AS MATERIALIZED (
+    SELECT o.*, (o.unique_key IS NOT NULL AND (o.unique_states & 4) = 0
+                 AND (o.unique_states & state_bit(o.new_state0)) <> 0) AS enters
+    FROM open o
+  ),
+  take_key AS (
+    INSERT INTO unique_claims (unique_key, job_id)
+    SELECT DISTINCT ON (k.unique_key) k.unique_key, k.job_id FROM keyed k WHERE k.enters ORDER BY k.unique_key, k.job_id
+    ON CONFLICT (unique_key) DO NOTHING
+    RETURNING job_id
+  ),
+  settled AS MATERIALIZED (
+    SELECT k.*, CASE WHEN s.superseded THEN 'cancel' ELSE k.outcome0 END AS outcome,
+           CASE WHEN s.superseded THEN 'superseded by duplicate ' || coalesce(s.holder::text, 'job') ELSE k.message0 END AS message,
+           CASE WHEN s.superseded THEN 'cancelled' ELSE k.new_state0 END AS new_state
+    FROM keyed k
+    CROSS JOIN LATERAL (
+      -- only a live state gives way; a finished job takes the key if it is free, and keeps its end
+      SELECT CASE WHEN k.enters AND k.new_state0 IN ('retryable', 'scheduled') THEN NOT EXISTS (SELECT 1 FROM take_key t WHERE t.job_id = k.job_id)
+                                 AND NOT EXISTS (SELECT 1 FROM unique_claims u WHERE u.unique_key = k.unique_key AND u.job_id = k.job_id)
+                  ELSE false END AS superseded,
+             CASE WHEN k.enters THEN (SELECT u.job_id FROM unique_claims u WHERE u.unique_key = k.unique_key) END AS holder
+    ) s
   ),
   resolved AS MATERIALIZED (
     SELECT o.*,
@@ -270,47 +308,69 @@ BEGIN
                 WHEN o.outcome = 'cancel' THEN
                   append_error(o.errors, jsonb_build_object('error', 'cancelled: ' || o.message, 'attempt', o.attempt, 'at', v_now))
            END AS new_errors
-    FROM open o
+    FROM settled o
+  ),
+  -- The two plain tables keyed by job_id come first; what they did not take is not applied.
+  ins_dlq AS (
+    INSERT INTO dlq AS d (job_id, kind, queue, priority, args, metadata, tags, errors, progress, attempt, max_attempts,
+                          original_run_lease, run_at, created_at, dlq_at, dlq_reason, unique_key, unique_states)
+    SELECT DISTINCT ON (r.job_id)
+           r.job_id, r.kind, r.queue, r.priority, r.args, r.metadata, r.tags, coalesce(r.new_errors, r.errors), r.progress,
+           r.attempt, r.max_attempts, r.run_lease, r.run_at, r.created_at, v_now, r.dlq_reason, r.unique_key, r.unique_states
+    FROM resolved r WHERE r.to_dlq
+    ORDER BY r.job_id, r.run_lease DESC
+    ON CONFLICT (job_id) DO UPDATE
+      SET kind = excluded.kind, queue = excluded.queue, priority = excluded.priority, args = excluded.args,
+          metadata = excluded.metadata, tags = excluded.tags, errors = excluded.errors, progress = excluded.progress,
+          attempt = excluded.attempt, max_attempts = excluded.max_attempts, original_run_lease = excluded.original_run_lease,
+          run_at = excluded.run_at, created_at = excluded.created_at, dlq_at = excluded.dlq_at,
+          dlq_reason = excluded.dlq_reason, unique_key = excluded.unique_key, unique_states = excluded.unique_states
+      WHERE d.original_run_lease < excluded.original_run_lease
+    RETURNING d.job_id, d.original_run_lease AS run_lease
+  ),
+  ins_deferred AS (
+    INSERT INTO deferred (job_id, state, kind, queue, priority, shard, args, metadata, tags, errors, progress, attempt,
+                          run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
+    SELECT DISTINCT ON (r.job_id)
+           r.job_id, r.new_state, r.kind, r.queue, r.priority, r.shard, r.args, r.metadata, r.tags,
+           coalesce(r.new_errors, r.errors), r.progress,
+           CASE WHEN r.new_state = 'scheduled' THEN r.attempt - 1 ELSE r.attempt END,
+           r.run_lease, r.max_attempts, v_now + r.delay_ms * interval '1 millisecond', r.created_at, r.unique_key, r.unique_states
+    FROM resolved r WHERE r.new_state IN ('retryable', 'scheduled')
+    ORDER BY r.job_id, r.run_lease DESC
+    ON CONFLICT (job_id) DO NOTHING
+    RETURNING job_id, run_lease
+  ),
+  done AS (
+    SELECT r.* FROM resolved r
+    WHERE CASE WHEN r.to_dlq THEN EXISTS (SELECT 1 FROM ins_dlq x WHERE x.job_id = r.job_id AND x.run_lease = r.run_lease)
+               WHEN r.new_state IN ('retryable', 'scheduled')
+                 THEN EXISTS (SELECT 1 FROM ins_deferred x WHERE x.job_id = r.job_id AND x.run_lease = r.run_lease)
+               ELSE true END
   ),
   ins_closures AS (
     INSERT INTO closures (slot, generation, job_id, run_lease, outcome, closed_at)
-    SELECT r.slot, r.generation, r.job_id, r.run_lease, r.new_state, v_now FROM resolved r
+    SELECT r.slot, r.generation, r.job_id, r.run_lease, r.new_state, v_now FROM done r
   ),
   ins_terminal AS (
     INSERT INTO terminal (slot, generation, job_id, run_lease, lane_seq, state, attempt, finalized_at, errors, progress)
     SELECT r.slot, r.generation, r.job_id, r.run_lease, r.lane_seq, r.new_state, r.attempt, v_now, r.new_errors,
            CASE WHEN r.new_state = 'completed' THEN NULL ELSE r.progress END
-    FROM resolved r WHERE r.new_state IN ('completed', 'failed', 'cancelled') AND NOT r.to_dlq
-  ),
-  ins_dlq AS (
-    INSERT INTO dlq (job_id, kind, queue, priority, args, metadata, tags, errors, progress, attempt, max_attempts,
-                     original_run_lease, run_at, created_at, dlq_at, dlq_reason, unique_key, unique_states)
-    SELECT r.job_id, r.kind, r.queue, r.priority, r.args, r.metadata, r.tags, coalesce(r.new_errors, r.errors), r.progress,
-           r.attempt, r.max_attempts, r.run_lease, r.run_at, r.created_at, v_now, r.dlq_reason, r.unique_key, r.unique_states
-    FROM resolved r WHERE r.to_dlq
-  ),
-  ins_deferred AS (
-    INSERT INTO deferred (job_id, state, kind, queue, priority, shard, args, metadata, tags, errors, progress, attempt,
-                          run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
-    SELECT r.job_id, r.new_state, r.kind, r.queue, r.priority, r.shard, r.args, r.metadata, r.tags,
-           coalesce(r.new_errors, r.errors), r.progress,
-           CASE WHEN r.new_state = 'scheduled' THEN r.attempt - 1 ELSE r.attempt END,
-           r.run_lease, r.max_attempts, v_now + r.delay_ms * interval '1 millisecond', r.created_at, r.unique_key, r.unique_states
-    FROM resolved r WHERE r.new_state IN ('retryable', 'scheduled')
+    FROM done r WHERE r.new_state IN ('completed', 'failed', 'cancelled') AND NOT r.to_dlq
   ),
   -- Primary-key probes, only for attempts that had a row (read above): most attempts never
   -- heartbeat, so most batches delete nothing and probe nothing.
   del_state AS (
-    DELETE FROM attempt_state a USING resolved r
+    DELETE FROM attempt_state a USING done r
     WHERE r.has_state AND a.job_id = r.job_id AND a.run_lease = r.run_lease
   ),
   rel_unique AS (
-    DELETE FROM unique_claims u USING resolved r
+    DELETE FROM unique_claims u USING done r
     WHERE r.unique_key IS NOT NULL AND u.unique_key = r.unique_key AND u.job_id = r.job_id
       AND (r.unique_states & state_bit(r.new_state)) = 0
   )
   SELECT i.o, r.o IS NOT NULL, r.new_state
-  FROM items i LEFT JOIN resolved r ON r.o = i.o
+  FROM items i LEFT JOIN done r ON r.o = i.o
   ORDER BY i.o;
 END
 $$;
