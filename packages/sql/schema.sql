@@ -730,7 +730,7 @@ $function$
 -- execute besides the owner: owner only
 
 CREATE OR REPLACE FUNCTION awa.claim(p_queue text, p_max integer, p_deadline_ms bigint, p_aging_ms bigint)
- RETURNS TABLE(job_id bigint, run_lease bigint, attempt integer, max_attempts integer, kind text, queue text, priority smallint, args jsonb, metadata jsonb, tags text[], errors jsonb, run_at timestamp with time zone, created_at timestamp with time zone, claimed_at timestamp with time zone, deadline_at timestamp with time zone)
+ RETURNS TABLE(job_id bigint, run_lease bigint, attempt integer, max_attempts integer, kind text, queue text, priority smallint, args jsonb, metadata jsonb, tags text[], errors jsonb, run_at timestamp with time zone, created_at timestamp with time zone, claimed_at timestamp with time zone, deadline_at timestamp with time zone, progress jsonb)
  LANGUAGE plpgsql
  SET search_path TO 'awa', 'pg_catalog'
  SET plan_cache_mode TO 'force_generic_plan'
@@ -849,7 +849,7 @@ BEGIN
       RETURN QUERY
       WITH picked AS MATERIALIZED (
         SELECT r.slot, r.generation, r.job_id, r.kind, r.queue, r.priority, r.shard, r.lane_seq, r.args, r.metadata,
-               r.tags, r.errors, r.attempt, r.run_lease, r.max_attempts, r.run_at, r.created_at, r.unique_key, r.unique_states
+               r.tags, r.errors, r.attempt, r.run_lease, r.max_attempts, r.run_at, r.created_at, r.progress, r.unique_key, r.unique_states -- 0022
         FROM ready r
         WHERE r.queue = p_queue AND r.priority = v_prios[v_k] AND r.shard = v_shards[v_k] AND r.lane_seq >= v_cursor
           -- two ranges of scalar parameters: what partition pruning can use at executor start-up
@@ -892,7 +892,7 @@ BEGIN
           AND u.unique_key = p.unique_key AND u.job_id = p.job_id
       )
       SELECT p.job_id, p.run_lease + 1, p.attempt + 1, p.max_attempts, p.kind, p.queue, p.priority, p.args, p.metadata,
-             p.tags, p.errors, p.run_at, p.created_at, v_now, v_deadline
+             p.tags, p.errors, p.run_at, p.created_at, v_now, v_deadline, p.progress /* 0022 */
       FROM picked p
       ORDER BY p.lane_seq;
       GET DIAGNOSTICS v_n = ROW_COUNT;
@@ -1649,10 +1649,10 @@ BEGIN
   RETURN QUERY
   WITH items AS MATERIALIZED (
     SELECT x_e.o::int AS o, x.job_id, x.run_lease, x.outcome, coalesce(x.delay_ms, 0) AS delay_ms, x.message, x.reason,
-           x.stale_before
+           x.stale_before, x.progress -- 0022
     FROM jsonb_array_elements(p_items) WITH ORDINALITY AS x_e(v, o),
          jsonb_to_record(x_e.v) AS x(job_id bigint, run_lease bigint, outcome text, delay_ms bigint, message text, reason text,
-                                     stale_before timestamptz)
+                                     stale_before timestamptz, progress jsonb) -- 0022
   ),
   batch_claims AS MATERIALIZED (
     SELECT c.slot, c.generation, c.job_id, c.run_lease, c.attempt, c.queue, c.priority, c.shard, c.lane_seq
@@ -1673,7 +1673,7 @@ BEGIN
     SELECT DISTINCT ON (i.job_id, i.run_lease)
            i.o, i.outcome AS outcome0, i.delay_ms, i.message AS message0, i.reason, c.slot, c.generation, c.job_id, c.run_lease, c.attempt, c.lane_seq,
            r.kind, r.queue, r.priority, r.shard, r.args, r.metadata, r.tags, r.errors, r.max_attempts, r.created_at, r.run_at,
-           r.unique_key, r.unique_states, coalesce(a.progress, r.progress) AS progress, a.found AS has_state,
+           r.unique_key, r.unique_states, /* 0022: the outcome's progress first */ coalesce(i.progress, a.progress, r.progress) AS progress, a.found AS has_state,
            CASE i.outcome
              WHEN 'complete' THEN 'completed'
              WHEN 'cancel' THEN 'cancelled'

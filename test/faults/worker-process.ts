@@ -171,28 +171,28 @@ const runPromiseWorker = async () => {
     databaseUrl: url,
     maxConnections: config.maxConnections ?? 10
   })
-  const recordP = (ctx: Handler.JobContext) => log.runPromise(record(ctx.job, "start"))
+  const recordP = (ctx: Pick<Handler.JobContext, "job">) => log.runPromise(record(ctx.job, "start"))
   const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms))
   const handlers = [
     awa.handler(Jobs.PromiseRejects, async (_, ctx) => {
-      await recordP(ctx as Handler.JobContext)
+      await recordP(ctx)
       throw new Error("promise rejected")
     }),
     awa.handler(Jobs.PromiseThrowsSync, (_, ctx) => {
-      void recordP(ctx as Handler.JobContext)
+      void recordP(ctx)
       throw new Error("threw before returning a promise")
     }),
     awa.handler(Jobs.PromiseTerminal, async (_, ctx) => {
-      await recordP(ctx as Handler.JobContext)
+      await recordP(ctx)
       throw new Job.JobTerminalError({ message: "promise gave up" })
     }),
     awa.handler(Jobs.PromiseIgnoresAbort, async ({ ms }, ctx) => {
-      await recordP(ctx as Handler.JobContext)
+      await recordP(ctx)
       // the AbortSignal is ignored on purpose
       if (ctx.job.attempt === 1) await sleep(ms)
     }),
     awa.handler(Jobs.PromiseOk, async (_, ctx) => {
-      await recordP(ctx as Handler.JobContext)
+      await recordP(ctx)
     })
   ]
   const worker = await awa.start({ ...(config.options as any), handlers })

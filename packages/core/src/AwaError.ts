@@ -84,3 +84,13 @@ export class UnsafeBulkFilter extends Schema.TaggedError<UnsafeBulkFilter>()("Un
     return `${this.action} with an empty filter would touch every entry; pass all: true to mean it`
   }
 }
+
+/** A handler's progress (percent, message and metadata) would exceed `maxProgressBytes` (capability 14). */
+export class ProgressTooLarge extends Schema.TaggedError<ProgressTooLarge>()("ProgressTooLarge", {
+  bytes: Schema.Number,
+  maxBytes: Schema.Number
+}) {
+  override get message(): string {
+    return `progress of ${this.bytes} bytes exceeds maxProgressBytes (${this.maxBytes}); it was not recorded`
+  }
+}

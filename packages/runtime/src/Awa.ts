@@ -10,7 +10,14 @@
  * `layerSim` swaps Postgres for the deterministic in-memory engine (drive time with `TestClock`).
  */
 import { Migrations } from "@awa/sql"
-import { CronStorage, LeaderLock, PgQueueStorage, SimQueueStorage, StorageSignals } from "@awa/storage"
+import {
+  CronStorage,
+  Heartbeats,
+  LeaderLock,
+  PgQueueStorage,
+  SimQueueStorage,
+  StorageSignals
+} from "@awa/storage"
 import { Layer } from "effect"
 import * as AwaClient from "./AwaClient.ts"
 import * as Worker from "./Worker.ts"
@@ -20,7 +27,10 @@ export interface AwaPgOptions extends PgQueueStorage.PgQueueStorageOptions, AwaC
   readonly migrateOnStart?: boolean | undefined
 }
 
-/** Storage, cron storage, signals, leader lock and client on Postgres, behind the schema-version fence. */
+/**
+ * Storage, cron storage, signals, leader lock, heartbeats (from a thread with its own connection)
+ * and client on Postgres, behind the schema-version fence.
+ */
 export const layerPg = (options: AwaPgOptions = {}) => {
   const fence = Layer.effectDiscard(
     Migrations.ensureCompatible({ schema: options.schema, migrateOnStart: options.migrateOnStart })
@@ -31,7 +41,9 @@ export const layerPg = (options: AwaPgOptions = {}) => {
     LeaderLock.layerPg(options),
     CronStorage.layerPg(options)
   ).pipe(Layer.provide(fence))
-  return AwaClient.layer(options).pipe(Layer.provideMerge(engine))
+  return AwaClient.layer(options).pipe(
+    Layer.provideMerge(Heartbeats.layerThread(options).pipe(Layer.provideMerge(engine)))
+  )
 }
 
 /** The same services in memory: deterministic under `TestClock`, no Postgres. */

@@ -29,9 +29,11 @@ export class CompletionBatcherClosed extends Schema.TaggedError<CompletionBatche
 ) {}
 
 export interface CompletionBatcher {
+  /** `progress`, when given, is written with the outcome (kept unless it completes the job). */
   readonly submit: (
     token: AttemptToken,
-    outcome: Outcome
+    outcome: Outcome,
+    progress?: Readonly<Record<string, unknown>> | undefined
   ) => Effect.Effect<FinalizeResult, SqlError.SqlError | CompletionBatcherClosed | unknown>
 }
 
@@ -127,10 +129,14 @@ export const make = Effect.fnUntraced(function* (options: CompletionBatcherOptio
     )
   }
 
-  const submit = (token: AttemptToken, outcome: Outcome): Effect.Effect<FinalizeResult, unknown> =>
+  const submit = (
+    token: AttemptToken,
+    outcome: Outcome,
+    progress?: Readonly<Record<string, unknown>> | undefined
+  ): Effect.Effect<FinalizeResult, unknown> =>
     Effect.suspend(() => {
       if (closed) return Effect.fail(new CompletionBatcherClosed())
-      if (pending >= capacity) return Effect.andThen(Deferred.await(room), submit(token, outcome))
+      if (pending >= capacity) return Effect.andThen(Deferred.await(room), submit(token, outcome, progress))
       let batch = batches.at(-1)
       if (batch === undefined || batch.items.length >= maxBatch) {
         batch = newBatch()
@@ -138,7 +144,12 @@ export const make = Effect.fnUntraced(function* (options: CompletionBatcherOptio
         // every new batch wakes a flusher, so a second one starts while the first is busy
         Queue.offerUnsafe(bell, undefined)
       }
-      const index = batch.items.push({ jobId: token.jobId, runLease: token.runLease, outcome }) - 1
+      const index =
+        batch.items.push(
+          progress === undefined
+            ? { jobId: token.jobId, runLease: token.runLease, outcome }
+            : { jobId: token.jobId, runLease: token.runLease, outcome, progress }
+        ) - 1
       pending++
       return Effect.map(Deferred.await(batch.done), (results) => results[index]!)
     })

@@ -12,13 +12,21 @@
  * - Interruption by shutdown submits a retry (`interrupted: worker shutting down`).
  * - The worker's capacity is released before waiting for the durable acknowledgement; the
  *   attempt leaves the running registry (heartbeats) only after it.
+ * - An attempt's progress (capability 14) is submitted with its outcome and written in the same
+ *   statement, so a checkpoint set just before a failure reaches the next attempt
+ *   (`ctx.job.progress`); heartbeats and `ctx.flushProgress` write it earlier.
+ * - Held attempts reach the heartbeats (possibly another thread) in one call per claim batch,
+ *   before the first of them starts: a handler blocking the event loop from its first line is
+ *   already covered.
  */
-import { Backoff, Job, Traceparent } from "@awa/core"
-import type { AttemptToken, ClaimedJob, Outcome } from "@awa/storage"
+import { Backoff, Job, ProgressTooLarge, Traceparent, ValidationError } from "@awa/core"
+import type { ClaimedJob, Heartbeats, Outcome } from "@awa/storage"
 import { Cause, Duration, Effect, Exit, Fiber, FiberSet, Random, Schema, Tracer } from "effect"
+import type { SqlError } from "effect/sql"
 import type { CompletionBatcher } from "./CompletionBatcher.ts"
 import * as Deadlines from "./Deadlines.ts"
 import type { Handler, JobContext } from "./Handler.ts"
+import * as Progress from "./Progress.ts"
 
 export interface ExecutorOptions<R> {
   readonly handlers: ReadonlyMap<string, Handler<R>>
@@ -27,11 +35,13 @@ export interface ExecutorOptions<R> {
   readonly batcher: CompletionBatcher
   /** Wrap each attempt in a consumer span carrying `awa:traceparent`; off = no span at all. Default true. */
   readonly tracing: boolean
-  /** Writes progress not yet carried by a heartbeat, before the outcome is submitted. */
-  readonly flushProgress: (
-    token: AttemptToken,
-    progress: Readonly<Record<string, unknown>>
-  ) => Effect.Effect<unknown, unknown>
+  /** Largest progress a handler may set, in UTF-8 bytes of its JSON (`maxProgressBytes`). */
+  readonly maxProgressBytes: number
+  /**
+   * Heartbeats of the held attempts (on a thread of their own, or on the event loop): told of
+   * every attempt held and forgotten and of progress changes; writes `ctx.flushProgress`.
+   */
+  readonly heartbeats: Pick<Heartbeats.HeartbeatSession, "track" | "untrack" | "progress" | "flush">
 }
 
 /** An attempt running in this process. */
@@ -39,9 +49,15 @@ export interface RunningAttempt {
   readonly job: ClaimedJob
   /** When this process received the claim. */
   readonly heldAt: number
-  progress: Readonly<Record<string, unknown>> | undefined
-  /** Progress changed since the last heartbeat wrote it. */
-  progressDirty: boolean
+  /** This attempt's progress; unset until the handler sets some (the base is `job.progress`). */
+  progress: Progress.JobProgress | undefined
+  /** Bumped by every change of `progress`. */
+  progressGeneration: number
+  /**
+   * The newest generation known to be written: a write acknowledges the generation it carried,
+   * never a newer one set while it was in flight, and nothing is written while they are equal.
+   */
+  progressWritten: number
   fiber: Fiber.Fiber<unknown, unknown> | undefined
   /** Created when the handler first reads `ctx.signal`; aborted when the attempt is interrupted. */
   controller: AbortController | undefined
@@ -78,9 +94,11 @@ const messageOf = (error: unknown): string => {
  */
 class AttemptContext implements JobContext {
   readonly #entry: RunningAttempt
+  readonly #progress: ProgressOps
   #job: JobContext["job"] | undefined
-  constructor(entry: RunningAttempt) {
+  constructor(entry: RunningAttempt, progress: ProgressOps) {
     this.#entry = entry
+    this.#progress = progress
   }
   get job(): JobContext["job"] {
     const job = this.#entry.job
@@ -93,7 +111,8 @@ class AttemptContext implements JobContext {
       runLease: job.runLease,
       metadata: job.metadata,
       tags: job.tags,
-      errors: job.errors
+      errors: job.errors,
+      progress: job.progress
     }
     return this.#job
   }
@@ -104,12 +123,46 @@ class AttemptContext implements JobContext {
   }
   get setProgress(): JobContext["setProgress"] {
     const entry = this.#entry
-    return (progress) =>
-      Effect.sync(() => {
-        entry.progress = progress
-        entry.progressDirty = true
-      })
+    const ops = this.#progress
+    return (percent, message) =>
+      Effect.suspend(() =>
+        setTo(entry, Progress.withPercent(currentProgress(entry), percent, message, ops.maxBytes), ops)
+      )
   }
+  get updateMetadata(): JobContext["updateMetadata"] {
+    const entry = this.#entry
+    const ops = this.#progress
+    return (patch) =>
+      Effect.suspend(() =>
+        setTo(entry, Progress.withMetadata(currentProgress(entry), patch, ops.maxBytes), ops)
+      )
+  }
+  get flushProgress(): JobContext["flushProgress"] {
+    return this.#progress.flush(this.#entry)
+  }
+}
+
+interface ProgressOps {
+  readonly maxBytes: number
+  readonly flush: (entry: RunningAttempt) => Effect.Effect<void, SqlError.SqlError>
+  /** Called after every change: the next heartbeat carries it. */
+  readonly changed: (entry: RunningAttempt) => void
+}
+
+/** What `setProgress` and `updateMetadata` build on: this attempt's value, else the checkpoint it started from. */
+const currentProgress = (entry: RunningAttempt): Progress.JobProgress | null =>
+  entry.progress ?? (entry.job.progress as Progress.JobProgress | null)
+
+const setTo = (
+  entry: RunningAttempt,
+  next: Progress.JobProgress | ValidationError | ProgressTooLarge,
+  ops: ProgressOps
+): Effect.Effect<void, ValidationError | ProgressTooLarge> => {
+  if (next instanceof ValidationError || next instanceof ProgressTooLarge) return Effect.fail(next)
+  entry.progress = next
+  entry.progressGeneration++
+  ops.changed(entry)
+  return Effect.void
 }
 
 export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>) {
@@ -207,8 +260,40 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
     return decode
   }
 
+  /**
+   * Writes the attempt's progress when it changed since the last write; acknowledges only the
+   * generation it carried.
+   */
+  const flushProgress = (entry: RunningAttempt): Effect.Effect<void, SqlError.SqlError> =>
+    Effect.suspend(() => {
+      const progress = entry.progress
+      const generation = entry.progressGeneration
+      if (progress === undefined || generation <= entry.progressWritten) return Effect.void
+      return Effect.map(options.heartbeats.flush(entry.job, progress, generation), () => {
+        if (generation > entry.progressWritten) entry.progressWritten = generation
+      })
+    })
+  const progressOps: ProgressOps = {
+    maxBytes: options.maxProgressBytes,
+    flush: flushProgress,
+    changed: (entry) => options.heartbeats.progress(entry.job, entry.progress!, entry.progressGeneration)
+  }
+
+  // Attempts held since the last hand-over to the heartbeats. Handed over in one call per batch:
+  // before the first of them starts (a handler may block the event loop from its first line on),
+  // and at the end of the current synchronous run for those that wait in a dispatcher's buffer.
+  let toTrack: Array<Heartbeats.TrackedAttempt> = []
+  let publishQueued = false
+  const publish = () => {
+    publishQueued = false
+    if (toTrack.length === 0) return
+    const batch = toTrack
+    toTrack = []
+    options.heartbeats.track(batch)
+  }
+
   /** The context a handler sees. */
-  const contextOf = (entry: RunningAttempt): JobContext => new AttemptContext(entry)
+  const contextOf = (entry: RunningAttempt): JobContext => new AttemptContext(entry, progressOps)
 
   const undecodable = (e: Schema.SchemaError) => new ArgsUndecodable({ message: e.message })
 
@@ -250,6 +335,7 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
   /** Forgets a finished attempt: no more heartbeats, deadline or broadcasts for it. */
   const forget = (entry: RunningAttempt) => {
     running.delete(entry.key)
+    options.heartbeats.untrack(entry.job)
     if (entry.deadline !== undefined) deadlines.remove(entry.deadline)
   }
 
@@ -279,7 +365,8 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
       job,
       heldAt,
       progress: undefined,
-      progressDirty: false,
+      progressGeneration: 0,
+      progressWritten: 0,
       fiber: undefined,
       controller: undefined,
       begun: false,
@@ -295,6 +382,11 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
         expire(entry)
       )
     running.set(entry.key, entry)
+    toTrack.push({ jobId: job.jobId, runLease: job.runLease, heldAt })
+    if (!publishQueued) {
+      publishQueued = true
+      queueMicrotask(publish)
+    }
     return entry
   }
 
@@ -336,7 +428,8 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
         entry.closedElsewhere
           ? Effect.void
           : Effect.catchCause(
-              Effect.asVoid(options.batcher.submit(entry.job, outcome)),
+              // the attempt's progress goes with its outcome, in the same statement (capability 14)
+              Effect.asVoid(options.batcher.submit(entry.job, outcome, entry.progress)),
               logFinalizationFailure
             )
       ),
@@ -359,6 +452,7 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
     immediately = false
   ): Effect.Effect<void, never, R> =>
     Effect.suspend(() => {
+      publish()
       if (entry.closedElsewhere) {
         forget(entry)
         return release

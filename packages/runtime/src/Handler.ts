@@ -1,9 +1,11 @@
 /**
  * Handlers: the Effect that processes one job kind. `R` comes from the application's own layers.
  */
-import type { Job } from "@awa/core"
+import type { Job, ProgressTooLarge, ValidationError } from "@awa/core"
 import type { ErrorEntry } from "@awa/storage"
 import type { Effect } from "effect"
+import type { SqlError } from "effect/sql"
+import type { JobProgress } from "./Progress.ts"
 
 /** What a handler sees of its job and attempt. */
 export interface JobContext {
@@ -17,11 +19,37 @@ export interface JobContext {
     readonly metadata: Readonly<Record<string, unknown>>
     readonly tags: ReadonlyArray<string>
     readonly errors: ReadonlyArray<ErrorEntry>
+    /**
+     * The checkpoint the previous attempt left (its last progress, kept by retry, snooze, failure
+     * and rescue), `null` when there is none. Fixed for the attempt: `setProgress` and
+     * `updateMetadata` change what this attempt leaves, not this.
+     */
+    readonly progress: JobProgress | null
   }
   /** Aborted when the attempt is interrupted (cancel, rescue, deadline, shutdown). */
   readonly signal: AbortSignal
-  /** Records a progress snapshot (a JSON object), written with the next heartbeat. */
-  readonly setProgress: (progress: Readonly<Record<string, unknown>>) => Effect.Effect<void>
+  /**
+   * Sets the attempt's progress: `percent` clamped to 0–100 (not finite ⇒ `ValidationError`),
+   * `message` (≤ 1,000 characters) replaced or removed; metadata kept. Buffered: written with the
+   * next heartbeat, `flushProgress`, or the attempt's outcome, whichever comes first.
+   */
+  readonly setProgress: (
+    percent: number,
+    message?: string
+  ) => Effect.Effect<void, ValidationError | ProgressTooLarge>
+  /**
+   * Merges `patch` shallowly into the progress metadata (the checkpoint a retry resumes from).
+   * Buffered like `setProgress`. Not an object ⇒ `ValidationError`; the whole progress over
+   * `maxProgressBytes` ⇒ `ProgressTooLarge`, and nothing changes.
+   */
+  readonly updateMetadata: (
+    patch: Readonly<Record<string, unknown>>
+  ) => Effect.Effect<void, ValidationError | ProgressTooLarge>
+  /**
+   * Writes buffered progress now (guarded by the attempt's run lease: a no-op once the attempt is
+   * closed, and when nothing changed since the last write).
+   */
+  readonly flushProgress: Effect.Effect<void, SqlError.SqlError>
 }
 
 export interface Handler<R = never> {

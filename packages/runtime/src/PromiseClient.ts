@@ -31,7 +31,7 @@ import type {
   ListFilter
 } from "@awa/storage"
 import { PgClient } from "@effect/sql-pg"
-import { Effect, Exit, Layer, ManagedRuntime, Redacted, Schema, Scope } from "effect"
+import { Cause, Effect, Exit, Layer, ManagedRuntime, Redacted, Schema, Scope } from "effect"
 import * as Awa from "./Awa.ts"
 import { AwaClient } from "./AwaClient.ts"
 import * as Cron from "./Cron.ts"
@@ -53,8 +53,20 @@ export interface ClientOptions extends Awa.AwaPgOptions {
   readonly maxConnections?: number | undefined
 }
 
-export interface PromiseHandlerContext extends Omit<JobContext, "setProgress"> {
-  readonly setProgress: (progress: Readonly<Record<string, unknown>>) => void
+export interface PromiseHandlerContext
+  extends Omit<JobContext, "setProgress" | "updateMetadata" | "flushProgress"> {
+  /** As `JobContext.setProgress`; throws its `ValidationError` or `ProgressTooLarge`. */
+  readonly setProgress: (percent: number, message?: string) => void
+  /** As `JobContext.updateMetadata`; throws its `ValidationError` or `ProgressTooLarge`. */
+  readonly updateMetadata: (patch: Readonly<Record<string, unknown>>) => void
+  /** As `JobContext.flushProgress`; rejects with its `SqlError`. */
+  readonly flushProgress: () => Promise<void>
+}
+
+/** Runs a synchronous progress update, throwing its typed error itself (not wrapped). */
+const orThrow = <E>(effect: Effect.Effect<void, E>): void => {
+  const exit = Effect.runSyncExit(effect)
+  if (Exit.isFailure(exit)) throw Cause.squash(exit.cause)
 }
 
 export type PromiseHandler<A> = (args: A, ctx: PromiseHandlerContext) => Promise<Job.JobResult | void>
@@ -105,7 +117,9 @@ export const createClient = async (options: ClientOptions) => {
           fn(args, {
             job: ctx.job,
             signal,
-            setProgress: (progress) => Effect.runSync(ctx.setProgress(progress))
+            setProgress: (percent, message) => orThrow(ctx.setProgress(percent, message)),
+            updateMetadata: (patch) => orThrow(ctx.updateMetadata(patch)),
+            flushProgress: () => Effect.runPromise(ctx.flushProgress)
           }),
         catch: (error) =>
           error instanceof Job.JobTerminalError

@@ -10,8 +10,15 @@
  */
 import { monitorEventLoopDelay } from "node:perf_hooks"
 import { AwaConfigError, checkQueueName, type ValidationError } from "@awa/core"
-import { type CronStorage, type LeaderLock, QueueStorage, StorageChecks, StorageSignals } from "@awa/storage"
-import { Clock, Context, Duration, Effect, FiberSet, Layer, Schedule, Stream, SubscriptionRef } from "effect"
+import {
+  type CronStorage,
+  Heartbeats,
+  type LeaderLock,
+  QueueStorage,
+  StorageChecks,
+  StorageSignals
+} from "@awa/storage"
+import { Context, Duration, Effect, FiberSet, Layer, Option, Schedule, Stream, SubscriptionRef } from "effect"
 import type { SqlError } from "effect/sql"
 import * as CompletionBatcher from "./CompletionBatcher.ts"
 import * as Cron from "./Cron.ts"
@@ -19,6 +26,7 @@ import * as Dispatcher from "./Dispatcher.ts"
 import * as Executor from "./Executor.ts"
 import type { Handler } from "./Handler.ts"
 import * as Leader from "./Leader.ts"
+import * as Progress from "./Progress.ts"
 
 export interface QueueOptions {
   /** Handlers of this queue running at once. Default 10 (1–10,000). */
@@ -82,6 +90,22 @@ export interface MaintenanceOptions {
   readonly cronInterval?: Duration.Input | undefined
 }
 
+export interface WatchdogOptions {
+  /**
+   * Heartbeats from a thread of their own (default true; used when the storage layers provide
+   * `Heartbeats`, as `Awa.layerPg` does). `false`: heartbeats on the event loop, which a
+   * handler blocking it longer than `heartbeatStaleness` turns into a false rescue.
+   */
+  readonly thread?: boolean | undefined
+  /** Event-loop delay that logs a stall warning. Default 1 s. */
+  readonly stallWarning?: Duration.Input | undefined
+  /**
+   * After the event loop has not ticked for this long, the heartbeat thread stops vouching for
+   * the process, so a process that never recovers is rescued. Default 10 min (1 s – 1 day).
+   */
+  readonly maxStall?: Duration.Input | undefined
+}
+
 export interface WorkerOptions<R> {
   readonly queues: Readonly<Record<string, QueueOptions>>
   readonly handlers: ReadonlyArray<Handler<R>>
@@ -91,12 +115,23 @@ export interface WorkerOptions<R> {
   readonly heartbeatStaleness?: Duration.Input | undefined
   /** How long shutdown waits for in-flight handlers before interrupting them. Default 30 s. */
   readonly shutdownTimeout?: Duration.Input | undefined
+  /**
+   * Largest progress (percent, message and metadata) a handler may set, in UTF-8 bytes of its
+   * JSON; more ⇒ `ProgressTooLarge`. Default 65,536 (1,024 – 1,048,576).
+   */
+  readonly maxProgressBytes?: number | undefined
   /** A claimed job whose kind has no handler here: fail it (default) or retry it. */
   readonly onUnknownKind?: "fail" | "retry" | undefined
   /** A consumer span per attempt, child of (or linked to) the producer span. Off: no span at all. Default true. */
   readonly tracing?: boolean | undefined
-  /** Event-loop delay that logs a stall warning. Default 1 s. */
+  /** Event-loop delay that logs a stall warning. Default 1 s. Same as `watchdog.stallWarning`. */
   readonly stallWarning?: Duration.Input | undefined
+  /**
+   * Heartbeats that survive a blocked event loop (capabilities.md §6). By default, on Postgres
+   * (`Awa.layerPg`), heartbeats are written by a worker thread with its own connection, so a
+   * handler doing CPU-bound work does not get this process's attempts rescued as dead.
+   */
+  readonly watchdog?: WatchdogOptions | undefined
   readonly completion?: CompletionBatcher.CompletionBatcherOptions | undefined
   /**
    * Dead-letter failed jobs of queues without their own `dlq` setting. Stored in the database at
@@ -382,7 +417,23 @@ export const resolveConfig = <R>(options: WorkerOptions<R>) =>
       day,
       true
     )
-    const stallWarningMs = durationMs(issues, "stallWarning", options.stallWarning, 1000, 1, 600_000)
+    const stallWarningMs = durationMs(
+      issues,
+      options.watchdog?.stallWarning === undefined ? "stallWarning" : "watchdog.stallWarning",
+      options.watchdog?.stallWarning ?? options.stallWarning,
+      1000,
+      1,
+      600_000
+    )
+    const maxStallMs = durationMs(issues, "watchdog.maxStall", options.watchdog?.maxStall, 600_000, 1000, day)
+    const maxProgressBytes = integer(
+      issues,
+      "maxProgressBytes",
+      options.maxProgressBytes,
+      Progress.maxBytesRange.default,
+      Progress.maxBytesRange.min,
+      Progress.maxBytesRange.max
+    )
     const cron = options.cron === undefined ? undefined : yield* Cron.resolve(options.cron, issues)
     if (issues.length > 0) return yield* new AwaConfigError({ issues })
     return {
@@ -392,6 +443,9 @@ export const resolveConfig = <R>(options: WorkerOptions<R>) =>
       maintenance,
       shutdownTimeoutMs,
       stallWarningMs,
+      maxStallMs,
+      heartbeatThread: options.watchdog?.thread ?? true,
+      maxProgressBytes,
       cron
     }
   })
@@ -414,6 +468,16 @@ export const make = Effect.fnUntraced(function* <R>(options: WorkerOptions<R>) {
   }
   if (config.cron !== undefined) yield* Cron.declare(config.cron)
 
+  // Heartbeats first, so they stop last: an attempt is heartbeated until its outcome is durable.
+  const heartbeatOptions = { intervalMs: config.heartbeatIntervalMs, maxStallMs: config.maxStallMs }
+  const threads = config.heartbeatThread
+    ? Option.getOrUndefined(yield* Effect.serviceOption(Heartbeats.Heartbeats))
+    : undefined
+  const heartbeats =
+    threads === undefined
+      ? yield* Heartbeats.makeLoop(heartbeatOptions)
+      : yield* threads.start(heartbeatOptions)
+
   // Finalizers run in reverse: dispatchers stop first, then the drain, then the FiberSet
   // interrupts stragglers, and the batcher flushes last.
   const batcher = yield* CompletionBatcher.make(options.completion)
@@ -426,7 +490,8 @@ export const make = Effect.fnUntraced(function* <R>(options: WorkerOptions<R>) {
     onUnknownKind: options.onUnknownKind ?? "fail",
     batcher,
     tracing: options.tracing ?? true,
-    flushProgress: (token, progress) => Effect.asVoid(storage.heartbeatMany([{ ...token, progress }]))
+    maxProgressBytes: config.maxProgressBytes,
+    heartbeats
   })
   yield* Effect.forkScoped(executor.deadlines)
   const dispatchers = new Map<string, Dispatcher.Dispatcher<R>>()
@@ -462,31 +527,18 @@ export const make = Effect.fnUntraced(function* <R>(options: WorkerOptions<R>) {
     Effect.forkScoped
   )
 
-  // Heartbeats for attempts older than one interval; interrupts attempts closed elsewhere.
-  const heartbeat = Effect.gen(function* () {
-    const now = yield* Clock.currentTimeMillis
-    // Older than half an interval: the first heartbeat comes within 1.5 intervals of the start,
-    // while jobs shorter than half an interval never write anything.
-    const due = [...executor.running.values()].filter((a) => now - a.heldAt >= config.heartbeatIntervalMs / 2)
-    for (let i = 0; i < due.length; i += 500) {
-      const chunk = due.slice(i, i + 500)
-      const closed = yield* storage.heartbeatMany(
-        chunk.map((a) => {
-          a.progressDirty = false
-          return { jobId: a.job.jobId, runLease: a.job.runLease, progress: a.progress }
-        })
-      )
-      for (const token of closed) yield* executor.interrupt(token.jobId, token.runLease)
-    }
-  })
-  yield* heartbeat.pipe(
-    Effect.catchCause((cause) => Effect.logWarning("heartbeat failed", cause)),
-    Effect.repeat(Schedule.spaced(config.heartbeatIntervalMs)),
+  // Attempts a heartbeat found closed elsewhere (cancelled, rescued) are interrupted.
+  yield* heartbeats.closed.pipe(
+    Stream.runForEach((token) => executor.interrupt(token.jobId, token.runLease)),
     Effect.annotateLogs({ module: "Worker", fiber: "heartbeat" }),
     Effect.forkScoped
   )
 
-  // Event-loop stalls starve every fiber, heartbeats included: measure and warn.
+  const stallEffect =
+    heartbeats.mode === "thread"
+      ? "claims and completions were delayed (heartbeats continued on their thread)"
+      : "heartbeats and claims were delayed"
+  // Event-loop stalls starve every fiber (heartbeats too when they run on the loop): measure and warn.
   const delay = monitorEventLoopDelay({ resolution: 20 })
   delay.enable()
   yield* Effect.addFinalizer(() => Effect.sync(() => delay.disable()))
@@ -497,9 +549,7 @@ export const make = Effect.fnUntraced(function* <R>(options: WorkerOptions<R>) {
   }).pipe(
     Effect.flatMap((maxMs) =>
       maxMs >= config.stallWarningMs
-        ? Effect.logWarning(
-            `event loop stalled for ${Math.round(maxMs)} ms; heartbeats and claims were delayed`
-          )
+        ? Effect.logWarning(`event loop stalled for ${Math.round(maxMs)} ms; ${stallEffect}`)
         : Effect.void
     ),
     Effect.repeat(Schedule.spaced(Math.max(config.stallWarningMs, 1000))),

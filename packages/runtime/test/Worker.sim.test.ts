@@ -207,11 +207,11 @@ describe("Worker on the simulation layer", () => {
           handler(Job.define({ ...Task, backoff: () => 0 }), (_args, ctx) =>
             Effect.gen(function* () {
               if (ctx.job.attempt === 1) {
-                yield* ctx.setProgress({ step: 3 })
+                yield* ctx.updateMetadata({ step: 3 })
                 yield* Effect.sleep("45 seconds")
                 return yield* Effect.fail(new Job.JobRetryableError({ message: "crash after step 3" }))
               }
-              seen.push((yield* (yield* AwaClient).storage.getJob(ctx.job.id)).progress)
+              seen.push((yield* (yield* AwaClient).storage.getJob(ctx.job.id)).progress, ctx.job.progress)
             })
           )
         ],
@@ -221,7 +221,7 @@ describe("Worker on the simulation layer", () => {
       const client = yield* AwaClient
       yield* client.insert(Task, { n: 1 })
       yield* advance(60_000, 500)
-      assert.deepStrictEqual(seen, [{ step: 3 }])
+      assert.deepStrictEqual(seen, [{ metadata: { step: 3 } }, { metadata: { step: 3 } }])
       yield* stop
     }).pipe(Effect.provide(SimLive))
   )

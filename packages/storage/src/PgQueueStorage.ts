@@ -222,7 +222,11 @@ const mapUniqueConflict = <A, E, R>(
 
 const outcomeJson = (item: FinalizeItem): string => {
   const o = item.outcome
-  const base = `"job_id":${item.jobId},"run_lease":${item.runLease}`
+  // progress rides with the outcome (migration 0022); completion clears it, so it is not sent
+  const base =
+    item.progress == null || o._tag === "Complete"
+      ? `"job_id":${item.jobId},"run_lease":${item.runLease}`
+      : `"job_id":${item.jobId},"run_lease":${item.runLease},"progress":${JSON.stringify(item.progress)}`
   switch (o._tag) {
     case "Complete":
       return `{${base},"outcome":"complete"}`
@@ -534,6 +538,7 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
         created_at: Date
         claimed_at: Date
         deadline_at: Date | null
+        progress: Record<string, unknown> | null
       }>`SELECT * FROM ${s}.claim(${params.queue}, ${params.max}, ${params.deadlineMs}::bigint, ${params.agingIntervalMs}::bigint)`
       return rows.map(
         (r): ClaimedJob => ({
@@ -551,7 +556,8 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
           runAt: r.run_at,
           createdAt: r.created_at,
           claimedAt: r.claimed_at,
-          deadlineAt: r.deadline_at
+          deadlineAt: r.deadline_at,
+          progress: r.progress
         })
       )
     })
@@ -573,7 +579,7 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
       if (items.length === 0) return []
       const json = items.map(
         (i) =>
-          `{"job_id":${i.jobId},"run_lease":${i.runLease}${i.progress === undefined ? "" : `,"progress":${JSON.stringify(i.progress)}`}}`
+          `{"job_id":${i.jobId},"run_lease":${i.runLease}${i.progress == null ? "" : `,"progress":${JSON.stringify(i.progress)}`}}`
       )
       const rows = yield* sql<{ job_id: bigint; run_lease: bigint }>`
         SELECT * FROM ${s}.heartbeat(${`[${json.join(",")}]`}::jsonb)`

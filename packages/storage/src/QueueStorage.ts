@@ -61,6 +61,11 @@ export interface ClaimedJob extends AttemptToken {
   readonly createdAt: Date
   readonly claimedAt: Date
   readonly deadlineAt: Date | null
+  /**
+   * The job's progress when it was claimed: the checkpoint the previous attempt left (written with
+   * its outcome, by a heartbeat or kept by a rescue), `null` when there is none.
+   */
+  readonly progress: Readonly<Record<string, unknown>> | null
 }
 
 export interface ClaimParams {
@@ -85,6 +90,12 @@ export type Outcome =
 
 export interface FinalizeItem extends AttemptToken {
   readonly outcome: Outcome
+  /**
+   * The attempt's progress (a JSON object), written in the same statement as the outcome: kept
+   * by retry, snooze, fail and cancel, cleared by completion. Unset (or `null`, as a spread
+   * `ClaimedJob` without progress has) keeps what a heartbeat wrote.
+   */
+  readonly progress?: Readonly<Record<string, unknown>> | null | undefined
 }
 
 export type FinalizeResult =
@@ -92,8 +103,8 @@ export type FinalizeResult =
   | { readonly _tag: "Stale" }
 
 export interface HeartbeatItem extends AttemptToken {
-  /** Replaces the attempt's progress snapshot when given (a JSON object). */
-  readonly progress?: Readonly<Record<string, unknown>> | undefined
+  /** Replaces the attempt's progress snapshot when given (a JSON object; `null` = not given). */
+  readonly progress?: Readonly<Record<string, unknown>> | null | undefined
 }
 
 export interface RescueParams {

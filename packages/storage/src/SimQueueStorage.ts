@@ -455,7 +455,8 @@ export const make: Effect.Effect<QueueStorage["Service"]> = Effect.gen(function*
     runAt: new Date(job.runAt),
     createdAt: new Date(job.createdAt),
     claimedAt: new Date(now),
-    deadlineAt: job.deadlineAt === null ? null : new Date(job.deadlineAt)
+    deadlineAt: job.deadlineAt === null ? null : new Date(job.deadlineAt),
+    progress: job.progressJson === null ? null : JSON.parse(job.progressJson)
   })
 
   const notFound = (jobId: JobId) => Effect.fail(new JobNotFound({ jobId }))
@@ -564,9 +565,10 @@ export const make: Effect.Effect<QueueStorage["Service"]> = Effect.gen(function*
     return yield* Effect.sync(() =>
       items.map((item): FinalizeResult => {
         const job = openAttempt(item)
-        return job === undefined
-          ? { _tag: "Stale" }
-          : { _tag: "Applied", state: applyOutcome(job, item.outcome, now) }
+        if (job === undefined) return { _tag: "Stale" }
+        // written with the outcome, as Postgres does (completion clears it)
+        if (item.progress != null) job.progressJson = JSON.stringify(item.progress)
+        return { _tag: "Applied", state: applyOutcome(job, item.outcome, now) }
       })
     )
   })
@@ -582,7 +584,7 @@ export const make: Effect.Effect<QueueStorage["Service"]> = Effect.gen(function*
           continue
         }
         job.heartbeatAt = now
-        if (item.progress !== undefined) job.progressJson = JSON.stringify(item.progress)
+        if (item.progress != null) job.progressJson = JSON.stringify(item.progress)
       }
       return notOpen as ReadonlyArray<AttemptToken>
     })

@@ -28,13 +28,24 @@ export const checkInteger = (field: string, value: number, min: number, max: num
     ? Effect.void
     : Effect.fail(new ValidationError({ field, reason: `must be an integer ${min}–${max} (got ${value})` }))
 
-/** Delays of retry and snooze outcomes must be whole milliseconds, 0 – 30 days. */
+/** Progress, when given, is a JSON object (not an array, not null). */
+export const isProgressObject = (progress: unknown): boolean =>
+  typeof progress === "object" && progress !== null && !Array.isArray(progress)
+
+/**
+ * Delays of retry and snooze outcomes must be whole milliseconds, 0 – 30 days; progress, when
+ * given (not `undefined` or `null`), an object.
+ */
 export const checkFinalizeItems = (
   items: ReadonlyArray<FinalizeItem>
 ): Effect.Effect<void, ValidationError> =>
   Effect.forEach(
     items,
     (item, i) => {
+      if (item.progress != null && !isProgressObject(item.progress))
+        return Effect.fail(
+          new ValidationError({ field: `items[${i}].progress`, reason: "must be a JSON object" })
+        )
       const o = item.outcome
       return o._tag === "Retry" || o._tag === "Snooze"
         ? checkInteger(`items[${i}].delayMs`, o.delayMs, 0, maxDelayMs)

@@ -1,0 +1,116 @@
+/**
+ * The heartbeat of one process's attempts, wherever it runs: on the handlers' event loop
+ * (`Heartbeats.layerLoop`, the simulation) or on its own thread with its own connection
+ * (`Heartbeats.layerThread`). It keeps the attempts the process holds, writes a heartbeat for
+ * those held at least half an interval (shorter ones never write), carries progress that changed
+ * since its last write, and reports attempts the database says are closed.
+ *
+ * **Guarantees** Writes are serialized (one round or flush at a time), so a progress value never
+ * overwrites a newer one: each attempt's progress has a generation, a write carries the newest
+ * known when it starts, and it acknowledges only that generation.
+ */
+import { Clock, Effect, Semaphore } from "effect"
+import type { SqlError } from "effect/sql"
+import type { AttemptToken, HeartbeatItem, QueueStorage } from "./QueueStorage.ts"
+
+/** An attempt the process holds, from when its claim came back (`heldAt`, ms since the epoch). */
+export interface TrackedAttempt extends AttemptToken {
+  readonly heldAt: number
+}
+
+type Progress = Readonly<Record<string, unknown>>
+
+interface Entry extends TrackedAttempt {
+  progress: Progress | undefined
+  generation: number
+  written: number
+}
+
+export const keyOf = (token: AttemptToken) => `${token.jobId}:${token.runLease}`
+
+/** Attempts per heartbeat call (bounds the advisory locks one call holds). */
+const chunkSize = 500
+
+export const make = (storage: QueueStorage["Service"], intervalMs: number) => {
+  const attempts = new Map<string, Entry>()
+  const lock = Semaphore.makeUnsafe(1)
+
+  const track = (list: ReadonlyArray<TrackedAttempt>) => {
+    for (const a of list) {
+      const key = keyOf(a)
+      if (!attempts.has(key))
+        attempts.set(key, {
+          jobId: a.jobId,
+          runLease: a.runLease,
+          heldAt: a.heldAt,
+          progress: undefined,
+          generation: 0,
+          written: 0
+        })
+    }
+  }
+
+  const untrack = (key: string) => {
+    attempts.delete(key)
+  }
+
+  /** Newer progress for an attempt; an older generation arriving late is ignored. */
+  const setProgress = (key: string, progress: Progress, generation: number) => {
+    const entry = attempts.get(key)
+    if (entry !== undefined && generation > entry.generation) {
+      entry.progress = progress
+      entry.generation = generation
+    }
+  }
+
+  const itemOf = (entry: Entry): HeartbeatItem =>
+    entry.progress !== undefined && entry.generation > entry.written
+      ? { jobId: entry.jobId, runLease: entry.runLease, progress: entry.progress }
+      : { jobId: entry.jobId, runLease: entry.runLease }
+
+  /**
+   * One heartbeat round: every attempt held at least half an interval (the first heartbeat comes
+   * within 1.5 intervals of the claim). Returns the attempts found closed, and stops tracking them.
+   */
+  const beat: Effect.Effect<ReadonlyArray<AttemptToken>, SqlError.SqlError> = lock.withPermit(
+    Effect.gen(function* () {
+      const now = yield* Clock.currentTimeMillis
+      const due: Array<Entry> = []
+      for (const entry of attempts.values()) if (now - entry.heldAt >= intervalMs / 2) due.push(entry)
+      const closed: Array<AttemptToken> = []
+      for (let i = 0; i < due.length; i += chunkSize) {
+        const chunk = due.slice(i, i + chunkSize)
+        const generations = chunk.map((e) => e.generation)
+        const notOpen = yield* storage.heartbeatMany(chunk.map(itemOf))
+        chunk.forEach((e, k) => {
+          if (generations[k]! > e.written) e.written = generations[k]!
+        })
+        for (const token of notOpen) {
+          attempts.delete(keyOf(token))
+          closed.push(token)
+        }
+      }
+      return closed
+    })
+  )
+
+  /** Writes one attempt's progress now; a no-op write when the attempt is no longer open. */
+  const flush = (token: AttemptToken, progress: Progress, generation: number) =>
+    lock.withPermit(
+      Effect.suspend(() => {
+        const key = keyOf(token)
+        setProgress(key, progress, generation)
+        return Effect.map(
+          storage.heartbeatMany([{ jobId: token.jobId, runLease: token.runLease, progress }]),
+          () => {
+            const entry = attempts.get(key)
+            if (entry !== undefined && generation > entry.written) entry.written = generation
+          }
+        )
+      })
+    )
+
+  return { track, untrack, setProgress, beat, flush, size: () => attempts.size }
+}
+
+export type HeartbeatCore = ReturnType<typeof make>

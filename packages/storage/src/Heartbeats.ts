@@ -1,0 +1,394 @@
+/**
+ * `Heartbeats`: who keeps a process's attempts alive (capabilities.md §6). The worker starts one
+ * session for its lifetime, tells it which attempts it holds and their progress, and interrupts
+ * the attempts the session reports closed.
+ *
+ * - `layerThread` (Postgres, the default of `Awa.layerPg`): heartbeats are written by a
+ *   `worker_threads` thread with its own connection (`HeartbeatThread.ts`), on its own timer. A
+ *   handler that blocks the main event loop (CPU-bound work, a huge `JSON.parse`) no longer stops
+ *   them, so its process's attempts are not falsely rescued. Watchdog: the main thread stamps a
+ *   shared clock every tick; after `maxStallMs` without a stamp the thread stops heartbeating, so
+ *   a process that never recovers is still rescued.
+ * - `makeLoop` / `layerLoop`: the same heartbeats as a fiber on the main event loop (the
+ *   simulation layer, `watchdog: { thread: false }`, or a `PgClient` whose connection settings
+ *   cannot be handed to a thread, such as a custom `stream`).
+ *
+ * **Guarantees** `track` reaches the thread before it returns (one message per call: batch the
+ * attempts of a claim), so a handler that blocks right after its claim is already covered.
+ * `untrack` and progress are batched onto the next tick. Closing the session's scope stops the
+ * thread (it finishes its current write and closes its connection; terminated after 5 s).
+ *
+ * **Gotchas** The thread is loaded from `HeartbeatThread.ts` next to this module when running
+ * from source (Node type stripping, vitest) and from `HeartbeatThread.js` in compiled output: see
+ * `threadEntry`. It needs a connection of its own, one more per worker process.
+ */
+import { Worker as NodeWorker } from "node:worker_threads"
+import { Migrations } from "@awa/sql"
+import { PgClient } from "@effect/sql-pg"
+import {
+  Context,
+  Deferred,
+  Duration,
+  Effect,
+  Layer,
+  Queue,
+  Redacted,
+  Schedule,
+  type Scope,
+  Stream
+} from "effect"
+import { SqlError, UnknownError } from "effect/sql/SqlError"
+import * as HeartbeatCore from "./HeartbeatCore.ts"
+import type { FromThread, ThreadConnection, ThreadData, ToThread } from "./HeartbeatThread.ts"
+import { type AttemptToken, QueueStorage } from "./QueueStorage.ts"
+
+export type { TrackedAttempt } from "./HeartbeatCore.ts"
+
+export interface HeartbeatOptions {
+  /** Heartbeat round every this many ms; attempts held at least half of it are heartbeated. */
+  readonly intervalMs: number
+  /** Thread only: stop heartbeating once the main event loop has not ticked for this long. */
+  readonly maxStallMs: number
+}
+
+export interface HeartbeatSession {
+  readonly mode: "thread" | "loop"
+  /** Attempts the process now holds (heartbeated from now on). */
+  readonly track: (attempts: ReadonlyArray<HeartbeatCore.TrackedAttempt>) => void
+  /** An attempt the process no longer holds. */
+  readonly untrack: (token: AttemptToken) => void
+  /** Newer progress (`generation` increases per attempt): carried by the next heartbeat. */
+  readonly progress: (
+    token: AttemptToken,
+    progress: Readonly<Record<string, unknown>>,
+    generation: number
+  ) => void
+  /** Writes progress now, ordered with the heartbeats; a no-op write once the attempt is closed. */
+  readonly flush: (
+    token: AttemptToken,
+    progress: Readonly<Record<string, unknown>>,
+    generation: number
+  ) => Effect.Effect<void, SqlError>
+  /** Attempts a heartbeat found closed (cancelled, rescued): the worker interrupts them. */
+  readonly closed: Stream.Stream<AttemptToken>
+}
+
+export class Heartbeats extends Context.Service<
+  Heartbeats,
+  {
+    /** Starts a session for the caller's scope. */
+    readonly start: (options: HeartbeatOptions) => Effect.Effect<HeartbeatSession, SqlError, Scope.Scope>
+  }
+>()("@awa/storage/Heartbeats") {}
+
+const keyOf = HeartbeatCore.keyOf
+
+/** Heartbeats as a fiber on the current event loop. */
+export const makeLoop = (options: HeartbeatOptions) =>
+  Effect.gen(function* () {
+    const core = HeartbeatCore.make(yield* QueueStorage, options.intervalMs)
+    const closed = yield* Queue.unbounded<AttemptToken>()
+    yield* core.beat.pipe(
+      Effect.flatMap((tokens) => Queue.offerAll(closed, tokens)),
+      Effect.catchCause((cause) => Effect.logWarning("heartbeat failed", cause)),
+      Effect.repeat(Schedule.spaced(options.intervalMs)),
+      Effect.annotateLogs({ module: "Heartbeats", fiber: "heartbeat" }),
+      Effect.forkScoped
+    )
+    return {
+      mode: "loop",
+      track: core.track,
+      untrack: (token) => core.untrack(keyOf(token)),
+      progress: (token, progress, generation) => core.setProgress(keyOf(token), progress, generation),
+      flush: core.flush,
+      closed: Stream.fromQueue(closed)
+    } satisfies HeartbeatSession
+  })
+
+/** Heartbeats on the current event loop, whatever the storage layer. */
+export const layerLoop: Layer.Layer<Heartbeats, never, QueueStorage> = Layer.effect(
+  Heartbeats,
+  Effect.map(QueueStorage, (storage) =>
+    Heartbeats.of({ start: (options) => Effect.provideService(makeLoop(options), QueueStorage, storage) })
+  )
+)
+
+/**
+ * The thread's entry module, next to this one: `.ts` when this module runs from source (Node
+ * 24's type stripping, vitest), `.js` when it runs compiled (`tsc` rewrites import specifiers,
+ * not this URL, so the extension follows this module's own).
+ */
+export const threadEntry: URL = import.meta.url.endsWith(".ts")
+  ? new URL("./HeartbeatThread.ts", import.meta.url)
+  : new URL("./HeartbeatThread.js", import.meta.url)
+
+const sqlError = (message: string) =>
+  new SqlError({ reason: new UnknownError({ cause: new Error(message), message }) })
+
+const millis = (input: Duration.Input | undefined) =>
+  input === undefined ? undefined : Duration.toMillis(Duration.fromInputUnsafe(input))
+
+/**
+ * The client's connection settings as plain values a thread can receive, or the reason they
+ * cannot be handed over (then the session runs on the event loop).
+ */
+const threadConnection = (config: PgClient.PgClientConfig) =>
+  Effect.gen(function* (): Effect.fn.Return<ThreadConnection | string> {
+    if (config.stream !== undefined) return "the PgClient uses a custom stream"
+    let password: string | undefined
+    if (config.password !== undefined)
+      password = Redacted.value(
+        Redacted.isRedacted(config.password) ? config.password : yield* config.password
+      )
+    if (config.ssl !== undefined && typeof config.ssl !== "boolean") {
+      try {
+        structuredClone(config.ssl)
+      } catch {
+        return "the PgClient's TLS options cannot be copied to a thread"
+      }
+    }
+    return {
+      url: config.url === undefined ? undefined : Redacted.value(config.url),
+      host: config.host,
+      port: config.port,
+      path: config.path,
+      ssl: config.ssl,
+      database: config.database,
+      username: config.username,
+      password,
+      connectTimeoutMs: millis(config.connectTimeout),
+      keepAliveMs: millis(config.keepAlive),
+      applicationName: `${config.applicationName ?? "awa"} heartbeat`,
+      startupParameters: config.startupParameters,
+      startupOptions: config.startupOptions
+    }
+  })
+
+/**
+ * Heartbeats from a thread with its own connection, opened with the application's `PgClient`
+ * settings. Falls back to `makeLoop` (with a warning) when those cannot be handed to a thread.
+ */
+export const layerThread = (options: { readonly schema?: string | undefined } = {}) =>
+  Layer.effect(
+    Heartbeats,
+    Effect.gen(function* () {
+      const client = yield* PgClient.PgClient
+      const storage = yield* QueueStorage
+      const schema = yield* Migrations.checkSchemaName(options.schema ?? Migrations.defaultSchema)
+      return Heartbeats.of({
+        start: (o) =>
+          Effect.gen(function* () {
+            const connection = yield* threadConnection(client.config)
+            if (typeof connection === "string") {
+              yield* Effect.logWarning(`heartbeats run on the event loop: ${connection}`)
+              return yield* Effect.provideService(makeLoop(o), QueueStorage, storage)
+            }
+            return yield* startThread(o, connection, schema, storage)
+          })
+      })
+    })
+  )
+
+const startThread = (
+  options: HeartbeatOptions,
+  connection: ThreadConnection,
+  schema: string,
+  storage: QueueStorage["Service"]
+): Effect.Effect<HeartbeatSession, never, Scope.Scope> =>
+  Effect.gen(function* () {
+    const tickBuffer = new SharedArrayBuffer(8)
+    const tick = new BigInt64Array(tickBuffer)
+    const stamp = () => Atomics.store(tick, 0, BigInt(Date.now()))
+    stamp()
+    const data: ThreadData = {
+      connection,
+      schema,
+      intervalMs: options.intervalMs,
+      maxStallMs: options.maxStallMs,
+      tick: tickBuffer
+    }
+    // What the thread must know again if it is restarted.
+    const held = new Map<string, HeartbeatCore.TrackedAttempt>()
+    const closed = yield* Queue.unbounded<AttemptToken>()
+    const warnings = yield* Queue.unbounded<string>()
+    const flushWaiters = new Map<number, (error: string | undefined) => void>()
+    let nextFlush = 0
+    /** The thread once it is ready (connected); `current` is the latest spawned, ready or not. */
+    let thread: NodeWorker | undefined
+    let current: { readonly worker: NodeWorker; readonly exited: Deferred.Deferred<number> } | undefined
+    let stopping = false
+    let pendingUntrack: Array<string> = []
+    const pendingProgress = new Map<string, readonly [string, Readonly<Record<string, unknown>>, number]>()
+
+    // To the current thread, ready or not: a thread queues what arrives before it listens, so
+    // the attempts held meanwhile are covered from the moment it is up, even if the main loop is
+    // blocked by then and never sees its `ready`.
+    const post = (message: ToThread) => current?.worker.postMessage(message)
+    const postTrack = (attempts: Iterable<HeartbeatCore.TrackedAttempt>) => {
+      const a: Array<readonly [bigint, bigint, number]> = []
+      for (const t of attempts) a.push([t.jobId, t.runLease, t.heldAt])
+      if (a.length > 0) post({ t: "track", a })
+    }
+
+    // The main thread's tick: liveness for the watchdog, then what waited for a batch. A plain
+    // timer: it measures the event loop itself, whatever clock the Effect runtime uses.
+    const tickMs = Math.max(10, Math.min(1000, Math.floor(options.intervalMs / 4)))
+    const timer = setInterval(() => {
+      stamp()
+      if (pendingUntrack.length > 0) {
+        post({ t: "untrack", k: pendingUntrack })
+        pendingUntrack = []
+      }
+      if (pendingProgress.size > 0) {
+        post({ t: "progress", p: [...pendingProgress.values()] })
+        pendingProgress.clear()
+      }
+    }, tickMs)
+    timer.unref()
+    yield* Effect.addFinalizer(() => Effect.sync(() => clearInterval(timer)))
+
+    /** One thread, from spawn to exit; `ready` settles once it is connected (or could not be). */
+    const spawn = () => {
+      const worker = new NodeWorker(threadEntry, { workerData: data, name: "awa-heartbeat" })
+      const ready = Deferred.makeUnsafe<void, SqlError>()
+      const exited = Deferred.makeUnsafe<number>()
+      worker.on("message", (message: FromThread) => {
+        switch (message.t) {
+          case "ready":
+            Deferred.doneUnsafe(ready, Effect.void)
+            return
+          case "failed":
+            Deferred.doneUnsafe(ready, Effect.fail(sqlError(`heartbeat thread: ${message.message}`)))
+            Queue.offerUnsafe(warnings, `heartbeat thread failed: ${message.message}`)
+            return
+          case "closed":
+            for (const [jobId, runLease] of message.tokens) Queue.offerUnsafe(closed, { jobId, runLease })
+            return
+          case "flushed":
+            flushWaiters.get(message.id)?.(message.error)
+            flushWaiters.delete(message.id)
+            return
+          case "warn":
+            Queue.offerUnsafe(warnings, message.message)
+            return
+        }
+      })
+      worker.on("error", (error) => {
+        Deferred.doneUnsafe(ready, Effect.die(error))
+        Queue.offerUnsafe(warnings, `heartbeat thread error: ${error.message}`)
+      })
+      worker.on("exit", (code) => {
+        Deferred.doneUnsafe(
+          ready,
+          Effect.die(new Error(`heartbeat thread exited (${code}) before it was ready`))
+        )
+        Deferred.doneUnsafe(exited, Effect.succeed(code))
+        for (const waiter of flushWaiters.values()) waiter("heartbeat thread exited")
+        flushWaiters.clear()
+      })
+      return { worker, ready, exited }
+    }
+
+    // Supervisor: starts the thread, and replaces one that dies (after 1 s), telling it again
+    // which attempts this process holds. The worker does not wait for it: until a thread is
+    // ready (its start loads Effect again in its own isolate, seconds on a loaded machine),
+    // `bridge` heartbeats on the event loop.
+    const supervise = Effect.gen(function* () {
+      while (!stopping) {
+        const spawned = spawn()
+        current = spawned
+        postTrack(held.values())
+        const started = yield* Effect.exit(Deferred.await(spawned.ready))
+        if (started._tag === "Failure") {
+          yield* Effect.logWarning(
+            "heartbeat thread could not start; heartbeats stay on the event loop",
+            started.cause
+          )
+        } else {
+          thread = spawned.worker
+        }
+        const code = yield* Deferred.await(spawned.exited)
+        thread = undefined
+        if (stopping) return
+        if (started._tag === "Success")
+          yield* Effect.logWarning(`heartbeat thread exited (code ${code}); restarting it in 1 s`)
+        yield* Effect.sleep(1000)
+      }
+    })
+    yield* Effect.forkScoped(supervise)
+    // While no thread is ready: the held attempts' heartbeats on the event loop (no progress:
+    // finalization and flushes still write it).
+    const bridge = Effect.gen(function* () {
+      if (thread !== undefined) return
+      const now = Date.now()
+      const due: Array<AttemptToken> = []
+      for (const a of held.values())
+        if (now - a.heldAt >= options.intervalMs / 2) due.push({ jobId: a.jobId, runLease: a.runLease })
+      for (let i = 0; i < due.length; i += 500) {
+        const notOpen = yield* storage.heartbeatMany(due.slice(i, i + 500))
+        yield* Queue.offerAll(closed, notOpen)
+      }
+    })
+    yield* bridge.pipe(
+      Effect.catchCause((cause) => Effect.logWarning("heartbeat failed", cause)),
+      Effect.repeat(Schedule.spaced(options.intervalMs)),
+      Effect.annotateLogs({ module: "Heartbeats", fiber: "bridge" }),
+      Effect.forkScoped
+    )
+    yield* Stream.fromQueue(warnings).pipe(
+      Stream.runForEach((message) => Effect.logWarning(message)),
+      Effect.forkScoped
+    )
+    // Registered after the supervisor, so it runs first: stop the thread, let it close its
+    // connection, and only terminate it if it does not exit in time.
+    yield* Effect.addFinalizer(() =>
+      Effect.gen(function* () {
+        stopping = true
+        const spawned = current
+        if (spawned === undefined) return
+        spawned.worker.postMessage({ t: "stop" } satisfies ToThread)
+        const exited = yield* Deferred.await(spawned.exited).pipe(Effect.timeoutOption(5000))
+        if (exited._tag === "None") yield* Effect.promise(() => spawned.worker.terminate())
+      })
+    )
+    return {
+      mode: "thread",
+      track: (attempts) => {
+        for (const a of attempts) held.set(keyOf(a), a)
+        postTrack(attempts)
+      },
+      untrack: (token) => {
+        const key = keyOf(token)
+        held.delete(key)
+        pendingProgress.delete(key)
+        pendingUntrack.push(key)
+      },
+      progress: (token, progress, generation) => {
+        const key = keyOf(token)
+        pendingProgress.set(key, [key, progress, generation])
+      },
+      flush: (token, progress, generation) =>
+        Effect.callback<void, SqlError>((resume) => {
+          if (thread === undefined) {
+            // no thread ready yet (or restarting): write it from here, and tell the thread, so it
+            // never writes an older value after this one
+            const key = keyOf(token)
+            pendingProgress.delete(key)
+            post({ t: "progress", p: [[key, progress, generation]] })
+            resume(
+              Effect.asVoid(
+                storage.heartbeatMany([{ jobId: token.jobId, runLease: token.runLease, progress }])
+              )
+            )
+            return
+          }
+          const id = nextFlush++
+          flushWaiters.set(id, (error) =>
+            resume(error === undefined ? Effect.void : Effect.fail(sqlError(error)))
+          )
+          post({ t: "flush", id, jobId: token.jobId, runLease: token.runLease, progress, generation })
+          return Effect.sync(() => void flushWaiters.delete(id))
+        }),
+      closed: Stream.fromQueue(closed)
+    } satisfies HeartbeatSession
+  })
