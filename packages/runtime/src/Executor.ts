@@ -9,7 +9,9 @@
  * - Every attempt that starts ends in exactly one submitted outcome, unless it was closed
  *   elsewhere (cancel or rescue broadcast, heartbeat reply), in which case it is interrupted and
  *   nothing is submitted: storage would report it stale anyway.
- * - Interruption by shutdown submits a retry (`interrupted: worker shutting down`).
+ * - Interruption by shutdown releases the attempt: runnable again at once, the attempt not counted,
+ *   its error entry `interrupted: worker shutting down` (capabilities.md §7). A deploy never
+ *   fails a job, even one on its last attempt.
  * - The worker's capacity is released before waiting for the durable acknowledgement; the
  *   attempt leaves the running registry (heartbeats) only after it.
  */
@@ -32,6 +34,11 @@ export interface ExecutorOptions<R> {
     token: AttemptToken,
     progress: Readonly<Record<string, unknown>>
   ) => Effect.Effect<unknown, unknown>
+  /**
+   * True once the worker's drain is over and it interrupts what still runs: an interruption is
+   * then a release (attempt not counted), any other interruption an ordinary retry. Default: never.
+   */
+  readonly shuttingDown?: (() => boolean) | undefined
 }
 
 /** An attempt running in this process. */
@@ -187,10 +194,14 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
         if (e instanceof Job.JobTerminalError) return { _tag: "Fail", error: e.message }
         return yield* retry(messageOf(e))
       }
-      if (Cause.hasInterruptsOnly(exit.cause))
-        return yield* retry(
-          entry.deadlineExceeded ? "hard deadline exceeded" : "interrupted: worker shutting down"
-        )
+      if (Cause.hasInterruptsOnly(exit.cause)) {
+        if (entry.deadlineExceeded) return yield* retry("hard deadline exceeded")
+        // Shutdown is not the job's fault: it runs again at once, the attempt not counted. A
+        // handler interrupting itself (not shutdown) still uses an attempt, so it cannot loop.
+        return options.shuttingDown?.() === true
+          ? { _tag: "Release", delayMs: 0, error: "interrupted: worker shutting down" }
+          : yield* retry("interrupted")
+      }
       return yield* retry(`defect: ${Cause.pretty(exit.cause).split("\n")[0]}`)
     })
 

@@ -5,7 +5,7 @@
  *
  * **Shutdown** Closing the layer's scope (or SIGINT/SIGTERM under `NodeRuntime.runMain`) stops
  * the dispatchers, lets in-flight handlers finish for up to `shutdownTimeout`, then interrupts
- * the rest (each records a retry), flushes pending finalizations and releases the leader lock.
+ * the rest (each released: runnable again at once, the attempt not counted), flushes pending finalizations and releases the leader lock.
  * Anything that could not be finalized stays open in storage and is rescued later.
  */
 import { monitorEventLoopDelay } from "node:perf_hooks"
@@ -399,13 +399,20 @@ export const make = Effect.fnUntraced(function* <R>(options: WorkerOptions<R>) {
   // interrupts stragglers, and the batcher flushes last.
   const batcher = yield* CompletionBatcher.make(options.completion)
   const fibers = yield* FiberSet.make<unknown, unknown>()
+  // After the drain, the FiberSet interrupts what still runs: those attempts are released.
+  let shuttingDown = false
   yield* Effect.addFinalizer(() =>
-    FiberSet.awaitEmpty(fibers).pipe(Effect.timeoutOption(config.shutdownTimeoutMs), Effect.asVoid)
+    FiberSet.awaitEmpty(fibers).pipe(
+      Effect.timeoutOption(config.shutdownTimeoutMs),
+      Effect.ensuring(Effect.sync(() => void (shuttingDown = true))),
+      Effect.asVoid
+    )
   )
   const executor = yield* Executor.make<R>({
     handlers: new Map(options.handlers.map((h) => [h.definition.kind, h])),
     onUnknownKind: options.onUnknownKind ?? "fail",
     batcher,
+    shuttingDown: () => shuttingDown,
     tracing: options.tracing ?? true,
     flushProgress: (token, progress) => Effect.asVoid(storage.heartbeatMany([{ ...token, progress }]))
   })

@@ -79,6 +79,12 @@ export type Outcome =
   | { readonly _tag: "Retry"; readonly delayMs: number; readonly error: string }
   /** Not a failure: the attempt is not counted. */
   | { readonly _tag: "Snooze"; readonly delayMs: number }
+  /**
+   * An attempt cut off by worker shutdown: runnable again after `delayMs` (the worker sends 0)
+   * with the attempt not counted, `error` appended to the job's errors (never terminal). A job
+   * on its last attempt survives a rolling deploy (capabilities.md §7).
+   */
+  | { readonly _tag: "Release"; readonly delayMs: number; readonly error: string }
   | { readonly _tag: "Cancel"; readonly reason: string }
   /** Terminal failure: no retry whatever attempts remain. */
   | { readonly _tag: "Fail"; readonly error: string }
