@@ -404,7 +404,11 @@ export const make = Effect.fnUntraced(function* <R>(options: WorkerOptions<R>) {
   yield* Effect.addFinalizer(() =>
     FiberSet.awaitEmpty(fibers).pipe(
       Effect.timeoutOption(config.shutdownTimeoutMs),
-      Effect.ensuring(Effect.sync(() => void (shuttingDown = true))),
+      Effect.ensuring(
+        Effect.sync(() => {
+          shuttingDown = true
+        })
+      ),
       Effect.asVoid
     )
   )
