@@ -210,7 +210,8 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
   const decoderOf = (handler: Handler<R>) => {
     let decode = decoders.get(handler.definition.kind)
     if (decode === undefined) {
-      decode = Schema.decodeUnknownEffect(handler.definition.args) as (
+      // the codec insert encoded with (core `argsCodec`): every Schema round-trips
+      decode = Schema.decodeUnknownEffect(Job.argsCodec(handler.definition.args)) as (
         input: unknown
       ) => Effect.Effect<unknown, Schema.SchemaError>
       decoders.set(handler.definition.kind, decode)
