@@ -24,7 +24,7 @@ import type { Handler, JobContext } from "./Handler.ts"
 
 export interface ExecutorOptions<R> {
   readonly handlers: ReadonlyMap<string, Handler<R>>
-  /** What to do with a job whose kind has no handler here. Default "fail". */
+  /** What to do with a job whose kind has no handler here: a counted retry with backoff, or fail. */
   readonly onUnknownKind: "fail" | "retry"
   readonly batcher: CompletionBatcher
   /** Wrap each attempt in a consumer span carrying `awa:traceparent`; off = no span at all. Default true. */

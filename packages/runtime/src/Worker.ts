@@ -84,7 +84,11 @@ export interface WorkerOptions<R> {
   readonly heartbeatStaleness?: Duration.Input | undefined
   /** How long shutdown waits for in-flight handlers before interrupting them. Default 30 s. */
   readonly shutdownTimeout?: Duration.Input | undefined
-  /** A claimed job whose kind has no handler here: fail it (default) or retry it. */
+  /**
+   * A claimed job whose kind has no handler here: retry it with backoff (default), or fail it.
+   * Claiming is by queue, not kind, so during a rolling deploy a worker of the old version claims
+   * jobs of a kind only the new one knows; retrying hands them on (docs/adr/0015).
+   */
   readonly onUnknownKind?: "fail" | "retry" | undefined
   /** A consumer span per attempt, child of (or linked to) the producer span. Off: no span at all. Default true. */
   readonly tracing?: boolean | undefined
@@ -414,7 +418,7 @@ export const make = Effect.fnUntraced(function* <R>(options: WorkerOptions<R>) {
   )
   const executor = yield* Executor.make<R>({
     handlers: new Map(options.handlers.map((h) => [h.definition.kind, h])),
-    onUnknownKind: options.onUnknownKind ?? "fail",
+    onUnknownKind: options.onUnknownKind ?? "retry",
     batcher,
     shuttingDown: () => shuttingDown,
     tracing: options.tracing ?? true,
