@@ -4,7 +4,8 @@
  * **Guarantee** `insert` runs on whatever connection the calling fiber holds, so inside
  * `sql.withTransaction` the job commits or rolls back with the application's own writes.
  * Args are encoded with the job's Schema before anything is written; an encoding failure is a
- * `ValidationError` on `args`. The producer's span context is stored as `awa:traceparent`.
+ * `ValidationError` on `args`. The producer's span context is stored as `awa:traceparent`, unless
+ * the caller's metadata carries its own (it wins; a malformed one is a `ValidationError`).
  */
 import { checkNewJob, Job, Traceparent, UniqueKey, ValidationError } from "@awa/core"
 import type { EnqueuedJob, EnqueueError, JobView, ListFilter, QueueStateCount } from "@awa/storage"
@@ -74,7 +75,8 @@ export const make = Effect.fnUntraced(function* (options: AwaClientOptions = {})
         runAt = new Date((yield* Clock.currentTimeMillis) + Duration.toMillis(delay.value))
       }
       let metadata = merged.metadata
-      if (tracing) {
+      // a caller's own `awa:traceparent` wins over the current span (checked by checkNewJob)
+      if (tracing && metadata?.[Traceparent.metadataKey] === undefined) {
         const span = yield* Effect.option(Effect.currentSpan)
         if (span._tag === "Some") {
           const traceparent = Traceparent.encode({

@@ -92,6 +92,13 @@ export interface WorkerOptions<R> {
   readonly onUnknownKind?: "fail" | "retry" | undefined
   /** A consumer span per attempt, child of (or linked to) the producer span. Off: no span at all. Default true. */
   readonly tracing?: boolean | undefined
+  /**
+   * Spans of the worker's background loops: each claim (`awa.claim <queue>`), the leader's
+   * election and each maintenance tick (`awa.maintenance <duty>`), with their queries as
+   * children. Default false: an idle worker polls several times a second, and each poll would be
+   * a root span in the application's tracing backend. Job spans are not affected.
+   */
+  readonly backgroundSpans?: boolean | undefined
   /** Event-loop delay that logs a stall warning. Default 1 s. */
   readonly stallWarning?: Duration.Input | undefined
   readonly completion?: CompletionBatcher.CompletionBatcherOptions | undefined
@@ -201,7 +208,8 @@ export const resolveConfig = <R>(options: WorkerOptions<R>) =>
           1000,
           day,
           true
-        )
+        ),
+        backgroundSpans: options.backgroundSpans ?? false
       })
       queueSettings.push({
         queue,
@@ -399,9 +407,14 @@ export const make = Effect.fnUntraced(function* <R>(options: WorkerOptions<R>) {
   }
   if (config.cron !== undefined) yield* Cron.declare(config.cron)
 
+  /** Background loops emit no spans unless `backgroundSpans` (a disabled tracer stays disabled). */
+  const background = <A, E, R2>(effect: Effect.Effect<A, E, R2>) =>
+    options.backgroundSpans === true ? effect : Effect.withTracerEnabled(effect, false)
+
   // Finalizers run in reverse: dispatchers stop first, then the drain, then the FiberSet
   // interrupts stragglers, and the batcher flushes last.
-  const batcher = yield* CompletionBatcher.make(options.completion)
+  // its flushers are forked here: one finalize query per batch, not a root span each
+  const batcher = yield* background(CompletionBatcher.make(options.completion))
   const fibers = yield* FiberSet.make<unknown, unknown>()
   // After the drain, the FiberSet interrupts what still runs: those attempts are released.
   let shuttingDown = false
@@ -448,6 +461,7 @@ export const make = Effect.fnUntraced(function* <R>(options: WorkerOptions<R>) {
     Effect.andThen(Effect.sleep(1000)),
     Effect.forever,
     Effect.annotateLogs({ module: "Worker", fiber: "listener" }),
+    background,
     Effect.forkScoped
   )
 
@@ -495,7 +509,9 @@ export const make = Effect.fnUntraced(function* <R>(options: WorkerOptions<R>) {
     Effect.forkScoped
   )
 
-  if (config.maintenance !== undefined) yield* Effect.forkScoped(Leader.run(config.maintenance, isLeader))
+  if (config.maintenance !== undefined)
+    // the election and the duties poll all the time: untraced unless asked for
+    yield* Effect.forkScoped(background(Leader.run(config.maintenance, isLeader)))
 
   return Worker.of({
     isLeader,

@@ -51,7 +51,10 @@ describe("unknown kinds on Postgres", () => {
           }
           const v2: WorkerOptions<never> = {
             queues,
-            handlers: [handler(Old, () => Effect.void), handler(New, ({ n }) => Effect.sync(() => void ran.push(n)))],
+            handlers: [
+              handler(Old, () => Effect.void),
+              handler(New, ({ n }) => Effect.sync(() => void ran.push(n)))
+            ],
             maintenance
           }
           const client = yield* AwaClient
