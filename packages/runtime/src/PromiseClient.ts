@@ -38,7 +38,7 @@ import type {
   JobView,
   ListFilter
 } from "@awa/storage"
-import { PgClient } from "@effect/sql-pg"
+import type { PgClient } from "@effect/sql-pg"
 import {
   Effect,
   Exit,
@@ -166,7 +166,8 @@ const checkSynchronous = (kind: string, schema: StandardSchemaLike<unknown>) => 
 }
 
 export const createClient = async (options: ClientOptions) => {
-  const pg = PgClient.layer({
+  // connection errors name their cause (ECONNREFUSED, unknown database) on the first line
+  const pg = Awa.pgClient({
     url: Redacted.make(options.databaseUrl),
     maxConnections: options.maxConnections ?? 10
   })
