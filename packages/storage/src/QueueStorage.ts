@@ -120,7 +120,8 @@ export type PruneOutcome =
   | { readonly _tag: "Noop" }
   | {
       readonly _tag: "Blocked"
-      readonly reason: "unclaimed" | "lock" | "locked_attempt" | "young_attempts" | "busy"
+      /** `retention`: history only, its oldest slot holds rows younger than the longest retention. */
+      readonly reason: "unclaimed" | "lock" | "locked_attempt" | "young_attempts" | "busy" | "retention"
     }
 
 export interface RetentionParams {
