@@ -50,7 +50,8 @@ describe("args round-trip through Postgres in their JSON form", () => {
         )
         return Effect.gen(function* () {
           const received = yield* Deferred.make<typeof Args.Type>()
-          const scope = yield* Scope.make()
+          // closed by the test's scope too, so a failing test does not leave the worker running
+          const scope = yield* Effect.acquireRelease(Scope.make(), (s) => Scope.close(s, Exit.void))
           yield* Layer.buildWithScope(
             Awa.worker({
               queues: { codec: { pollInterval: "50 millis" } },

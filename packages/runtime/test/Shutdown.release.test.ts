@@ -32,7 +32,8 @@ const advance = (ms: number, stepMs = 10) =>
 /** Builds a worker in a scope the test closes, on the ambient Awa services. */
 const startWorker = <R>(options: WorkerOptions<R>) =>
   Effect.gen(function* () {
-    const scope = yield* Scope.make()
+    // closed by the test's scope too, so a failing test does not leave the worker running
+    const scope = yield* Effect.acquireRelease(Scope.make(), (s) => Scope.close(s, Exit.void))
     const context = yield* Layer.buildWithScope(Awa.worker(options), scope)
     return { worker: Context.get(context, Worker), stop: Scope.close(scope, Exit.void) }
   })

@@ -23,7 +23,8 @@ const awaOn = (url: string) =>
 /** A worker on its own pool, in a scope the test closes. */
 const startWorker = <R>(url: string, options: WorkerOptions<R>) =>
   Effect.gen(function* () {
-    const scope = yield* Scope.make()
+    // closed by the test's scope too, so a failing test does not leave the worker running
+    const scope = yield* Effect.acquireRelease(Scope.make(), (s) => Scope.close(s, Exit.void))
     yield* Layer.buildWithScope(Awa.worker(options).pipe(Layer.provideMerge(awaOn(url))), scope)
     return Scope.close(scope, Exit.void)
   })

@@ -32,7 +32,8 @@ const withAwa = <A, E>(
 /** Builds a worker on the ambient Awa services; returns how to stop it. */
 const startWorker = <R>(options: WorkerOptions<R>) =>
   Effect.gen(function* () {
-    const scope = yield* Scope.make()
+    // closed by the test's scope too, so a failing test does not leave the worker running
+    const scope = yield* Effect.acquireRelease(Scope.make(), (s) => Scope.close(s, Exit.void))
     yield* Layer.buildWithScope(Awa.worker(options), scope)
     return Scope.close(scope, Exit.void)
   })
