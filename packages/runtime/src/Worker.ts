@@ -87,7 +87,7 @@ export interface WorkerOptions<R> {
   /**
    * A claimed job whose kind has no handler here: retry it with backoff (default), or fail it.
    * Claiming is by queue, not kind, so during a rolling deploy a worker of the old version claims
-   * jobs of a kind only the new one knows; retrying hands them on (docs/adr/0015).
+   * jobs of a kind only the new one knows; retrying hands them on (docs/adr/0016).
    */
   readonly onUnknownKind?: "fail" | "retry" | undefined
   /** A consumer span per attempt, child of (or linked to) the producer span. Off: no span at all. Default true. */

@@ -1,4 +1,4 @@
--- 0018: finalize learns outcome 'release': an attempt cut off by worker shutdown goes back to
+-- 0019: finalize learns outcome 'release': an attempt cut off by worker shutdown goes back to
 -- ready at once without using an attempt (capabilities.md §7, "Shutdown").
 --
 -- Before, the worker recorded such an attempt as an ordinary 'retry': backoff, one attempt used,
@@ -15,12 +15,13 @@
 -- advisory locks in (job_id, run_lease) order, the attempt applied only while it is open (its
 -- claim present, no closure), one closure row per applied attempt (so a 'release' after a rescue
 -- or cancel is Stale, like any other outcome), and the deferred row. The function is 0016's
--- text with the three CASE arms marked "0018" below; its SET options are kept.
+-- text with the three CASE arms marked "0019" below; its SET options are kept, with 0018's
+-- `jit = off` (CREATE OR REPLACE replaces them all).
 CREATE OR REPLACE FUNCTION :AWA_SCHEMA.finalize(p_items jsonb)
 RETURNS TABLE (ord int, applied boolean, state text)
 LANGUAGE plpgsql
 SET search_path = :AWA_SCHEMA, pg_catalog SET plan_cache_mode = force_generic_plan SET enable_seqscan = off
-SET enable_nestloop = off AS $$
+SET enable_nestloop = off SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
   v_now timestamptz := now();
@@ -71,7 +72,7 @@ BEGIN
              WHEN 'fail' THEN 'failed'
              WHEN 'snooze' THEN 'scheduled'
              WHEN 'retry' THEN CASE WHEN c.attempt >= r.max_attempts THEN 'failed' ELSE 'retryable' END
-             -- 0018: shutdown's release is a retry that never exhausts
+             -- 0019: shutdown's release is a retry that never exhausts
              WHEN 'release' THEN 'retryable'
            END AS new_state
     FROM items i
@@ -90,7 +91,7 @@ BEGIN
     SELECT o.*,
            o.new_state = 'failed' AND dlq_enabled(o.queue) AS to_dlq,
            CASE WHEN o.outcome = 'fail' THEN 'terminal_error' ELSE coalesce(o.reason, 'max_attempts_exhausted') END AS dlq_reason,
-           -- 0018: 'release' records its error entry like 'retry' (never terminal: its state is retryable)
+           -- 0019: 'release' records its error entry like 'retry' (never terminal: its state is retryable)
            CASE WHEN o.outcome IN ('retry', 'fail', 'release') THEN
                   append_error(o.errors, jsonb_strip_nulls(jsonb_build_object('error', o.message, 'attempt', o.attempt, 'at', v_now,
                                          'terminal', CASE WHEN o.new_state = 'failed' THEN true END)))
@@ -121,7 +122,7 @@ BEGIN
                           run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
     SELECT r.job_id, r.new_state, r.kind, r.queue, r.priority, r.shard, r.args, r.metadata, r.tags,
            coalesce(r.new_errors, r.errors), r.progress,
-           -- 0018: a released attempt is not counted, as a snoozed one
+           -- 0019: a released attempt is not counted, as a snoozed one
            CASE WHEN r.new_state = 'scheduled' OR r.outcome = 'release' THEN r.attempt - 1 ELSE r.attempt END,
            r.run_lease, r.max_attempts, v_now + r.delay_ms * interval '1 millisecond', r.created_at, r.unique_key, r.unique_states
     FROM resolved r WHERE r.new_state IN ('retryable', 'scheduled')
