@@ -9,7 +9,6 @@ import { Job, type UniqueConflict } from "@awa/core"
 import { Awa, AwaClient, Handler } from "@awa/runtime"
 import { EmbeddedPostgres } from "@awa/testing"
 import { NodeRuntime } from "@effect/platform-node"
-import { PgClient } from "@effect/sql-pg"
 import { Console, Effect, Layer, Random, Redacted, Schedule, Schema } from "effect"
 
 const dataRoot = fileURLToPath(new URL("../.awa/", import.meta.url))
@@ -111,7 +110,8 @@ const server = Effect.acquireRelease(
 const program = Effect.gen(function* () {
   const pg = yield* server
   yield* Console.log(pg.dataDir ? `Postgres: embedded, data in ${pg.dataDir}` : "Postgres: DATABASE_URL")
-  const Database = PgClient.layer({
+  // Awa.pgClient: PgClient.layer whose connection errors name their cause on the first line
+  const Database = Awa.pgClient({
     url: Redacted.make(pg.url),
     maxConnections: 10,
     applicationName: "awa-demo"

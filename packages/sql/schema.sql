@@ -1680,6 +1680,8 @@ BEGIN
              WHEN 'fail' THEN 'failed'
              WHEN 'snooze' THEN 'scheduled'
              WHEN 'retry' THEN CASE WHEN c.attempt >= r.max_attempts THEN 'failed' ELSE 'retryable' END
+             -- 0023: shutdown's release is a retry that never exhausts
+             WHEN 'release' THEN 'retryable'
            END AS new_state0
     FROM items i
     JOIN batch_claims c ON c.job_id = i.job_id AND c.run_lease = i.run_lease
@@ -1728,7 +1730,8 @@ BEGIN
     SELECT o.*,
            o.new_state = 'failed' AND dlq_enabled(o.queue) AS to_dlq,
            CASE WHEN o.outcome = 'fail' THEN 'terminal_error' ELSE coalesce(o.reason, 'max_attempts_exhausted') END AS dlq_reason,
-           CASE WHEN o.outcome IN ('retry', 'fail') THEN
+           -- 0023: 'release' records its error entry like 'retry' (never terminal: its state is retryable)
+           CASE WHEN o.outcome IN ('retry', 'fail', 'release') THEN
                   append_error(o.errors, jsonb_strip_nulls(jsonb_build_object('error', o.message, 'attempt', o.attempt, 'at', v_now,
                                          'terminal', CASE WHEN o.new_state = 'failed' THEN true END)))
                 WHEN o.outcome = 'cancel' THEN
@@ -1760,7 +1763,8 @@ BEGIN
     SELECT DISTINCT ON (r.job_id)
            r.job_id, r.new_state, r.kind, r.queue, r.priority, r.shard, r.args, r.metadata, r.tags,
            coalesce(r.new_errors, r.errors), r.progress,
-           CASE WHEN r.new_state = 'scheduled' THEN r.attempt - 1 ELSE r.attempt END,
+           -- 0023: a released attempt is not counted, as a snoozed one
+           CASE WHEN r.new_state = 'scheduled' OR r.outcome = 'release' THEN r.attempt - 1 ELSE r.attempt END,
            r.run_lease, r.max_attempts, v_now + r.delay_ms * interval '1 millisecond', r.created_at, r.unique_key, r.unique_states
     FROM resolved r WHERE r.new_state IN ('retryable', 'scheduled')
     ORDER BY r.job_id, r.run_lease DESC

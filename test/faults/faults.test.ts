@@ -743,10 +743,15 @@ describe("faults: worker processes", () => {
           const workers = yield* startWorkers(
             url,
             ["w1", "w2"].map((name) =>
-              workerConfig(name, {
-                bad: { maxConcurrency: 20 },
-                [Jobs.injection.queue]: { maxConcurrency: 5 }
-              })
+              workerConfig(
+                name,
+                {
+                  bad: { maxConcurrency: 20 },
+                  [Jobs.injection.queue]: { maxConcurrency: 5 }
+                },
+                // the scenario checks the terminal path; the default is now "retry" (ADR 0020)
+                { onUnknownKind: "fail" }
+              )
             )
           )
           const ids: Array<bigint> = []

@@ -42,7 +42,7 @@ export class SchemaNotMigrated extends Schema.TaggedError<SchemaNotMigrated>()("
   required: Schema.Number
 }) {
   override get message(): string {
-    return `schema "${this.schema}" is at version ${this.found} but this code needs ${this.required}; run "awa migrate" or set migrateOnStart`
+    return `schema "${this.schema}" is at version ${this.found} but this code needs ${this.required}; apply the migrations with Awa.migrate() (from @awa/runtime), or start with migrateOnStart: true`
   }
 }
 

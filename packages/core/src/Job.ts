@@ -3,7 +3,9 @@
  *
  * A job is declared once with a kind and an `effect/Schema` for its args; the same definition
  * types the producer (`AwaClient.insert`) and the handler. Args are stored in their *encoded*
- * form, so a Schema with transformations round-trips through the database.
+ * form, so a Schema with transformations round-trips through the database. The encoded form is
+ * that of the Schema's JSON codec (`argsCodec`), so any Schema round-trips, including those whose
+ * plain encoded form is not JSON (`Schema.Date`, `Schema.BigInt`, `Schema.Option`, maps, classes).
  */
 import { type Duration, Schema } from "effect"
 import type { UniqueOptions } from "./NewJob.ts"
@@ -41,6 +43,25 @@ export interface DefineOptions<A, I> {
   readonly queue?: string | undefined
   readonly defaults?: InsertOptions | undefined
   readonly backoff?: ((attempt: number) => Duration.Input) | undefined
+}
+
+const jsonCodecs = new WeakMap<Schema.Top, Schema.Codec<unknown, unknown>>()
+
+/**
+ * The codec args are stored with: the Schema's canonical JSON codec (`Schema.toCodecJson`).
+ * Insert encodes with it and the worker decodes with it, so what one writes the other reads:
+ * a `Date` is stored as its ISO string, a `bigint` as a decimal string, an `Option` as
+ * `{ _tag, value }`, a `Map` as an array of entries, an optional key left `undefined` as `null`.
+ * For a Schema whose encoded form is already JSON the stored args are what `Schema.encode`
+ * gives. Built once per Schema.
+ */
+export const argsCodec = <A, I>(args: Schema.Codec<A, I>): Schema.Codec<A, unknown> => {
+  let codec = jsonCodecs.get(args)
+  if (codec === undefined) {
+    codec = Schema.toCodecJson(args) as unknown as Schema.Codec<unknown, unknown>
+    jsonCodecs.set(args, codec)
+  }
+  return codec as Schema.Codec<A, unknown>
 }
 
 /** Declares a job kind. Checks run where the definition is used (insert, worker layer). */

@@ -7,6 +7,7 @@ import { Effect } from "effect"
 import { ValidationError } from "./AwaError.ts"
 import { canonicalJson, JsonError } from "./CanonicalJson.ts"
 import { defaultUniqueStates, type JobState, jobStates, stateMask } from "./JobState.ts"
+import { decode as decodeTraceparent, metadataKey } from "./Traceparent.ts"
 import { periodBucket, toHex, uniqueKey } from "./UniqueKey.ts"
 
 export const limits = {
@@ -160,8 +161,16 @@ export const checkNewJobSync = (
       return fail("metadata", "must be a JSON object")
     }
     for (const key of Object.keys(metadata)) {
-      if (key.startsWith("awa:") && key !== "awa:traceparent")
+      if (key.startsWith("awa:") && key !== metadataKey)
         return fail(`metadata.${key}`, 'the "awa:" prefix is reserved')
+    }
+    // A caller-supplied trace context is kept as given (it wins over the current span), so it
+    // must be one: a malformed value would silently break the job's trace.
+    if (Object.hasOwn(metadata, metadataKey) && decodeTraceparent(metadata[metadataKey]) === undefined) {
+      return fail(
+        `metadata.${metadataKey}`,
+        "must be a W3C traceparent: 00-<32 hex trace id>-<16 hex span id>-<2 hex flags>, ids not all zero"
+      )
     }
     const rendered = json(metadata, "metadata")
     if (rendered instanceof ValidationError) return rendered

@@ -18,7 +18,9 @@ import {
   SimQueueStorage,
   StorageSignals
 } from "@awa/storage"
-import { Layer } from "effect"
+import { PgClient } from "@effect/sql-pg"
+import { Effect, Layer } from "effect"
+import { type SqlClient, SqlError } from "effect/sql"
 import * as AwaClient from "./AwaClient.ts"
 import * as Worker from "./Worker.ts"
 
@@ -33,7 +35,10 @@ export interface AwaPgOptions extends PgQueueStorage.PgQueueStorageOptions, AwaC
  */
 export const layerPg = (options: AwaPgOptions = {}) => {
   const fence = Layer.effectDiscard(
-    Migrations.ensureCompatible({ schema: options.schema, migrateOnStart: options.migrateOnStart })
+    Migrations.ensureCompatible({ schema: options.schema, migrateOnStart: options.migrateOnStart }).pipe(
+      // the fence is the first query: a pool that connects lazily fails here
+      Effect.mapError((error) => (SqlError.isSqlError(error) ? explainSqlError(error) : error))
+    )
   )
   const engine = Layer.mergeAll(
     PgQueueStorage.layer(options),
@@ -59,5 +64,52 @@ export const layerSim = (options: AwaClient.AwaClientOptions = {}) =>
 
 export const worker = Worker.layer
 
-/** Runs `migrate` once (the `awa migrate` command does the same). */
+/**
+ * Applies pending migrations once (what `migrateOnStart` does at start). Needs a `SqlClient`,
+ * e.g. `Effect.runPromise(Awa.migrate().pipe(Effect.provide(Awa.pgClient({ url }))))`.
+ */
 export const migrate = (options: Migrations.SchemaOptions = {}) => Migrations.migrate(options)
+
+/** The innermost message of an error's `cause` chain: what actually went wrong. */
+const rootMessage = (error: unknown): string | undefined => {
+  let found: string | undefined
+  let current: unknown = error
+  for (let depth = 0; depth < 8 && typeof current === "object" && current !== null; depth++) {
+    const message = (current as { readonly message?: unknown }).message
+    if (typeof message === "string" && message !== "") found = message
+    current = (current as { readonly cause?: unknown }).cause
+  }
+  return found
+}
+
+/**
+ * A driver error whose first line names the real cause. `@effect/sql-pg` reports "PgConnection:
+ * Failed to connect" with `connect ECONNREFUSED …` or `database "x" does not exist` three
+ * `cause` levels down, where a log line never shows it; this copies it up into the message.
+ */
+export const explainSqlError = (error: SqlError.SqlError): SqlError.SqlError => {
+  const reason = error.reason
+  const root = rootMessage(reason.cause)
+  if (root === undefined || error.message.includes(root)) return error
+  const Reason = reason.constructor as new (fields: {
+    readonly cause: unknown
+    readonly message: string
+    readonly operation?: string | undefined
+  }) => SqlError.SqlError["reason"]
+  return new SqlError.SqlError({
+    reason: new Reason({
+      cause: reason.cause,
+      message: `${error.message}: ${root}`,
+      ...(reason.operation === undefined ? {} : { operation: reason.operation })
+    })
+  })
+}
+
+/**
+ * `PgClient.layer` whose connection errors name their cause on the first line (a wrong port,
+ * host, password or database name), for `Awa.layerPg` and `Awa.migrate`.
+ */
+export const pgClient = (
+  config: PgClient.PgPoolConfig
+): Layer.Layer<PgClient.PgClient | SqlClient.SqlClient, SqlError.SqlError> =>
+  Layer.effectContext(Effect.mapError(Layer.build(PgClient.layer(config)), explainSqlError))

@@ -4,9 +4,10 @@
  * **Guarantee** `insert` runs on whatever connection the calling fiber holds, so inside
  * `sql.withTransaction` the job commits or rolls back with the application's own writes.
  * Args are encoded with the job's Schema before anything is written; an encoding failure is a
- * `ValidationError` on `args`. The producer's span context is stored as `awa:traceparent`.
+ * `ValidationError` on `args`. The producer's span context is stored as `awa:traceparent`, unless
+ * the caller's metadata carries its own (it wins; a malformed one is a `ValidationError`).
  */
-import { checkNewJob, type Job, Traceparent, UniqueKey, ValidationError } from "@awa/core"
+import { checkNewJob, Job, Traceparent, UniqueKey, ValidationError } from "@awa/core"
 import type { EnqueuedJob, EnqueueError, JobView, ListFilter, QueueStateCount } from "@awa/storage"
 import { QueueStorage } from "@awa/storage"
 import { Clock, Context, Duration, Effect, Layer, type Option, Schema } from "effect"
@@ -74,7 +75,8 @@ export const make = Effect.fnUntraced(function* (options: AwaClientOptions = {})
         runAt = new Date((yield* Clock.currentTimeMillis) + Duration.toMillis(delay.value))
       }
       let metadata = merged.metadata
-      if (tracing) {
+      // a caller's own `awa:traceparent` wins over the current span (checked by checkNewJob)
+      if (tracing && metadata?.[Traceparent.metadataKey] === undefined) {
         const span = yield* Effect.option(Effect.currentSpan)
         if (span._tag === "Some") {
           const traceparent = Traceparent.encode({
@@ -89,17 +91,20 @@ export const make = Effect.fnUntraced(function* (options: AwaClientOptions = {})
     })
   }
 
+  // Args are encoded with the Schema's JSON codec, which the worker decodes with (core `argsCodec`).
   const encode = <A, I>(job: Job.JobDefinition<A, I>, args: A) =>
-    Schema.encodeEffect(job.args)(args).pipe(
+    Schema.encodeEffect(Job.argsCodec(job.args))(args).pipe(
       Effect.mapError((e) => new ValidationError({ field: "args", reason: e.message }))
     )
 
   // A batch is encoded by one Schema run over the array (one Effect, not one per job).
   const arrayCodecs = new WeakMap<Schema.Top, Schema.Top>()
   const encodeAll = <A, I>(job: Job.JobDefinition<A, I>, args: ReadonlyArray<A>) => {
-    let codec = arrayCodecs.get(job.args) as Schema.Codec<ReadonlyArray<A>, ReadonlyArray<I>> | undefined
+    let codec = arrayCodecs.get(job.args) as
+      | Schema.Codec<ReadonlyArray<A>, ReadonlyArray<unknown>>
+      | undefined
     if (codec === undefined) {
-      codec = Schema.Array(job.args)
+      codec = Schema.Array(Job.argsCodec(job.args))
       arrayCodecs.set(job.args, codec)
     }
     return Schema.encodeEffect(codec)(args).pipe(

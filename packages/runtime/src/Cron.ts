@@ -38,7 +38,7 @@
  * `nextRun` can return an earlier instant when started inside the repeated hour; `nextTick`
  * corrects for that.
  */
-import { AwaConfigError, checkNewJob, type Job } from "@awa/core"
+import { AwaConfigError, checkNewJob, Job } from "@awa/core"
 import { CronStorage, type EnqueuedJob, type EnqueueError } from "@awa/storage"
 import { Cron as Croner } from "croner"
 import { Clock, Effect, Schema } from "effect"
@@ -261,7 +261,7 @@ export const resolve = (schedules: ReadonlyArray<CronSchedule>, issues: Array<Is
           )
         missedFire = { _tag: "CatchUp", max }
       }
-      const encoded = yield* Effect.result(Schema.encodeEffect(s.job.args)(s.args))
+      const encoded = yield* Effect.result(Schema.encodeEffect(Job.argsCodec(s.job.args))(s.args))
       if (encoded._tag === "Failure") {
         issues.push(issue(`${path}.args`, encoded.failure.message))
         continue

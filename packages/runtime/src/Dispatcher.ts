@@ -40,6 +40,8 @@ export interface DispatcherConfig {
   readonly idlePollMaxMs: number
   readonly deadlineMs: number
   readonly agingIntervalMs: number
+  /** Trace claims (span `awa.claim <queue>`); off: the claim emits no span at all. */
+  readonly backgroundSpans: boolean
 }
 
 /** Longest wait for more capacity before claiming into a small free slot count. */
@@ -200,6 +202,9 @@ export const make = Effect.fnUntraced(function* <R>(
         agingIntervalMs: config.agingIntervalMs
       })
       .pipe(
+        // an idle queue claims every poll interval: no span per poll unless asked for
+        Effect.withSpan(`awa.claim ${config.queue}`, { attributes: { "awa.queue": config.queue } }),
+        (claim) => (config.backgroundSpans ? claim : Effect.withTracerEnabled(claim, false)),
         Effect.flatMap((jobs) =>
           Effect.map(Clock.currentTimeMillis, (heldAt) => {
             claimLatencyMs += smoothing * (Math.max(1, heldAt - now) - claimLatencyMs)

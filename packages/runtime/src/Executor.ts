@@ -9,7 +9,9 @@
  * - Every attempt that starts ends in exactly one submitted outcome, unless it was closed
  *   elsewhere (cancel or rescue broadcast, heartbeat reply), in which case it is interrupted and
  *   nothing is submitted: storage would report it stale anyway.
- * - Interruption by shutdown submits a retry (`interrupted: worker shutting down`).
+ * - Interruption by shutdown releases the attempt: runnable again at once, the attempt not counted,
+ *   its error entry `interrupted: worker shutting down` (capabilities.md §7). A deploy never
+ *   fails a job, even one on its last attempt.
  * - The worker's capacity is released before waiting for the durable acknowledgement; the
  *   attempt leaves the running registry (heartbeats) only after it.
  * - An attempt's progress (capability 14) is submitted with its outcome and written in the same
@@ -30,7 +32,7 @@ import * as Progress from "./Progress.ts"
 
 export interface ExecutorOptions<R> {
   readonly handlers: ReadonlyMap<string, Handler<R>>
-  /** What to do with a job whose kind has no handler here. Default "fail". */
+  /** What to do with a job whose kind has no handler here: a counted retry with backoff, or fail. */
   readonly onUnknownKind: "fail" | "retry"
   readonly batcher: CompletionBatcher
   /** Wrap each attempt in a consumer span carrying `awa:traceparent`; off = no span at all. Default true. */
@@ -42,6 +44,11 @@ export interface ExecutorOptions<R> {
    * every attempt held and forgotten and of progress changes; writes `ctx.flushProgress`.
    */
   readonly heartbeats: Pick<Heartbeats.HeartbeatSession, "track" | "untrack" | "progress" | "flush">
+  /**
+   * True once the worker's drain is over and it interrupts what still runs: an interruption is
+   * then a release (attempt not counted), any other interruption an ordinary retry. Default: never.
+   */
+  readonly shuttingDown?: (() => boolean) | undefined
 }
 
 /** An attempt running in this process. */
@@ -240,10 +247,14 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
         if (e instanceof Job.JobTerminalError) return { _tag: "Fail", error: e.message }
         return yield* retry(messageOf(e))
       }
-      if (Cause.hasInterruptsOnly(exit.cause))
-        return yield* retry(
-          entry.deadlineExceeded ? "hard deadline exceeded" : "interrupted: worker shutting down"
-        )
+      if (Cause.hasInterruptsOnly(exit.cause)) {
+        if (entry.deadlineExceeded) return yield* retry("hard deadline exceeded")
+        // Shutdown is not the job's fault: it runs again at once, the attempt not counted. A
+        // handler interrupting itself (not shutdown) still uses an attempt, so it cannot loop.
+        return options.shuttingDown?.() === true
+          ? { _tag: "Release", delayMs: 0, error: "interrupted: worker shutting down" }
+          : yield* retry("interrupted")
+      }
       return yield* retry(`defect: ${Cause.pretty(exit.cause).split("\n")[0]}`)
     })
 
@@ -252,7 +263,8 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
   const decoderOf = (handler: Handler<R>) => {
     let decode = decoders.get(handler.definition.kind)
     if (decode === undefined) {
-      decode = Schema.decodeUnknownEffect(handler.definition.args) as (
+      // the codec insert encoded with (core `argsCodec`): every Schema round-trips
+      decode = Schema.decodeUnknownEffect(Job.argsCodec(handler.definition.args)) as (
         input: unknown
       ) => Effect.Effect<unknown, Schema.SchemaError>
       decoders.set(handler.definition.kind, decode)

@@ -36,6 +36,8 @@ export interface MaintenanceConfig {
 /** Runs `task` every `intervalMs` for as long as the enclosing scope lives; failures are logged. */
 const every = (name: string, intervalMs: number, task: Effect.Effect<unknown, unknown>) =>
   task.pipe(
+    // one span per tick (its queries as children); emitted only with `backgroundSpans`
+    Effect.withSpan(`awa.maintenance ${name}`),
     Effect.catchCause((cause) => Effect.logWarning(`maintenance duty ${name} failed`, cause)),
     Effect.repeat(Schedule.spaced(intervalMs)),
     Effect.annotateLogs({ module: "Leader", duty: name }),

@@ -16,12 +16,20 @@
  * (cancel, rescue, deadline, shutdown). A thrown error is retryable unless it is a
  * `JobTerminalError`; a returned `JobResult` chooses retry, snooze or cancel.
  *
- * **Gotchas** Standard Schema args are validated synchronously and stored as given (no
- * transformation); an async Standard Schema validator is rejected when the job is defined.
+ * **Standard Schema** (zod, valibot, ArkType…) args are validated at insert (the validator's
+ * issues become the `ValidationError`'s reason, message and path kept), stored as JSON as given,
+ * and validated again by the worker, whose handler receives the validator's *output*
+ * (`z.coerce.date()` arrives as a `Date`). Since insert validates the value it is given, a
+ * schema that changes the type (`z.string().transform(Number)`) must also accept its own output.
+ * Validators must be synchronous: an async one is rejected by `define` with an `AwaConfigError`
+ * when a probe shows it (a Promise from `validate`), and otherwise by the first insert with a
+ * `ValidationError`.
+ *
+ * **Gotchas**
  * `insert` here runs in its own transaction; to enqueue inside an application transaction use
  * the Effect API (`AwaClient.insert` inside `sql.withTransaction`).
  */
-import { Job } from "@awa/core"
+import { AwaConfigError, Job } from "@awa/core"
 import type {
   CronStorage,
   DlqFilter,
@@ -30,19 +38,39 @@ import type {
   JobView,
   ListFilter
 } from "@awa/storage"
-import { PgClient } from "@effect/sql-pg"
-import { Cause, Effect, Exit, Layer, ManagedRuntime, Redacted, Schema, Scope } from "effect"
+import type { PgClient } from "@effect/sql-pg"
+import {
+  Cause,
+  Effect,
+  Exit,
+  Layer,
+  ManagedRuntime,
+  Redacted,
+  Schema,
+  SchemaIssue,
+  SchemaTransformation,
+  Scope
+} from "effect"
 import * as Awa from "./Awa.ts"
 import { AwaClient } from "./AwaClient.ts"
 import * as Cron from "./Cron.ts"
 import { handler as effectHandler, type Handler, type JobContext } from "./Handler.ts"
 import type { WorkerOptions } from "./Worker.ts"
 
+/** One issue of a Standard Schema result (https://standardschema.dev). */
+export interface StandardIssue {
+  readonly message: string
+  readonly path?: ReadonlyArray<PropertyKey | { readonly key: PropertyKey }> | undefined
+}
+
 export interface StandardSchemaLike<A> {
   readonly "~standard": {
     readonly validate: (
       value: unknown
-    ) => { readonly issues?: ReadonlyArray<{ readonly message: string }> | undefined } | Promise<unknown>
+    ) =>
+      | { readonly value: A; readonly issues?: undefined }
+      | { readonly issues: ReadonlyArray<StandardIssue> }
+      | PromiseLike<unknown>
     readonly types?: { readonly output: A } | undefined
   }
 }
@@ -78,16 +106,81 @@ export interface StartOptions extends Omit<WorkerOptions<never>, "handlers"> {
 const isStandard = (schema: unknown): schema is StandardSchemaLike<unknown> =>
   typeof schema === "object" && schema !== null && "~standard" in schema
 
-/** Wraps a synchronous Standard Schema as an Effect Schema that checks and keeps the value. */
-const fromStandard = <A>(schema: StandardSchemaLike<A>): Schema.Codec<A, A> =>
-  Schema.declare((u: unknown): u is A => {
-    const result = schema["~standard"].validate(u)
-    if (result instanceof Promise) throw new Error("async Standard Schema validators are not supported")
-    return result.issues === undefined || result.issues.length === 0
+const asyncReason = "async Standard Schema validators are not supported (validate returned a Promise)"
+
+const isThenable = (u: unknown): u is PromiseLike<unknown> =>
+  typeof u === "object" && u !== null && typeof (u as { then?: unknown }).then === "function"
+
+/** The validator's issues as one Schema issue: each message at its path. */
+const issueOf = (issues: ReadonlyArray<StandardIssue>, input: unknown): SchemaIssue.Issue => {
+  const each = issues.map((i): SchemaIssue.Issue => {
+    const leaf = new SchemaIssue.InvalidValue({ message: i.message }, input)
+    const path = (i.path ?? []).map((p) => (typeof p === "object" && p !== null ? p.key : p))
+    return path.length === 0 ? leaf : new SchemaIssue.Pointer(path, leaf)
   })
+  const [first, ...rest] = each
+  if (first === undefined) return new SchemaIssue.InvalidValue({ message: "invalid" }, input)
+  return rest.length === 0 ? first : new SchemaIssue.Composite(Schema.Unknown.ast, [first, ...rest], input)
+}
+
+/**
+ * A synchronous Standard Schema as an Effect Schema from the stored JSON to the validator's
+ * output. Decoding (the worker) validates and yields the output; encoding (insert) validates the
+ * given value, keeping the validator's issues, and stores it as JSON.
+ */
+const fromStandard = <A>(schema: StandardSchemaLike<A>): Schema.Codec<A, unknown> => {
+  const validate = (u: unknown): Effect.Effect<A, SchemaIssue.Issue> =>
+    Effect.suspend(() => {
+      const result = schema["~standard"].validate(u)
+      if (isThenable(result)) return Effect.fail(new SchemaIssue.Forbidden({ message: asyncReason }, u))
+      return result.issues !== undefined
+        ? Effect.fail(issueOf(result.issues, u))
+        : // a result without `value` (not to the letter of the spec) keeps the input
+          Effect.succeed("value" in result ? result.value : (u as A))
+    })
+  const toJson = (a: unknown): Effect.Effect<unknown, SchemaIssue.Issue> =>
+    Effect.try({
+      try: () => JSON.parse(JSON.stringify(a)) as unknown,
+      catch: (e) => new SchemaIssue.InvalidValue({ message: `is not JSON: ${String(e)}` }, a)
+    })
+  return Schema.Unknown.pipe(
+    Schema.decodeTo(
+      // the validator's output, opaque to Effect; already in the form it is stored in
+      Schema.declare((_: unknown): _ is A => true, { toCodecJson: () => undefined }),
+      SchemaTransformation.transformEffect({
+        decode: validate,
+        encode: (a: A) => Effect.flatMap(validate(a), () => toJson(a))
+      })
+    )
+  ) as unknown as Schema.Codec<A, unknown>
+}
+
+/** Values a probe at `define` feeds a Standard Schema to find an async validator. */
+const probes: ReadonlyArray<unknown> = [undefined, null, "", "2000-01-01T00:00:00.000Z", 0, 1, true, {}, []]
+
+/**
+ * Rejects an async validator at `define`. Which paths reach an async refinement depends on the
+ * input, so a probe can miss one; insert then fails with a `ValidationError` instead.
+ */
+const checkSynchronous = (kind: string, schema: StandardSchemaLike<unknown>) => {
+  for (const probe of probes) {
+    let result: unknown
+    try {
+      result = schema["~standard"].validate(probe)
+    } catch {
+      continue
+    }
+    if (isThenable(result)) {
+      // the probe's own promise must not surface as an unhandled rejection
+      Promise.resolve(result).catch(() => undefined)
+      throw new AwaConfigError({ issues: [{ path: `jobs.${kind}.args`, reason: asyncReason }] })
+    }
+  }
+}
 
 export const createClient = async (options: ClientOptions) => {
-  const pg = PgClient.layer({
+  // connection errors name their cause (ECONNREFUSED, unknown database) on the first line
+  const pg = Awa.pgClient({
     url: Redacted.make(options.databaseUrl),
     maxConnections: options.maxConnections ?? 10
   })
@@ -103,11 +196,11 @@ export const createClient = async (options: ClientOptions) => {
     readonly queue?: string
     readonly defaults?: Job.InsertOptions
     readonly backoff?: (attempt: number) => number
-  }): Job.JobDefinition<A, I> =>
-    Job.define({
-      ...spec,
-      args: isStandard(spec.args) ? (fromStandard(spec.args) as unknown as Schema.Codec<A, I>) : spec.args
-    })
+  }): Job.JobDefinition<A, I> => {
+    if (!isStandard(spec.args)) return Job.define({ ...spec, args: spec.args })
+    checkSynchronous(spec.kind, spec.args)
+    return Job.define({ ...spec, args: fromStandard(spec.args) as unknown as Schema.Codec<A, I> })
+  }
 
   const handler = <A, I>(definition: Job.JobDefinition<A, I>, fn: PromiseHandler<A>): Handler<never> =>
     effectHandler(definition, (args, ctx) =>

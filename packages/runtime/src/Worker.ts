@@ -5,7 +5,7 @@
  *
  * **Shutdown** Closing the layer's scope (or SIGINT/SIGTERM under `NodeRuntime.runMain`) stops
  * the dispatchers, lets in-flight handlers finish for up to `shutdownTimeout`, then interrupts
- * the rest (each records a retry), flushes pending finalizations and releases the leader lock.
+ * the rest (each released: runnable again at once, the attempt not counted), flushes pending finalizations and releases the leader lock.
  * Anything that could not be finalized stays open in storage and is rescued later.
  */
 import { monitorEventLoopDelay } from "node:perf_hooks"
@@ -120,10 +120,21 @@ export interface WorkerOptions<R> {
    * JSON; more ⇒ `ProgressTooLarge`. Default 65,536 (1,024 – 1,048,576).
    */
   readonly maxProgressBytes?: number | undefined
-  /** A claimed job whose kind has no handler here: fail it (default) or retry it. */
+  /**
+   * A claimed job whose kind has no handler here: retry it with backoff (default), or fail it.
+   * Claiming is by queue, not kind, so during a rolling deploy a worker of the old version claims
+   * jobs of a kind only the new one knows; retrying hands them on (docs/adr/0020).
+   */
   readonly onUnknownKind?: "fail" | "retry" | undefined
   /** A consumer span per attempt, child of (or linked to) the producer span. Off: no span at all. Default true. */
   readonly tracing?: boolean | undefined
+  /**
+   * Spans of the worker's background loops: each claim (`awa.claim <queue>`), the leader's
+   * election and each maintenance tick (`awa.maintenance <duty>`), with their queries as
+   * children. Default false: an idle worker polls several times a second, and each poll would be
+   * a root span in the application's tracing backend. Job spans are not affected.
+   */
+  readonly backgroundSpans?: boolean | undefined
   /** Event-loop delay that logs a stall warning. Default 1 s. Same as `watchdog.stallWarning`. */
   readonly stallWarning?: Duration.Input | undefined
   /**
@@ -251,7 +262,8 @@ export const resolveConfig = <R>(options: WorkerOptions<R>) =>
           1000,
           day,
           true
-        )
+        ),
+        backgroundSpans: options.backgroundSpans ?? false
       })
       queueSettings.push({
         queue,
@@ -477,18 +489,33 @@ export const make = Effect.fnUntraced(function* <R>(options: WorkerOptions<R>) {
     threads === undefined
       ? yield* Heartbeats.makeLoop(heartbeatOptions)
       : yield* threads.start(heartbeatOptions)
+  /** Background loops emit no spans unless `backgroundSpans` (a disabled tracer stays disabled). */
+  const background = <A, E, R2>(effect: Effect.Effect<A, E, R2>) =>
+    options.backgroundSpans === true ? effect : Effect.withTracerEnabled(effect, false)
 
   // Finalizers run in reverse: dispatchers stop first, then the drain, then the FiberSet
   // interrupts stragglers, and the batcher flushes last.
-  const batcher = yield* CompletionBatcher.make(options.completion)
+  // its flushers are forked here: one finalize query per batch, not a root span each
+  const batcher = yield* background(CompletionBatcher.make(options.completion))
   const fibers = yield* FiberSet.make<unknown, unknown>()
+  // After the drain, the FiberSet interrupts what still runs: those attempts are released.
+  let shuttingDown = false
   yield* Effect.addFinalizer(() =>
-    FiberSet.awaitEmpty(fibers).pipe(Effect.timeoutOption(config.shutdownTimeoutMs), Effect.asVoid)
+    FiberSet.awaitEmpty(fibers).pipe(
+      Effect.timeoutOption(config.shutdownTimeoutMs),
+      Effect.ensuring(
+        Effect.sync(() => {
+          shuttingDown = true
+        })
+      ),
+      Effect.asVoid
+    )
   )
   const executor = yield* Executor.make<R>({
     handlers: new Map(options.handlers.map((h) => [h.definition.kind, h])),
-    onUnknownKind: options.onUnknownKind ?? "fail",
+    onUnknownKind: options.onUnknownKind ?? "retry",
     batcher,
+    shuttingDown: () => shuttingDown,
     tracing: options.tracing ?? true,
     maxProgressBytes: config.maxProgressBytes,
     heartbeats
@@ -524,6 +551,7 @@ export const make = Effect.fnUntraced(function* <R>(options: WorkerOptions<R>) {
     Effect.andThen(Effect.sleep(1000)),
     Effect.forever,
     Effect.annotateLogs({ module: "Worker", fiber: "listener" }),
+    background,
     Effect.forkScoped
   )
 
@@ -556,7 +584,9 @@ export const make = Effect.fnUntraced(function* <R>(options: WorkerOptions<R>) {
     Effect.forkScoped
   )
 
-  if (config.maintenance !== undefined) yield* Effect.forkScoped(Leader.run(config.maintenance, isLeader))
+  if (config.maintenance !== undefined)
+    // the election and the duties poll all the time: untraced unless asked for
+    yield* Effect.forkScoped(background(Leader.run(config.maintenance, isLeader)))
 
   return Worker.of({
     isLeader,

@@ -234,6 +234,8 @@ const outcomeJson = (item: FinalizeItem): string => {
       return `{${base},"outcome":"retry","delay_ms":${o.delayMs},"message":${JSON.stringify(o.error.slice(0, maxErrorMessageLength))}}`
     case "Snooze":
       return `{${base},"outcome":"snooze","delay_ms":${o.delayMs}}`
+    case "Release":
+      return `{${base},"outcome":"release","delay_ms":${o.delayMs},"message":${JSON.stringify(o.error.slice(0, maxErrorMessageLength))}}`
     case "Cancel":
       return `{${base},"outcome":"cancel","message":${JSON.stringify(o.reason.slice(0, maxErrorMessageLength))}}`
     case "Fail":

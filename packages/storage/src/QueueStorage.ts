@@ -84,6 +84,12 @@ export type Outcome =
   | { readonly _tag: "Retry"; readonly delayMs: number; readonly error: string }
   /** Not a failure: the attempt is not counted. */
   | { readonly _tag: "Snooze"; readonly delayMs: number }
+  /**
+   * An attempt cut off by worker shutdown: runnable again after `delayMs` (the worker sends 0)
+   * with the attempt not counted, `error` appended to the job's errors (never terminal). A job
+   * on its last attempt survives a rolling deploy (capabilities.md §7).
+   */
+  | { readonly _tag: "Release"; readonly delayMs: number; readonly error: string }
   | { readonly _tag: "Cancel"; readonly reason: string }
   /** Terminal failure: no retry whatever attempts remain. */
   | { readonly _tag: "Fail"; readonly error: string }
@@ -125,7 +131,8 @@ export type PruneOutcome =
   | { readonly _tag: "Noop" }
   | {
       readonly _tag: "Blocked"
-      readonly reason: "unclaimed" | "lock" | "locked_attempt" | "young_attempts" | "busy"
+      /** `retention`: history only, its oldest slot holds rows younger than the longest retention. */
+      readonly reason: "unclaimed" | "lock" | "locked_attempt" | "young_attempts" | "busy" | "retention"
     }
 
 export interface RetentionParams {

@@ -343,10 +343,17 @@ export const make: Effect.Effect<QueueStorage["Service"]> = Effect.gen(function*
     cancel(job, `superseded by duplicate ${holder.id}`, now)
 
   /** Sends a job to `scheduled`/`retryable` at `runAt`, unless that would take a held key. */
-  const defer = (job: SimJob, to: "scheduled" | "retryable", runAt: number, now: number): JobState => {
+  const defer = (
+    job: SimJob,
+    to: "scheduled" | "retryable",
+    runAt: number,
+    now: number,
+    uncounted = to === "scheduled"
+  ): JobState => {
     const holder = blocker(job, to)
     if (holder !== undefined) return supersede(job, holder, now)
-    if (to === "scheduled") job.attempt -= 1
+    // the next claim counts it again, so this attempt nets to zero
+    if (uncounted) job.attempt -= 1
     closeAttempt(job)
     job.runAt = runAt
     transition(job, to)
@@ -390,6 +397,14 @@ export const make: Effect.Effect<QueueStorage["Service"]> = Effect.gen(function*
           : defer(job, "retryable", now + outcome.delayMs, now)
       case "Snooze":
         return defer(job, "scheduled", now + outcome.delayMs, now)
+      case "Release":
+        // shutdown: retryable again after the delay, the attempt not counted, never exhausted
+        appendError(job, {
+          error: outcome.error.slice(0, maxErrorMessageLength),
+          attempt: job.attempt,
+          at: iso(now)
+        })
+        return defer(job, "retryable", now + outcome.delayMs, now, true)
     }
   }
 
