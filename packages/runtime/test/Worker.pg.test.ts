@@ -75,7 +75,7 @@ describe("Worker on Postgres", () => {
         yield* client.storage.enqueueMany(
           Array.from({ length: per }, () => ({ kind: "strict", queue: "e2e", args: { n: "not a number" } }))
         )
-        // and a kind nobody handles
+        // and a kind nobody handles (this worker fails it: see its options)
         yield* client.storage.enqueueMany([{ kind: "nobody_handles_this", queue: "e2e", args: {} }])
         yield* Effect.gen(function* () {
           yield* eventually(
@@ -91,7 +91,13 @@ describe("Worker on Postgres", () => {
           )
         }).pipe(
           Effect.provide(
-            Awa.worker({ queues: { e2e: { maxConcurrency: 50 } }, handlers, maintenance: fastMaintenance })
+            // the unknown kind's terminal path (the default, "retry", is UnknownKind.pg.test.ts's)
+            Awa.worker({
+              queues: { e2e: { maxConcurrency: 50 } },
+              handlers,
+              maintenance: fastMaintenance,
+              onUnknownKind: "fail"
+            })
           ),
           Effect.scoped
         )
