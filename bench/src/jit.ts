@@ -1,5 +1,5 @@
 /**
- * JIT probe (issue 13, ADR 0016): drains a backlog through `PgQueueStorage` with the server's JIT
+ * JIT probe (issue 13, ADR 0021): drains a backlog through `PgQueueStorage` with the server's JIT
  * on and off, and reports the drain time and the `claim` / `finalizeMany` call times of each.
  *
  *   DATABASE_URL=postgres://…/postgres node bench/src/jit.ts --jobs 200 --batch 50

@@ -1,4 +1,4 @@
--- 0018: run on the PostgreSQL users have (issue 13; docs/adr/0015-server-defaults.md).
+-- 0018: run on the PostgreSQL users have (issue 13; docs/adr/0021-server-defaults.md).
 --
 -- 1. JIT off in every PL/pgSQL function. Stock PostgreSQL (Debian's 15, JIT compiled in) JIT-
 --    compiles any plan that costs more than jit_above_cost (100,000). finalize's plan costs

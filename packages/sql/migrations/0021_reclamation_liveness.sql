@@ -1,4 +1,4 @@
--- 0021: reclamation never stops (docs/adr/0016-reclamation-liveness.md; issue 14, review M1, M5, M6).
+-- 0021: reclamation never stops (docs/adr/0018-reclamation-liveness.md; issue 14, review M1, M5, M6).
 --
 -- Until now prune never truncated a slot holding an unclaimed ready row: one paused queue, one
 -- queue no worker serves or one slow backlog froze rotation and reclamation for every queue.

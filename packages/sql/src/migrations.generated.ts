@@ -4170,7 +4170,7 @@ REVOKE EXECUTE ON FUNCTION :AWA_SCHEMA.trim_ledgers(int) FROM PUBLIC;
   },
   {
     file: "0018_server_defaults.sql",
-    text: `-- 0018: run on the PostgreSQL users have (issue 13; docs/adr/0015-server-defaults.md).
+    text: `-- 0018: run on the PostgreSQL users have (issue 13; docs/adr/0021-server-defaults.md).
 --
 -- 1. JIT off in every PL/pgSQL function. Stock PostgreSQL (Debian's 15, JIT compiled in) JIT-
 --    compiles any plan that costs more than jit_above_cost (100,000). finalize's plan costs
@@ -5836,7 +5836,7 @@ $$;
   },
   {
     file: "0021_reclamation_liveness.sql",
-    text: `-- 0021: reclamation never stops (docs/adr/0016-reclamation-liveness.md; issue 14, review M1, M5, M6).
+    text: `-- 0021: reclamation never stops (docs/adr/0018-reclamation-liveness.md; issue 14, review M1, M5, M6).
 --
 -- Until now prune never truncated a slot holding an unclaimed ready row: one paused queue, one
 -- queue no worker serves or one slow backlog froze rotation and reclamation for every queue.

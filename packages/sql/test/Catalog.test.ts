@@ -1,6 +1,6 @@
 /**
  * Catalog rules every function of ours must follow, whatever migration last (re)defined it
- * (issue 13, docs/adr/0015-server-defaults.md). CREATE OR REPLACE replaces a function's SET clauses
+ * (issue 13, docs/adr/0021-server-defaults.md). CREATE OR REPLACE replaces a function's SET clauses
  * and a new function starts executable by PUBLIC, so these are checked on the installed catalog,
  * for every function in the schema, and each failure names the function:
  *
