@@ -84,3 +84,21 @@ export class UnsafeBulkFilter extends Schema.TaggedError<UnsafeBulkFilter>()("Un
     return `${this.action} with an empty filter would touch every entry; pass all: true to mean it`
   }
 }
+
+/**
+ * A storage operation whose guards need READ COMMITTED (claim, finalize, prune, cancel, retry,
+ * DLQ actions, …) was called inside a REPEATABLE READ or SERIALIZABLE transaction (SQLSTATE
+ * AWI01, migration 0019). Enqueue is never refused: outside READ COMMITTED it defers the job to
+ * the next promotion instead.
+ */
+export class ReadCommittedRequired extends Schema.TaggedError<ReadCommittedRequired>()(
+  "ReadCommittedRequired",
+  {
+    operation: Schema.String,
+    isolation: Schema.String
+  }
+) {
+  override get message(): string {
+    return `${this.operation} needs READ COMMITTED; it was called inside a ${this.isolation} transaction`
+  }
+}

@@ -6,7 +6,14 @@
  * Args are encoded with the job's Schema before anything is written; an encoding failure is a
  * `ValidationError` on `args`. The producer's span context is stored as `awa:traceparent`.
  */
-import { checkNewJob, type Job, Traceparent, UniqueKey, ValidationError } from "@awa/core"
+import {
+  checkNewJob,
+  type Job,
+  type ReadCommittedRequired,
+  Traceparent,
+  UniqueKey,
+  ValidationError
+} from "@awa/core"
 import type { EnqueuedJob, EnqueueError, JobView, ListFilter, QueueStateCount } from "@awa/storage"
 import { QueueStorage } from "@awa/storage"
 import { Clock, Context, Duration, Effect, Layer, type Option, Schema } from "effect"
@@ -41,7 +48,7 @@ export class AwaClient extends Context.Service<
       job: Job.JobDefinition<A, I>,
       args: A,
       options?: Job.InsertOptions & { readonly reason?: string | undefined }
-    ) => Effect.Effect<Option.Option<bigint>, ValidationError | SqlError.SqlError>
+    ) => Effect.Effect<Option.Option<bigint>, ValidationError | ReadCommittedRequired | SqlError.SqlError>
     readonly storage: QueueStorage["Service"]
   }
 >()("@awa/runtime/AwaClient") {}

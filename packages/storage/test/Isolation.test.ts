@@ -5,6 +5,7 @@
  * READ COMMITTED it is diverted to `deferred` and promoted by the leader. These tests hold such a
  * transaction open while the ring rotates and prunes underneath it, then commit, promote and claim.
  */
+import { ReadCommittedRequired } from "@awa/core"
 import { TestDatabase } from "@awa/testing"
 import { assert, layer } from "@effect/vitest"
 import { Deferred, Effect, Fiber, Layer } from "effect"
@@ -136,6 +137,87 @@ layer(StorageLive, { excludeTestServices: true, timeout: "60 seconds" })(
           [out!.job_id]
         )
         assert.strictEqual(out!.state, "scheduled")
+      })
+    )
+  }
+)
+
+/** Runs `effect` in a transaction begun at REPEATABLE READ; its failure. */
+const failsInRepeatableRead = <A, E, R>(effect: Effect.Effect<A, E, R>) =>
+  Effect.flatMap(SqlClient.SqlClient, (sql) =>
+    sql
+      .withTransaction(effect)
+      .pipe(
+        Effect.provideService(SqlClient.BeginTransaction, "BEGIN ISOLATION LEVEL REPEATABLE READ"),
+        Effect.flip
+      )
+  )
+
+layer(StorageLive, { excludeTestServices: true, timeout: "60 seconds" })(
+  "operations that need READ COMMITTED",
+  (it) => {
+    it.effect(
+      "prune in a REPEATABLE READ transaction whose snapshot predates a committed job is refused; the job is claimed (review A2)",
+      () =>
+        Effect.gen(function* () {
+          const storage = yield* QueueStorage
+          const q = fresh("a2")
+          yield* rotateAndPrune
+          // the prune's snapshot is taken now; then a job commits into the current slot, and the
+          // ring rotates: that slot is next for prune, and its only row is unclaimed
+          const { go, fiber } = yield* heldTransaction(
+            "REPEATABLE READ",
+            Effect.flatMap(QueueStorage, (s) => s.prune({ ...keepNothing, carryAfterMs: 0 }))
+          )
+          const [job] = yield* storage.enqueueMany([{ kind: "a2", queue: q, args: {} }])
+          assert.strictEqual(yield* storage.rotateWhenDue({ minRows: 1 }), "Rotated")
+          yield* Deferred.succeed(go, undefined)
+          const refused = yield* Effect.flip(Fiber.join(fiber))
+          assert.strictEqual(refused._tag, "ReadCommittedRequired")
+          // before 0019 that prune truncated the slot: the job was gone without a trace
+          assert.deepStrictEqual(
+            (yield* storage.claim(claimOf(q, 10))).map((c) => c.jobId),
+            [job!.id]
+          )
+        })
+    )
+
+    it.effect("every such operation in a REPEATABLE READ transaction fails with ReadCommittedRequired", () =>
+      Effect.gen(function* () {
+        const storage = yield* QueueStorage
+        const q = fresh("refused")
+        const [job] = yield* storage.enqueueMany([{ kind: "r", queue: q, args: {} }])
+        const token = { jobId: job!.id, runLease: 1n }
+        const operations: ReadonlyArray<readonly [string, Effect.Effect<unknown, unknown, never>]> = [
+          ["claim", storage.claim(claimOf(q, 1))],
+          ["finalize", storage.finalizeMany([{ ...token, outcome: { _tag: "Complete" } }])],
+          ["heartbeat", storage.heartbeatMany([token])],
+          ["promote", storage.promoteDue(10)],
+          ["rescue", storage.rescueStale({ stalenessMs: 60_000, limit: 10 })],
+          ["rescue", storage.rescueDeadlines(10)],
+          ["rotate", storage.rotate],
+          ["rotate", storage.rotateHistory(60_000)],
+          ["prune", storage.prune(keepNothing)],
+          ["pruneHistory", storage.pruneHistory(keepNothing)],
+          ["trimLedgers", storage.trimLedgers(100)],
+          ["cancelJob", storage.cancelJob(job!.id, "no")],
+          ["cancelByUniqueKey", storage.cancelByUniqueKey("00", "no")],
+          ["retryJob", storage.retryJob(job!.id)],
+          ["retryFromDlq", storage.retryFromDlq(job!.id)],
+          ["retryDlqBulk", storage.retryDlqBulk({}, { all: true })],
+          ["purgeDlqBulk", storage.purgeDlqBulk({}, { all: true })],
+          ["cleanupDlq", storage.cleanupDlq(60_000, 10)],
+          ["drainQueue", storage.drainQueue(q, "no")]
+        ]
+        for (const [operation, effect] of operations) {
+          const error = yield* failsInRepeatableRead(effect)
+          assert.deepStrictEqual(
+            { operation, error },
+            { operation, error: new ReadCommittedRequired({ operation, isolation: "REPEATABLE READ" }) }
+          )
+        }
+        // and outside it, the job is untouched
+        assert.strictEqual((yield* storage.getJob(job!.id)).state, "available")
       })
     )
   }
