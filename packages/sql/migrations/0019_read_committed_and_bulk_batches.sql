@@ -1422,7 +1422,8 @@ $$;
 --        before us moved it); rows at or past it and not tombstoned are unclaimed and stay so.
 -- Writes: deferred jobs: DELETE and a wide cancelled terminal row in the current slot; available
 --        jobs: a tombstone and a wide cancelled terminal row in the ready row's slot (as
---        cancel_job); unique keys whose mask leaves out 'cancelled' are released.
+--        cancel_job), and per lane a claim mark past the last one (as claim: the lane's next
+--        pick starts there); unique keys whose mask leaves out 'cancelled' are released.
 CREATE FUNCTION :AWA_SCHEMA.drain_queue_batch(p_queue text, p_reason text, p_limit int, p_max_job_id bigint)
 RETURNS int
 LANGUAGE plpgsql SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
@@ -1434,6 +1435,7 @@ DECLARE
   v_ring record;
   v_lane record;
   v_cursor bigint;
+  v_last bigint;
   v_lo1 int;
   v_hi1 int;
   v_lo2 int;
@@ -1491,8 +1493,12 @@ BEGIN
       WHERE r.queue = p_queue AND r.priority = v_lane.priority AND r.shard = v_lane.shard AND r.lane_seq >= v_cursor
         AND (r.slot BETWEEN v_lo1 AND v_hi1 OR r.slot BETWEEN v_lo2 AND v_hi2)
         AND r.job_id <= p_max_job_id
+        -- (t.lane_seq ≥ the cursor too: on fresh children without statistics the planner may scan
+        -- the lane's tombstones once per row instead of probing, and those below the cursor, a
+        -- drain's earlier batches, are most of them)
         AND NOT EXISTS (SELECT 1 FROM ready_tombstones t
                         WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard AND t.lane_seq = r.lane_seq
+                          AND t.lane_seq >= v_cursor
                           AND (t.slot BETWEEN v_lo1 AND v_hi1 OR t.slot BETWEEN v_lo2 AND v_hi2))
       ORDER BY r.lane_seq LIMIT v_left
     ),
@@ -1513,8 +1519,16 @@ BEGIN
       DELETE FROM unique_claims u USING picked p
       WHERE u.unique_key = p.unique_key AND u.job_id = p.job_id AND (p.unique_states & state_bit('cancelled')) = 0
     )
-    SELECT count(*) INTO v_n FROM picked;
+    SELECT count(*), max(p.lane_seq) INTO v_n, v_last FROM picked p;
     v_left := v_left - v_n;
+    IF v_n > 0 THEN
+      -- A claim mark past the last row taken, as claim writes one: every position from the cursor
+      -- up to it is now tombstoned, so the lane's next batch (and claim) starts after it instead
+      -- of stepping over ever more tombstones.
+      SELECT o_generation AS generation, o_slot AS slot INTO v_ring FROM lock_current_slot('claim_marks');
+      INSERT INTO claim_marks (slot, generation, queue, priority, shard, next_lane_seq)
+      VALUES (v_ring.slot, v_ring.generation, p_queue, v_lane.priority, v_lane.shard, v_last + 1);
+    END IF;
   END LOOP;
   RETURN p_limit - v_left;
 END
