@@ -88,7 +88,7 @@ export class UnsafeBulkFilter extends Schema.TaggedError<UnsafeBulkFilter>()("Un
 /**
  * A storage operation whose guards need READ COMMITTED (claim, finalize, prune, cancel, retry,
  * DLQ actions, …) was called inside a REPEATABLE READ or SERIALIZABLE transaction (SQLSTATE
- * AWI01, migration 0019). Enqueue is never refused: outside READ COMMITTED it defers the job to
+ * AWI01, migration 0021). Enqueue is never refused: outside READ COMMITTED it defers the job to
  * the next promotion instead.
  */
 export class ReadCommittedRequired extends Schema.TaggedError<ReadCommittedRequired>()(

@@ -1,7 +1,7 @@
 /**
  * A worker and its leader on a database whose sessions default to REPEATABLE READ (`ALTER DATABASE
  * … SET default_transaction_isolation`), as some applications configure theirs (issue 13, review
- * C1, migration 0019). The storage functions refuse other levels; the storage layer runs its calls
+ * C1, migration 0021). The storage functions refuse other levels; the storage layer runs its calls
  * at READ COMMITTED anyway, so claims, completions, promotion, rotation and prune all work, and a
  * job inserted in the application's (REPEATABLE READ) transaction is claimed after promotion.
  */

@@ -5833,5 +5833,2301 @@ $$;
 --   4 newest terminal or history row. Older rows are history; nothing is ever rewritten.
 
 `
+  },
+  {
+    file: "0021_read_committed_and_bulk_batches.sql",
+    text: `-- 0021: READ COMMITTED where the protocol needs it; operator bulk actions in bounded batches
+-- (issue 13; docs/adr/0017-server-defaults.md; review C1, M3, m3).
+--
+-- 1. Every function whose guards read after a lock in a new statement (claim, finalize,
+--    heartbeat, rescue, promote, rotate*, prune_*, trim_ledgers, cancel/retry/DLQ, cron fire and
+--    trigger, and the slot lockers lock_current_slot / enqueue_ready_slot) refuses to run outside
+--    READ COMMITTED: SQLSTATE AWI01, mapped to the typed \`ReadCommittedRequired\` in TypeScript.
+--    Under REPEATABLE READ or SERIALIZABLE every statement sees the transaction's first snapshot,
+--    so those re-reads are stale: prune on such a session truncated a committed, never-claimed
+--    job (review A2), cancel tombstoned a running one. \`SET transaction_isolation\` cannot be a
+--    function option (it must precede the transaction's first query), so it is a check, the first
+--    statement of each body; PgQueueStorage runs its calls at READ COMMITTED whatever the pool's
+--    default_transaction_isolation (it retries a refused call in a READ COMMITTED transaction of
+--    its own). The enqueue functions run in the caller's transaction and divert instead (0018).
+--    Every other function's body is its previous definition unchanged (the SET clauses too).
+-- 2. drain_queue_batch and dlq_retry_batch / dlq_purge_batch: at most p_limit jobs per call, each
+--    call its own transaction, driven from TypeScript. drain_queue and dlq_bulk took one per-job
+--    advisory lock per job (plus lane locks and a sub-transaction per DLQ row) in one transaction:
+--    "out of shared memory" for every session of the server past ~10–15k jobs, and the queue's
+--    lanes locked for the whole run. The batches take no per-job lock: the row lock of the DELETE
+--    on deferred / dlq serialises with promote, cancel_job and retry_from_dlq, and the lane's
+--    claim lock (taken once per lane, sorted) with claim and cancel_job (which now also re-checks
+--    for a tombstone under that lock). drain_queue and dlq_bulk stay, looping the batches in one
+--    transaction, for callers of the previous version.
+-- Locks per batch call: the lanes touched (sorted), row locks, relation locks of the tables read.
+
+-- ---------------------------------------------------------------------------------------------
+-- lock_current_slot: as 0003, READ COMMITTED only.
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.lock_current_slot(p_table text, OUT o_generation bigint, OUT o_slot int)
+LANGUAGE plpgsql
+SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
+BEGIN
+  -- READ COMMITTED only (0021, docs/adr/0017-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'lock_current_slot needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  LOOP
+    SELECT r.generation, r.slot INTO o_generation, o_slot FROM ring_rotations r
+    WHERE r.ring = 'queue' ORDER BY r.generation DESC LIMIT 1;
+    EXECUTE format('LOCK TABLE %I.%I IN ROW EXCLUSIVE MODE', ':AWA_SCHEMA', p_table || '_' || o_slot);
+    EXIT WHEN NOT EXISTS (SELECT 1 FROM ring_prunes p WHERE p.ring = 'queue' AND p.generation = o_generation);
+  END LOOP;
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- enqueue_ready_slot: as 0012, READ COMMITTED only.
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.enqueue_ready_slot(OUT o_generation bigint, OUT o_slot int)
+LANGUAGE plpgsql
+SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
+BEGIN
+  -- READ COMMITTED only (0021, docs/adr/0017-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'enqueue_ready_slot needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  LOOP
+    SELECT r.generation, r.slot INTO o_generation, o_slot FROM ring_rotations r
+    WHERE r.ring = 'queue' ORDER BY r.generation DESC LIMIT 1;
+    CASE o_slot
+      WHEN 0 THEN LOCK TABLE :AWA_SCHEMA.ready_0 IN ROW EXCLUSIVE MODE;
+      WHEN 1 THEN LOCK TABLE :AWA_SCHEMA.ready_1 IN ROW EXCLUSIVE MODE;
+      WHEN 2 THEN LOCK TABLE :AWA_SCHEMA.ready_2 IN ROW EXCLUSIVE MODE;
+      WHEN 3 THEN LOCK TABLE :AWA_SCHEMA.ready_3 IN ROW EXCLUSIVE MODE;
+      WHEN 4 THEN LOCK TABLE :AWA_SCHEMA.ready_4 IN ROW EXCLUSIVE MODE;
+      WHEN 5 THEN LOCK TABLE :AWA_SCHEMA.ready_5 IN ROW EXCLUSIVE MODE;
+      WHEN 6 THEN LOCK TABLE :AWA_SCHEMA.ready_6 IN ROW EXCLUSIVE MODE;
+      WHEN 7 THEN LOCK TABLE :AWA_SCHEMA.ready_7 IN ROW EXCLUSIVE MODE;
+      WHEN 8 THEN LOCK TABLE :AWA_SCHEMA.ready_8 IN ROW EXCLUSIVE MODE;
+      WHEN 9 THEN LOCK TABLE :AWA_SCHEMA.ready_9 IN ROW EXCLUSIVE MODE;
+      WHEN 10 THEN LOCK TABLE :AWA_SCHEMA.ready_10 IN ROW EXCLUSIVE MODE;
+      WHEN 11 THEN LOCK TABLE :AWA_SCHEMA.ready_11 IN ROW EXCLUSIVE MODE;
+      WHEN 12 THEN LOCK TABLE :AWA_SCHEMA.ready_12 IN ROW EXCLUSIVE MODE;
+      WHEN 13 THEN LOCK TABLE :AWA_SCHEMA.ready_13 IN ROW EXCLUSIVE MODE;
+      WHEN 14 THEN LOCK TABLE :AWA_SCHEMA.ready_14 IN ROW EXCLUSIVE MODE;
+      WHEN 15 THEN LOCK TABLE :AWA_SCHEMA.ready_15 IN ROW EXCLUSIVE MODE;
+      -- a ring installed with more slots than 0002's 16
+      ELSE EXECUTE format('LOCK TABLE %I.%I IN ROW EXCLUSIVE MODE', ':AWA_SCHEMA', 'ready_' || o_slot);
+    END CASE;
+    EXIT WHEN NOT EXISTS (SELECT 1 FROM ring_prunes p WHERE p.ring = 'queue' AND p.generation = o_generation);
+  END LOOP;
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- claim: as 0020, READ COMMITTED only.
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.claim(p_queue text, p_max int, p_deadline_ms bigint, p_aging_ms bigint)
+RETURNS TABLE (job_id bigint, run_lease bigint, attempt int, max_attempts int, kind text, queue text,
+               priority smallint, args jsonb, metadata jsonb, tags text[], errors jsonb,
+               run_at timestamptz, created_at timestamptz, claimed_at timestamptz, deadline_at timestamptz)
+LANGUAGE plpgsql
+SET search_path = :AWA_SCHEMA, pg_catalog SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off AS $$
+#variable_conflict use_column
+DECLARE
+  v_now timestamptz := now();
+  v_deadline timestamptz := CASE WHEN p_deadline_ms > 0 THEN now() + p_deadline_ms * interval '1 millisecond' END;
+  v_left int := p_max;
+  v_prios smallint[];
+  v_shards smallint[];
+  v_k int;
+  v_cursor bigint;
+  v_n int;
+  v_ordered boolean := false;
+  v_pass int;
+  v_busy int[] := '{}'; -- indexes into v_prios/v_shards of lanes whose claim lock was taken in pass 1
+  v_saved_timeout text := current_setting('lock_timeout');
+  -- the queue ring's slots that can hold rows (queue_slot_ranges), read once per call
+  v_lo1 int;
+  v_hi1 int;
+  v_lo2 int;
+  v_hi2 int;
+BEGIN
+  -- READ COMMITTED only (0021, docs/adr/0017-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'claim needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  IF p_max <= 0 THEN
+    RETURN;
+  END IF;
+  -- the queue's lanes; none when it is paused
+  SELECT array_agg(l.priority), array_agg(l.shard) INTO v_prios, v_shards FROM lanes l
+  WHERE l.queue = p_queue AND NOT EXISTS (SELECT 1 FROM queue_meta m WHERE m.queue = p_queue AND m.paused);
+  IF v_prios IS NULL THEN
+    RETURN;
+  END IF;
+  IF cardinality(v_prios) > 1 THEN
+    v_ordered := true;
+    -- Several lanes: those with a claimable head, in claim order. (With one lane the order is
+    -- trivial and the pick below finds out whether it has anything.)
+    WITH cur AS MATERIALIZED (
+      SELECT l.queue, l.priority, l.shard, lane_cursor(l.queue, l.priority, l.shard) AS c
+      FROM lanes l WHERE l.queue = p_queue
+    )
+    SELECT array_agg(o.priority ORDER BY o.n), array_agg(o.shard ORDER BY o.n) INTO v_prios, v_shards
+    FROM (
+      SELECT cur.priority, cur.shard,
+             row_number() OVER (ORDER BY CASE WHEN p_aging_ms > 0
+                                              THEN greatest(1, cur.priority - floor(extract(epoch FROM (v_now - head.run_at)) * 1000 / p_aging_ms))
+                                              ELSE cur.priority END,
+                                         head.run_at, cur.priority, cur.shard) AS n
+      FROM cur
+      CROSS JOIN LATERAL (
+        SELECT r.run_at FROM ready r
+        WHERE r.queue = cur.queue AND r.priority = cur.priority AND r.shard = cur.shard AND r.lane_seq >= cur.c
+          AND NOT EXISTS (SELECT 1 FROM ready_tombstones t
+                          WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard AND t.lane_seq = r.lane_seq)
+        ORDER BY r.lane_seq LIMIT 1
+      ) head
+    ) o;
+    IF v_prios IS NULL THEN
+      RETURN;
+    END IF;
+  END IF;
+
+  -- Pass 1 tries each lane's claim lock. If it claimed nothing only because every claimable lane
+  -- was busy (another worker mid-claim, a few ms), pass 2 waits briefly for the first of them
+  -- instead of answering "empty", which would idle the worker for a whole poll interval.
+  FOR v_pass IN 1 .. 2 LOOP
+    EXIT WHEN v_pass = 2 AND (v_left < p_max OR cardinality(v_busy) = 0);
+    FOR v_k IN 1 .. cardinality(v_prios) LOOP
+      EXIT WHEN v_left <= 0;
+      IF v_pass = 1 THEN
+        -- = lane_key(p_queue, priority, shard), written with immutable operators so it is inlined
+        -- (the SQL function is planned again on every call, as 0012 found for enqueue)
+        IF NOT pg_try_advisory_xact_lock(lock_ns('claim'),
+                                         hashtext(p_queue || chr(31) || v_prios[v_k]::text || chr(31) || v_shards[v_k]::text)) THEN
+          -- With one lane the ordering query was skipped: wait for the busy lane only if it has
+          -- a claimable head, as with several lanes (an idle queue still answers empty at once).
+          CONTINUE WHEN NOT v_ordered AND NOT EXISTS (
+            SELECT 1 FROM ready r
+            WHERE r.queue = p_queue AND r.priority = v_prios[v_k] AND r.shard = v_shards[v_k]
+              AND r.lane_seq >= (SELECT coalesce(max(m.next_lane_seq), 0) FROM claim_marks m
+                                 WHERE m.queue = p_queue AND m.priority = v_prios[v_k] AND m.shard = v_shards[v_k])
+              AND NOT EXISTS (SELECT 1 FROM ready_tombstones t
+                              WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard AND t.lane_seq = r.lane_seq));
+          v_busy := v_busy || v_k;
+          CONTINUE;
+        END IF;
+      ELSE
+        CONTINUE WHEN NOT v_k = ANY (v_busy);
+        BEGIN
+          PERFORM set_config('lock_timeout', '100ms', true);
+          PERFORM pg_advisory_xact_lock(lock_ns('claim'),
+                                        hashtext(p_queue || chr(31) || v_prios[v_k]::text || chr(31) || v_shards[v_k]::text));
+          PERFORM set_config('lock_timeout', v_saved_timeout, true);
+        EXCEPTION WHEN lock_not_available THEN
+          RETURN; -- still busy after 100 ms: report empty; the dispatcher polls again
+        END;
+      END IF;
+      -- The cursor, in its own statement after the lane lock (see Guard and Mark slot above).
+      -- ORDER BY … LIMIT 1 rather than max(): the same index scans, planned once instead of
+      -- twice (max() is planned as an aggregate and as this query); re-planned after every
+      -- prune, whose TRUNCATE invalidates cached plans.
+      SELECT m.next_lane_seq INTO v_cursor FROM claim_marks m
+      WHERE m.queue = p_queue AND m.priority = v_prios[v_k] AND m.shard = v_shards[v_k]
+      ORDER BY m.next_lane_seq DESC LIMIT 1;
+      v_cursor := coalesce(v_cursor, 0);
+      -- The slots that can hold this lane's rows from the cursor on, read after the cursor
+      -- statement (see Slots above). Once per call: it holds for the rest of the transaction.
+      IF v_lo1 IS NULL THEN
+        SELECT s.lo1, s.hi1, s.lo2, s.hi2 INTO v_lo1, v_hi1, v_lo2, v_hi2 FROM queue_slot_ranges() s;
+      END IF;
+      -- Pick, mark and claim in one statement. The pick is a MATERIALIZED CTE, so its LIMIT
+      -- cannot be merged away, and the rows returned are the picked rows themselves (no second
+      -- lookup of \`ready\`); the claims rows carry the same values.
+      RETURN QUERY
+      WITH picked AS MATERIALIZED (
+        SELECT r.slot, r.generation, r.job_id, r.kind, r.queue, r.priority, r.shard, r.lane_seq, r.args, r.metadata,
+               r.tags, r.errors, r.attempt, r.run_lease, r.max_attempts, r.run_at, r.created_at, r.unique_key, r.unique_states
+        FROM ready r
+        WHERE r.queue = p_queue AND r.priority = v_prios[v_k] AND r.shard = v_shards[v_k] AND r.lane_seq >= v_cursor
+          -- two ranges of scalar parameters: what partition pruning can use at executor start-up
+          -- (it cannot use \`slot = ANY (array parameter)\`), so the other children are not opened
+          AND (r.slot BETWEEN v_lo1 AND v_hi1 OR r.slot BETWEEN v_lo2 AND v_hi2)
+          -- a tombstone lives in its ready row's slot
+          AND NOT EXISTS (SELECT 1 FROM ready_tombstones t
+                          WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard AND t.lane_seq = r.lane_seq
+                            AND (t.slot BETWEEN v_lo1 AND v_hi1 OR t.slot BETWEEN v_lo2 AND v_hi2))
+          -- Paused, checked again in the pick's own snapshot: the check above ran in an earlier
+          -- statement, and a job enqueued after a pause committed (seen here) must not be claimed.
+          AND NOT EXISTS (SELECT 1 FROM queue_meta m WHERE m.queue = p_queue AND m.paused)
+        ORDER BY r.lane_seq LIMIT v_left
+      ),
+      mark AS (
+        INSERT INTO claim_marks (slot, generation, queue, priority, shard, next_lane_seq)
+        SELECT ring.slot, ring.generation, p_queue, v_prios[v_k], v_shards[v_k], last.lane_seq + 1
+        FROM (SELECT max(p.lane_seq) AS lane_seq FROM picked p) last,
+             LATERAL (SELECT g.slot, g.generation FROM ring_rotations g WHERE g.ring = 'queue'
+                      ORDER BY g.generation DESC LIMIT 1) ring
+        WHERE last.lane_seq IS NOT NULL
+      ),
+      ins AS (
+        INSERT INTO claims (slot, generation, job_id, run_lease, attempt, queue, priority, shard, lane_seq, claimed_at, deadline_at)
+        SELECT p.slot, p.generation, p.job_id, p.run_lease + 1, p.attempt + 1, p.queue, p.priority, p.shard, p.lane_seq,
+               v_now, v_deadline
+        FROM picked p
+      ),
+      -- available -> running leaves a mask that holds 'available' but not 'running': the key goes
+      -- (capabilities.md §4). Default masks hold both: the filter finds nothing.
+      rel_unique AS (
+        DELETE FROM unique_claims u USING picked p
+        WHERE p.unique_key IS NOT NULL AND (p.unique_states & 6) = 2
+          AND u.unique_key = p.unique_key AND u.job_id = p.job_id
+      )
+      SELECT p.job_id, p.run_lease + 1, p.attempt + 1, p.max_attempts, p.kind, p.queue, p.priority, p.args, p.metadata,
+             p.tags, p.errors, p.run_at, p.created_at, v_now, v_deadline
+      FROM picked p
+      ORDER BY p.lane_seq;
+      GET DIAGNOSTICS v_n = ROW_COUNT;
+      EXIT WHEN v_n = 0 AND v_pass = 2;
+      CONTINUE WHEN v_n = 0;
+      v_left := v_left - v_n;
+      -- pass 2 serves only the first lane it waited for, so the wait stays bounded
+      EXIT WHEN v_pass = 2;
+    END LOOP;
+  END LOOP;
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- finalize: as 0019, READ COMMITTED only.
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.finalize(p_items jsonb)
+RETURNS TABLE (ord int, applied boolean, state text)
+LANGUAGE plpgsql
+SET search_path = :AWA_SCHEMA, pg_catalog SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_nestloop = off SET jit = off AS $$
+#variable_conflict use_column
+DECLARE
+  v_now timestamptz := now();
+  v_ids bigint[];
+  v_lo1 int;
+  v_hi1 int;
+  v_lo2 int;
+  v_hi2 int;
+BEGIN
+  -- READ COMMITTED only (0021, docs/adr/0017-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'finalize needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  -- One statement; the locks are taken row by row in the sorted subquery's order.
+  SELECT array_agg(a.job_id) INTO v_ids
+  FROM (SELECT a.job_id, pg_advisory_xact_lock(attempt_key(a.job_id, a.run_lease)) AS locked
+        FROM (SELECT DISTINCT i.job_id, i.run_lease FROM jsonb_to_recordset(p_items) AS i(job_id bigint, run_lease bigint)
+              ORDER BY i.job_id, i.run_lease) a) a;
+  -- After the locks: the batch's claims can no longer be carried (prune tries these locks), so
+  -- each is in a slot of these ranges, or gone with its pruned slot (stale either way).
+  SELECT s.lo1, s.hi1, s.lo2, s.hi2 INTO v_lo1, v_hi1, v_lo2, v_hi2 FROM queue_slot_ranges() s;
+
+  RETURN QUERY
+  WITH items AS MATERIALIZED (
+    SELECT x_e.o::int AS o, x.job_id, x.run_lease, x.outcome, coalesce(x.delay_ms, 0) AS delay_ms, x.message, x.reason,
+           x.stale_before
+    FROM jsonb_array_elements(p_items) WITH ORDINALITY AS x_e(v, o),
+         jsonb_to_record(x_e.v) AS x(job_id bigint, run_lease bigint, outcome text, delay_ms bigint, message text, reason text,
+                                     stale_before timestamptz)
+  ),
+  batch_claims AS MATERIALIZED (
+    SELECT c.slot, c.generation, c.job_id, c.run_lease, c.attempt, c.queue, c.priority, c.shard, c.lane_seq
+    FROM claims c WHERE c.job_id = ANY (v_ids)
+      AND (c.slot BETWEEN v_lo1 AND v_hi1 OR c.slot BETWEEN v_lo2 AND v_hi2)
+  ),
+  batch_ready AS MATERIALIZED (
+    SELECT r.slot, r.job_id, r.kind, r.queue, r.priority, r.shard, r.lane_seq, r.args, r.metadata, r.tags, r.errors,
+           r.max_attempts, r.created_at, r.run_at, r.unique_key, r.unique_states, r.progress
+    FROM ready r WHERE r.job_id = ANY (v_ids)
+      AND (r.slot BETWEEN v_lo1 AND v_hi1 OR r.slot BETWEEN v_lo2 AND v_hi2)
+  ),
+  batch_closures AS MATERIALIZED (
+    SELECT z.job_id, z.run_lease FROM closures z WHERE z.job_id = ANY (v_ids)
+      AND (z.slot BETWEEN v_lo1 AND v_hi1 OR z.slot BETWEEN v_lo2 AND v_hi2)
+  ),
+  open AS (
+    SELECT DISTINCT ON (i.job_id, i.run_lease)
+           i.o, i.outcome AS outcome0, i.delay_ms, i.message AS message0, i.reason, c.slot, c.generation, c.job_id, c.run_lease, c.attempt, c.lane_seq,
+           r.kind, r.queue, r.priority, r.shard, r.args, r.metadata, r.tags, r.errors, r.max_attempts, r.created_at, r.run_at,
+           r.unique_key, r.unique_states, coalesce(a.progress, r.progress) AS progress, a.found AS has_state,
+           CASE i.outcome
+             WHEN 'complete' THEN 'completed'
+             WHEN 'cancel' THEN 'cancelled'
+             WHEN 'fail' THEN 'failed'
+             WHEN 'snooze' THEN 'scheduled'
+             WHEN 'retry' THEN CASE WHEN c.attempt >= r.max_attempts THEN 'failed' ELSE 'retryable' END
+           END AS new_state0
+    FROM items i
+    JOIN batch_claims c ON c.job_id = i.job_id AND c.run_lease = i.run_lease
+    -- the claimed row by its full key: lane_seq, not run_lease, is unique per ready row (a cancelled
+    -- and then retried job has two ready rows with the same lease)
+    JOIN batch_ready r ON r.slot = c.slot AND r.queue = c.queue AND r.priority = c.priority AND r.shard = c.shard
+                      AND r.lane_seq = c.lane_seq
+    LEFT JOIN LATERAL (
+      SELECT a.progress, a.heartbeat_at, true AS found FROM attempt_state a
+      WHERE a.job_id = c.job_id AND a.run_lease = c.run_lease LIMIT 1
+    ) a ON true
+    WHERE NOT EXISTS (SELECT 1 FROM batch_closures x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease)
+      -- a stale rescue yields to a heartbeat that committed after its scan (we hold the attempt lock)
+      AND (i.stale_before IS NULL OR a.heartbeat_at IS NULL OR a.heartbeat_at < i.stale_before)
+    ORDER BY i.job_id, i.run_lease, i.o
+  ),
+  -- Re-entry into the unique mask (capabilities.md §4): a job whose mask omits 'running' takes
+  -- its key again when its new state is in the mask; if a newer job holds it and the new state is
+  -- retryable or scheduled, this one gives way (cancelled, 'superseded by duplicate <id>'), as in
+  -- the simulation. Default masks hold 'running': nothing enters.
+  keyed AS MATERIALIZED (
+    SELECT o.*, (o.unique_key IS NOT NULL AND (o.unique_states & 4) = 0
+                 AND (o.unique_states & state_bit(o.new_state0)) <> 0) AS enters
+    FROM open o
+  ),
+  take_key AS (
+    INSERT INTO unique_claims (unique_key, job_id)
+    SELECT DISTINCT ON (k.unique_key) k.unique_key, k.job_id FROM keyed k WHERE k.enters ORDER BY k.unique_key, k.job_id
+    ON CONFLICT (unique_key) DO NOTHING
+    RETURNING job_id
+  ),
+  settled AS MATERIALIZED (
+    SELECT k.*, CASE WHEN s.superseded THEN 'cancel' ELSE k.outcome0 END AS outcome,
+           CASE WHEN s.superseded THEN 'superseded by duplicate ' || coalesce(s.holder::text, 'job') ELSE k.message0 END AS message,
+           CASE WHEN s.superseded THEN 'cancelled' ELSE k.new_state0 END AS new_state
+    FROM keyed k
+    CROSS JOIN LATERAL (
+      -- only a live state gives way; a finished job takes the key if it is free, and keeps its end
+      SELECT CASE WHEN k.enters AND k.new_state0 IN ('retryable', 'scheduled') THEN NOT EXISTS (SELECT 1 FROM take_key t WHERE t.job_id = k.job_id)
+                                 AND NOT EXISTS (SELECT 1 FROM unique_claims u WHERE u.unique_key = k.unique_key AND u.job_id = k.job_id)
+                  ELSE false END AS superseded,
+             CASE WHEN k.enters THEN (SELECT u.job_id FROM unique_claims u WHERE u.unique_key = k.unique_key) END AS holder
+    ) s
+  ),
+  resolved AS MATERIALIZED (
+    SELECT o.*,
+           o.new_state = 'failed' AND dlq_enabled(o.queue) AS to_dlq,
+           CASE WHEN o.outcome = 'fail' THEN 'terminal_error' ELSE coalesce(o.reason, 'max_attempts_exhausted') END AS dlq_reason,
+           CASE WHEN o.outcome IN ('retry', 'fail') THEN
+                  append_error(o.errors, jsonb_strip_nulls(jsonb_build_object('error', o.message, 'attempt', o.attempt, 'at', v_now,
+                                         'terminal', CASE WHEN o.new_state = 'failed' THEN true END)))
+                WHEN o.outcome = 'cancel' THEN
+                  append_error(o.errors, jsonb_build_object('error', 'cancelled: ' || o.message, 'attempt', o.attempt, 'at', v_now))
+           END AS new_errors
+    FROM settled o
+  ),
+  -- The two plain tables keyed by job_id come first; what they did not take is not applied.
+  ins_dlq AS (
+    INSERT INTO dlq AS d (job_id, kind, queue, priority, args, metadata, tags, errors, progress, attempt, max_attempts,
+                          original_run_lease, run_at, created_at, dlq_at, dlq_reason, unique_key, unique_states)
+    SELECT DISTINCT ON (r.job_id)
+           r.job_id, r.kind, r.queue, r.priority, r.args, r.metadata, r.tags, coalesce(r.new_errors, r.errors), r.progress,
+           r.attempt, r.max_attempts, r.run_lease, r.run_at, r.created_at, v_now, r.dlq_reason, r.unique_key, r.unique_states
+    FROM resolved r WHERE r.to_dlq
+    ORDER BY r.job_id, r.run_lease DESC
+    ON CONFLICT (job_id) DO UPDATE
+      SET kind = excluded.kind, queue = excluded.queue, priority = excluded.priority, args = excluded.args,
+          metadata = excluded.metadata, tags = excluded.tags, errors = excluded.errors, progress = excluded.progress,
+          attempt = excluded.attempt, max_attempts = excluded.max_attempts, original_run_lease = excluded.original_run_lease,
+          run_at = excluded.run_at, created_at = excluded.created_at, dlq_at = excluded.dlq_at,
+          dlq_reason = excluded.dlq_reason, unique_key = excluded.unique_key, unique_states = excluded.unique_states
+      WHERE d.original_run_lease < excluded.original_run_lease
+    RETURNING d.job_id, d.original_run_lease AS run_lease
+  ),
+  ins_deferred AS (
+    INSERT INTO deferred (job_id, state, kind, queue, priority, shard, args, metadata, tags, errors, progress, attempt,
+                          run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
+    SELECT DISTINCT ON (r.job_id)
+           r.job_id, r.new_state, r.kind, r.queue, r.priority, r.shard, r.args, r.metadata, r.tags,
+           coalesce(r.new_errors, r.errors), r.progress,
+           CASE WHEN r.new_state = 'scheduled' THEN r.attempt - 1 ELSE r.attempt END,
+           r.run_lease, r.max_attempts, v_now + r.delay_ms * interval '1 millisecond', r.created_at, r.unique_key, r.unique_states
+    FROM resolved r WHERE r.new_state IN ('retryable', 'scheduled')
+    ORDER BY r.job_id, r.run_lease DESC
+    ON CONFLICT (job_id) DO NOTHING
+    RETURNING job_id, run_lease
+  ),
+  done AS (
+    SELECT r.* FROM resolved r
+    WHERE CASE WHEN r.to_dlq THEN EXISTS (SELECT 1 FROM ins_dlq x WHERE x.job_id = r.job_id AND x.run_lease = r.run_lease)
+               WHEN r.new_state IN ('retryable', 'scheduled')
+                 THEN EXISTS (SELECT 1 FROM ins_deferred x WHERE x.job_id = r.job_id AND x.run_lease = r.run_lease)
+               ELSE true END
+  ),
+  ins_closures AS (
+    INSERT INTO closures (slot, generation, job_id, run_lease, outcome, closed_at)
+    SELECT r.slot, r.generation, r.job_id, r.run_lease, r.new_state, v_now FROM done r
+  ),
+  ins_terminal AS (
+    INSERT INTO terminal (slot, generation, job_id, run_lease, lane_seq, state, attempt, finalized_at, errors, progress)
+    SELECT r.slot, r.generation, r.job_id, r.run_lease, r.lane_seq, r.new_state, r.attempt, v_now, r.new_errors,
+           CASE WHEN r.new_state = 'completed' THEN NULL ELSE r.progress END
+    FROM done r WHERE r.new_state IN ('completed', 'failed', 'cancelled') AND NOT r.to_dlq
+  ),
+  -- Primary-key probes, only for attempts that had a row (read above): most attempts never
+  -- heartbeat, so most batches delete nothing and probe nothing.
+  del_state AS (
+    DELETE FROM attempt_state a USING done r
+    WHERE r.has_state AND a.job_id = r.job_id AND a.run_lease = r.run_lease
+  ),
+  rel_unique AS (
+    DELETE FROM unique_claims u USING done r
+    WHERE r.unique_key IS NOT NULL AND u.unique_key = r.unique_key AND u.job_id = r.job_id
+      AND (r.unique_states & state_bit(r.new_state)) = 0
+  )
+  SELECT i.o, r.o IS NOT NULL, r.new_state
+  FROM items i LEFT JOIN done r ON r.o = i.o
+  ORDER BY i.o;
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- heartbeat: as 0003, READ COMMITTED only.
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.heartbeat(p_items jsonb)
+RETURNS TABLE (job_id bigint, run_lease bigint)
+LANGUAGE plpgsql
+SET search_path = :AWA_SCHEMA, pg_catalog SET enable_hashjoin = off SET enable_mergejoin = off SET jit = off AS $$
+#variable_conflict use_column
+DECLARE
+  v_attempt record;
+BEGIN
+  -- READ COMMITTED only (0021, docs/adr/0017-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'heartbeat needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  FOR v_attempt IN
+    SELECT DISTINCT i.job_id, i.run_lease FROM jsonb_to_recordset(p_items) AS i(job_id bigint, run_lease bigint)
+    ORDER BY i.job_id, i.run_lease
+  LOOP
+    PERFORM pg_advisory_xact_lock(attempt_key(v_attempt.job_id, v_attempt.run_lease));
+  END LOOP;
+  RETURN QUERY
+  WITH items AS (
+    SELECT DISTINCT ON (x.job_id, x.run_lease) x.job_id, x.run_lease, x.progress,
+           EXISTS (SELECT 1 FROM claims c WHERE c.job_id = x.job_id AND c.run_lease = x.run_lease)
+           AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.job_id = x.job_id AND z.run_lease = x.run_lease) AS open
+    FROM jsonb_to_recordset(p_items) AS x(job_id bigint, run_lease bigint, progress jsonb)
+    ORDER BY x.job_id, x.run_lease
+  ),
+  up AS (
+    INSERT INTO attempt_state AS a (job_id, run_lease, heartbeat_at, progress)
+    SELECT i.job_id, i.run_lease, now(), i.progress FROM items i WHERE i.open
+    ON CONFLICT (job_id, run_lease) DO UPDATE
+      SET heartbeat_at = excluded.heartbeat_at, progress = coalesce(excluded.progress, a.progress)
+  )
+  SELECT i.job_id, i.run_lease FROM items i WHERE NOT i.open;
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- rescue: as 0019, READ COMMITTED only.
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.rescue(p_kind text, p_staleness_ms bigint, p_limit int)
+RETURNS TABLE (job_id bigint, run_lease bigint, state text)
+LANGUAGE plpgsql
+SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
+#variable_conflict use_column
+DECLARE
+  v_cutoff timestamptz := now() - p_staleness_ms * interval '1 millisecond';
+  v_items jsonb;
+  v_row record;
+BEGIN
+  -- READ COMMITTED only (0021, docs/adr/0017-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'rescue needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  IF p_kind = 'stale' THEN
+    WITH cand AS (
+      SELECT c.job_id, c.run_lease, c.attempt FROM claims c
+      LEFT JOIN attempt_state a ON a.job_id = c.job_id AND a.run_lease = c.run_lease
+      WHERE c.claimed_at < v_cutoff AND (a.heartbeat_at IS NULL OR a.heartbeat_at < v_cutoff)
+        AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.job_id = c.job_id AND z.run_lease = c.run_lease)
+      ORDER BY c.claimed_at LIMIT p_limit
+    )
+    SELECT jsonb_agg(jsonb_build_object('job_id', cand.job_id, 'run_lease', cand.run_lease, 'outcome', 'retry',
+             'delay_ms', backoff_ms(cand.attempt, random()), 'message', 'heartbeat stale: worker presumed dead',
+             'reason', 'stale_heartbeat', 'stale_before', v_cutoff))
+      INTO v_items FROM cand;
+  ELSE
+    WITH cand AS (
+      SELECT c.job_id, c.run_lease, c.attempt FROM claims c
+      WHERE c.deadline_at < now()
+        AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.job_id = c.job_id AND z.run_lease = c.run_lease)
+      ORDER BY c.deadline_at LIMIT p_limit
+    )
+    SELECT jsonb_agg(jsonb_build_object('job_id', cand.job_id, 'run_lease', cand.run_lease, 'outcome', 'retry',
+             'delay_ms', backoff_ms(cand.attempt, random()), 'message', 'hard deadline exceeded',
+             'reason', 'deadline_exceeded'))
+      INTO v_items FROM cand;
+  END IF;
+  IF v_items IS NULL THEN
+    RETURN;
+  END IF;
+  FOR v_row IN
+    SELECT (v_items -> (f.ord - 1) ->> 'job_id')::bigint AS j, (v_items -> (f.ord - 1) ->> 'run_lease')::bigint AS l, f.state AS s
+    FROM finalize(v_items) f WHERE f.applied
+  LOOP
+    PERFORM pg_notify('awa_cancel_:AWA_SCHEMA', v_row.j || ':' || v_row.l);
+    job_id := v_row.j;
+    run_lease := v_row.l;
+    state := v_row.s;
+    RETURN NEXT;
+  END LOOP;
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- promote: as 0020, READ COMMITTED only.
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.promote(p_limit int)
+RETURNS int
+LANGUAGE plpgsql
+SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
+#variable_conflict use_column
+DECLARE
+  v_lane record;
+  v_q text[] := '{}';
+  v_p int[] := '{}';
+  v_ids bigint[];
+  v_pos bigint[];
+  v_ring record;
+  v_row record;
+  v_def record;
+  v_holder bigint;
+  v_moved int;
+BEGIN
+  -- READ COMMITTED only (0021, docs/adr/0017-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'promote needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  FOR v_lane IN
+    SELECT DISTINCT d.queue COLLATE "C" AS queue, d.priority
+    FROM (SELECT d.queue, d.priority FROM deferred d
+          WHERE d.state IN ('scheduled', 'retryable') AND d.run_at <= now()
+          ORDER BY d.run_at, d.job_id LIMIT p_limit) d
+    ORDER BY 1, 2
+  LOOP
+    IF pg_try_advisory_xact_lock(lock_ns('enqueue'), lane_key(v_lane.queue, v_lane.priority, 0)) THEN
+      v_q := v_q || v_lane.queue;
+      v_p := v_p || v_lane.priority::int;
+      INSERT INTO lanes (queue, priority, shard)
+      SELECT v_lane.queue, v_lane.priority, 0
+      WHERE NOT EXISTS (SELECT 1 FROM lanes l WHERE l.queue = v_lane.queue AND l.priority = v_lane.priority AND l.shard = 0)
+      ON CONFLICT DO NOTHING;
+    END IF;
+  END LOOP;
+  IF cardinality(v_q) = 0 THEN
+    RETURN 0;
+  END IF;
+
+  WITH due AS (
+    SELECT d.job_id FROM deferred d
+    WHERE d.state IN ('scheduled', 'retryable') AND d.run_at <= now()
+      AND (d.queue, d.priority) IN (SELECT * FROM unnest(v_q, v_p))
+    ORDER BY d.run_at, d.job_id LIMIT p_limit
+    FOR UPDATE SKIP LOCKED
+  )
+  SELECT array_agg(due.job_id) INTO v_ids FROM due;
+  IF v_ids IS NULL THEN
+    RETURN 0;
+  END IF;
+  v_moved := cardinality(v_ids);
+  -- Unique masks (capabilities.md §4), only for keyed rows whose mask treats their deferred state
+  -- and 'available' differently (never the default mask, so the common path runs one probe):
+  -- leaving the mask releases the key; entering it takes the key, and if a newer job holds it this
+  -- one gives way, cancelled with 'superseded by duplicate <id>' (a wide terminal row).
+  FOR v_row IN
+    SELECT d.job_id, d.unique_key, d.unique_states FROM deferred d
+    WHERE d.job_id = ANY (v_ids) AND d.unique_key IS NOT NULL
+      AND ((d.unique_states & 2) <> 0) <> ((d.unique_states & state_bit(d.state)) <> 0)
+    ORDER BY d.job_id
+  LOOP
+    IF (v_row.unique_states & 2) = 0 THEN
+      DELETE FROM unique_claims u WHERE u.unique_key = v_row.unique_key AND u.job_id = v_row.job_id;
+      CONTINUE;
+    END IF;
+    INSERT INTO unique_claims (unique_key, job_id) VALUES (v_row.unique_key, v_row.job_id) ON CONFLICT DO NOTHING;
+    SELECT u.job_id INTO v_holder FROM unique_claims u WHERE u.unique_key = v_row.unique_key;
+    IF v_holder <> v_row.job_id THEN
+      DELETE FROM deferred d WHERE d.job_id = v_row.job_id RETURNING d.* INTO v_def;
+      SELECT o_generation AS generation, o_slot AS slot INTO v_ring FROM lock_current_slot('terminal');
+      INSERT INTO terminal (slot, generation, job_id, run_lease, state, attempt, finalized_at, errors, progress, wide,
+                            kind, queue, priority, args, metadata, tags, max_attempts, run_at, created_at, unique_key, unique_states)
+      VALUES (v_ring.slot, v_ring.generation, v_def.job_id, v_def.run_lease, 'cancelled', v_def.attempt, now(),
+              append_error(v_def.errors, jsonb_build_object('error', 'cancelled: superseded by duplicate ' || v_holder,
+                                                            'attempt', v_def.attempt, 'at', now())),
+              v_def.progress, true, v_def.kind, v_def.queue, v_def.priority, v_def.args, v_def.metadata, v_def.tags,
+              v_def.max_attempts, v_def.run_at, v_def.created_at, v_def.unique_key, v_def.unique_states);
+      v_ids := array_remove(v_ids, v_row.job_id);
+    END IF;
+  END LOOP;
+  IF cardinality(v_ids) = 0 THEN
+    RETURN v_moved;
+  END IF;
+  SELECT o_generation AS generation, o_slot AS slot INTO v_ring FROM lock_current_slot('ready');
+  SELECT array_agg(v ORDER BY v) INTO v_pos FROM (SELECT nextval('lane_seq') AS v FROM generate_series(1, cardinality(v_ids))) s;
+
+  WITH moved AS (
+    DELETE FROM deferred d WHERE d.job_id = ANY (v_ids) RETURNING d.*
+  ),
+  ranked AS (
+    SELECT m.*, row_number() OVER (ORDER BY m.run_at, m.job_id) AS rank FROM moved m
+  ),
+  ins AS (
+    INSERT INTO ready (slot, generation, job_id, kind, queue, priority, shard, lane_seq, args, metadata, tags,
+                       errors, progress, attempt, run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
+    SELECT v_ring.slot, v_ring.generation, r.job_id, r.kind, r.queue, r.priority, r.shard, v_pos[r.rank], r.args, r.metadata,
+           r.tags, r.errors, r.progress, r.attempt, r.run_lease, r.max_attempts, r.run_at, r.created_at, r.unique_key, r.unique_states
+    FROM ranked r
+    RETURNING queue
+  )
+  SELECT array_agg(DISTINCT ins.queue) INTO v_q FROM ins;
+  PERFORM pg_notify('awa_wake_:AWA_SCHEMA', q) FROM unnest(v_q) AS q;
+  RETURN v_moved;
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- rotate: as 0003, READ COMMITTED only.
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.rotate(p_ring text, p_min_age_ms bigint)
+RETURNS text
+LANGUAGE plpgsql
+SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
+#variable_conflict use_column
+DECLARE
+  v_n int := ring_slots(p_ring);
+  v_cur record;
+  v_next int;
+  v_rotated_at timestamptz;
+BEGIN
+  -- READ COMMITTED only (0021, docs/adr/0017-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'rotate needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  IF NOT pg_try_advisory_xact_lock(lock_ns('ring'), hashtext(p_ring)) THEN
+    RETURN 'SkippedLocked';
+  END IF;
+  SELECT r.generation, r.slot, r.rotated_at INTO v_cur FROM ring_rotations r
+  WHERE r.ring = p_ring ORDER BY r.generation DESC LIMIT 1;
+  IF p_ring = 'queue' THEN
+    IF NOT EXISTS (SELECT 1 FROM ready r WHERE r.slot = v_cur.slot)
+       AND NOT EXISTS (SELECT 1 FROM terminal t WHERE t.slot = v_cur.slot)
+       AND NOT EXISTS (SELECT 1 FROM claim_marks m WHERE m.slot = v_cur.slot) THEN
+      RETURN 'SkippedIdle';
+    END IF;
+  ELSIF NOT EXISTS (SELECT 1 FROM history h WHERE h.slot = v_cur.slot) THEN
+    RETURN 'SkippedIdle';
+  END IF;
+  IF v_cur.rotated_at > now() - p_min_age_ms * interval '1 millisecond' THEN
+    RETURN 'SkippedIdle';
+  END IF;
+  v_next := ((v_cur.generation + 1) % v_n)::int;
+  IF v_cur.generation + 1 - v_n >= 0 AND NOT EXISTS (
+       SELECT 1 FROM ring_prunes p WHERE p.ring = p_ring AND p.generation = v_cur.generation + 1 - v_n) THEN
+    RETURN 'SkippedBusy';
+  END IF;
+  IF p_ring = 'queue' THEN
+    IF EXISTS (SELECT 1 FROM ready r WHERE r.slot = v_next) OR EXISTS (SELECT 1 FROM claims c WHERE c.slot = v_next)
+       OR EXISTS (SELECT 1 FROM claim_marks m WHERE m.slot = v_next) OR EXISTS (SELECT 1 FROM terminal t WHERE t.slot = v_next)
+       OR EXISTS (SELECT 1 FROM closures z WHERE z.slot = v_next) OR EXISTS (SELECT 1 FROM ready_tombstones t WHERE t.slot = v_next) THEN
+      RETURN 'SkippedBusy';
+    END IF;
+  ELSIF EXISTS (SELECT 1 FROM history h WHERE h.slot = v_next) THEN
+    RETURN 'SkippedBusy';
+  END IF;
+  INSERT INTO ring_rotations (ring, generation, slot) VALUES (p_ring, v_cur.generation + 1, v_next)
+  ON CONFLICT DO NOTHING;
+  IF NOT FOUND THEN
+    RETURN 'SkippedBusy';
+  END IF;
+  RETURN 'Rotated';
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- rotate_queue_when_due: as 0013, READ COMMITTED only.
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.rotate_queue_when_due(p_min_rows int, p_max_age_ms bigint)
+RETURNS text
+LANGUAGE plpgsql
+SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
+#variable_conflict use_column
+DECLARE
+  v_cur record;
+  v_rows bigint;
+BEGIN
+  -- READ COMMITTED only (0021, docs/adr/0017-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'rotate_queue_when_due needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  SELECT r.generation, r.slot, r.rotated_at INTO v_cur FROM ring_rotations r
+  WHERE r.ring = 'queue' ORDER BY r.generation DESC LIMIT 1;
+  IF v_cur.rotated_at > now() - p_max_age_ms * interval '1 millisecond' THEN
+    EXECUTE format('SELECT count(*) FROM (SELECT FROM %I.%I LIMIT %s) s', ':AWA_SCHEMA', 'ready_' || v_cur.slot, p_min_rows)
+      INTO v_rows;
+    IF v_rows < p_min_rows THEN
+      RETURN 'SkippedIdle';
+    END IF;
+  END IF;
+  RETURN rotate('queue', 0);
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- prune_queue: as 0013, READ COMMITTED only.
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.prune_queue(p_lock_timeout_ms int, p_completed_ms bigint, p_failed_ms bigint, p_cancelled_ms bigint)
+RETURNS TABLE (outcome text, generation bigint, carried int)
+LANGUAGE plpgsql
+SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
+#variable_conflict use_column
+DECLARE
+  v_n int := ring_slots('queue');
+  v_cur record;
+  v_hist record;
+  v_old bigint;
+  v_slot int;
+  v_attempt record;
+  v_open_claims claims[];
+  v_open_ready ready[];
+  v_kept history[];
+  v_copy record;
+  v_copied boolean;
+  v_count bigint;
+  -- below this many rows to keep, inserting them under the lock costs less than a second commit
+  v_copy_ahead_rows constant int := 1000;
+  v_rollup jsonb;
+  v_keys jsonb;
+  v_children text;
+  v_deadline timestamptz;
+  v_saved_timeout text := current_setting('lock_timeout');
+  v_saved_nestloop text := current_setting('enable_nestloop');
+BEGIN
+  -- READ COMMITTED only (0021, docs/adr/0017-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'prune_queue needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  IF NOT pg_try_advisory_xact_lock(lock_ns('ring'), hashtext('queue')) THEN
+    RETURN QUERY SELECT 'Blocked:busy', NULL::bigint, 0;
+    RETURN;
+  END IF;
+  SELECT * INTO v_cur FROM ring_current('queue');
+  SELECT min(g.g) INTO v_old
+  FROM generate_series(greatest(0, v_cur.generation - v_n + 1), v_cur.generation - 1) AS g(g)
+  WHERE NOT EXISTS (SELECT 1 FROM ring_prunes p WHERE p.ring = 'queue' AND p.generation = g.g);
+  IF v_old IS NULL THEN
+    RETURN QUERY SELECT 'Noop', NULL::bigint, 0;
+    RETURN;
+  END IF;
+  v_slot := (v_old % v_n)::int;
+
+  IF slot_has_unclaimed(v_slot) THEN
+    RETURN QUERY SELECT 'Blocked:unclaimed', v_old, 0;
+    RETURN;
+  END IF;
+  FOR v_attempt IN
+    SELECT c.job_id, c.run_lease FROM claims c
+    WHERE c.slot = v_slot AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.slot = v_slot AND z.job_id = c.job_id AND z.run_lease = c.run_lease)
+    ORDER BY c.job_id, c.run_lease
+  LOOP
+    IF NOT pg_try_advisory_xact_lock(attempt_key(v_attempt.job_id, v_attempt.run_lease)) THEN
+      RETURN QUERY SELECT 'Blocked:locked_attempt', v_old, 0;
+      RETURN;
+    END IF;
+  END LOOP;
+
+  v_children := format('%1$I.ready_%2$s, %1$I.ready_tombstones_%2$s, %1$I.claims_%2$s, %1$I.claim_marks_%2$s, %1$I.closures_%2$s, %1$I.terminal_%2$s',
+                       ':AWA_SCHEMA', v_slot);
+  -- Freeze the slot: SHARE waits for writers still inserting into it and keeps new ones out until
+  -- commit, but does not conflict with the ACCESS SHARE of claimers and readers. A queued SHARE
+  -- request does not hold up later readers either (only ACCESS EXCLUSIVE conflicts with them).
+  BEGIN
+    PERFORM set_config('lock_timeout', p_lock_timeout_ms || 'ms', true);
+    EXECUTE 'LOCK TABLE ' || v_children || ' IN SHARE MODE';
+  EXCEPTION WHEN lock_not_available THEN
+    RETURN QUERY SELECT 'Blocked:lock', v_old, 0;
+    RETURN;
+  END;
+  PERFORM set_config('lock_timeout', v_saved_timeout, true);
+
+  -- Re-proof: rows committed while we waited for SHARE are visible now, and no more can come.
+  IF slot_has_unclaimed(v_slot) THEN
+    RETURN QUERY SELECT 'Blocked:unclaimed', v_old, 0;
+    RETURN;
+  END IF;
+
+  -- Everything below up to the exclusive lock only reads: a prune that gives up writes nothing.
+  -- Open attempts: claims without a closure (ours since step 3, or claimed after it from rows
+  -- that arrived late; either way their finalizers need the slot, which is frozen).
+  SELECT array_agg(c) INTO v_open_claims FROM claims c
+  WHERE c.slot = v_slot AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.slot = v_slot AND z.job_id = c.job_id AND z.run_lease = c.run_lease);
+  IF v_open_claims IS NOT NULL THEN
+    SELECT array_agg(r) INTO v_open_ready
+    FROM unnest(v_open_claims) o
+    JOIN ready r ON r.slot = v_slot AND r.queue = o.queue AND r.priority = o.priority AND r.shard = o.shard AND r.lane_seq = o.lane_seq;
+  END IF;
+
+  -- The terminal rows: judged here, or already copied ahead by an earlier call (see below). The
+  -- slot is frozen, so if it still holds as many terminal rows as the copy saw, they are the same
+  -- rows (ring tables are append-only) and the copy's roll-up and keys stand.
+  SELECT * INTO v_copy FROM history_copies hc WHERE hc.generation = v_old;
+  v_copied := FOUND;
+  IF v_copied THEN
+    EXECUTE format('SELECT count(*) FROM %I.terminal_%s', ':AWA_SCHEMA', v_slot) INTO v_count;
+  END IF;
+  IF v_copied AND v_count = v_copy.terminal_rows THEN
+    v_rollup := v_copy.rollup;
+    v_keys := v_copy.keys;
+  ELSE
+    -- Judge: widened from their ready row when narrow; kept if inside their state's retention.
+    -- After a copy ahead (rows arrived since: rare), rows already in history are neither copied
+    -- again nor have their keys released (the history copy holds them).
+    -- Fresh ring children have no statistics (estimates of a few rows), so the planner joins
+    -- terminal to ready with a nested loop over a seq scan: O(n²), 0.56 s for 2,000 rows. A hash
+    -- join is linear whatever the estimates.
+    PERFORM set_config('enable_nestloop', 'off', true);
+    WITH wide AS (
+      SELECT t.job_id, t.run_lease, t.state, t.attempt, coalesce(t.max_attempts, r.max_attempts) AS max_attempts,
+             coalesce(t.kind, r.kind) AS kind, coalesce(t.queue, r.queue) AS queue, coalesce(t.priority, r.priority) AS priority,
+             coalesce(t.args, r.args) AS args, coalesce(t.metadata, r.metadata) AS metadata, coalesce(t.tags, r.tags) AS tags,
+             coalesce(t.errors, r.errors) AS errors, t.progress, coalesce(t.run_at, r.run_at) AS run_at,
+             coalesce(t.created_at, r.created_at) AS created_at, t.finalized_at,
+             coalesce(t.unique_key, r.unique_key) AS unique_key, coalesce(t.unique_states, r.unique_states, 0) AS unique_states
+      FROM terminal t
+      LEFT JOIN ready r ON NOT t.wide AND r.slot = t.slot AND r.job_id = t.job_id AND r.lane_seq = t.lane_seq
+      WHERE t.slot = v_slot
+    ),
+    judged AS MATERIALIZED (
+      SELECT w.*, w.finalized_at > now() - retention(w.state, w.queue, p_completed_ms, p_failed_ms, p_cancelled_ms) AS keep,
+             v_copied AND EXISTS (SELECT 1 FROM history h WHERE h.job_id = w.job_id AND h.run_lease = w.run_lease
+                                    AND h.state = w.state AND h.finalized_at = w.finalized_at) AS in_history
+      FROM wide w
+    )
+    SELECT (SELECT array_agg(ROW(0, 0, j.job_id, j.run_lease, j.state, j.attempt, j.max_attempts, j.kind, j.queue, j.priority,
+                                 j.args, j.metadata, j.tags, j.errors, j.progress, j.run_at, j.created_at, j.finalized_at,
+                                 j.unique_key, j.unique_states)::history)
+            FROM judged j WHERE j.keep AND NOT j.in_history),
+           (SELECT jsonb_object_agg(k, n) FROM (SELECT j.queue || ':' || j.state AS k, count(*) AS n FROM judged j GROUP BY 1) c),
+           (SELECT jsonb_agg(jsonb_build_object('job_id', j.job_id, 'run_lease', j.run_lease, 'finalized_at', j.finalized_at,
+                                                'unique_key', encode(j.unique_key, 'hex')))
+            FROM judged j WHERE NOT j.keep AND NOT j.in_history AND j.unique_key IS NOT NULL),
+           (SELECT count(*) FROM judged)
+      INTO v_kept, v_rollup, v_keys, v_count;
+    PERFORM set_config('enable_nestloop', v_saved_nestloop, true);
+
+    -- Copy ahead: many rows to keep, and nothing left in the slot that could still add a terminal
+    -- row (no open attempt). Insert them into history now and COMMIT (the caller calls again at
+    -- once): under the exclusive lock the next call then only truncates, instead of inserting
+    -- every row (0.9 s for 100k rows). The copy is committed, never rolled back, and recorded in
+    -- history_copies, so a later call reuses it instead of copying again: no dead tuples either way.
+    IF NOT v_copied AND v_open_claims IS NULL AND coalesce(cardinality(v_kept), 0) >= v_copy_ahead_rows THEN
+      SELECT * INTO v_hist FROM ring_current('history');
+      INSERT INTO history (slot, generation, job_id, run_lease, state, attempt, max_attempts, kind, queue, priority, args,
+                           metadata, tags, errors, progress, run_at, created_at, finalized_at, unique_key, unique_states)
+      SELECT v_hist.slot, v_hist.generation, h.job_id, h.run_lease, h.state, h.attempt, h.max_attempts, h.kind, h.queue, h.priority,
+             h.args, h.metadata, h.tags, h.errors, h.progress, h.run_at, h.created_at, h.finalized_at, h.unique_key, h.unique_states
+      FROM unnest(v_kept) h;
+      INSERT INTO history_copies (generation, slot, terminal_rows, rollup, keys)
+      VALUES (v_old, v_slot, v_count, coalesce(v_rollup, '{}'), v_keys);
+      RETURN QUERY SELECT 'Copied', v_old, 0;
+      RETURN;
+    END IF;
+  END IF;
+
+  -- ACCESS EXCLUSIVE, never queued: a waiting request would make every later claimer wait behind
+  -- it (they all read this slot's children). NOWAIT succeeds in a moment when no reader holds the
+  -- children; between tries we sleep about a millisecond, so readers come and go freely.
+  v_deadline := clock_timestamp() + p_lock_timeout_ms * interval '1 millisecond';
+  LOOP
+    BEGIN
+      EXECUTE 'LOCK TABLE ' || v_children || ' IN ACCESS EXCLUSIVE MODE NOWAIT';
+      EXIT;
+    EXCEPTION WHEN lock_not_available THEN
+      IF clock_timestamp() >= v_deadline THEN
+        RETURN QUERY SELECT 'Blocked:lock', v_old, 0;
+        RETURN;
+      END IF;
+    END;
+    PERFORM pg_sleep(0.001);
+  END LOOP;
+
+  -- Under the exclusive lock: only the writes.
+  IF v_open_claims IS NOT NULL THEN
+    INSERT INTO ready (slot, generation, job_id, kind, queue, priority, shard, lane_seq, args, metadata, tags,
+                       errors, progress, attempt, run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
+    SELECT v_cur.slot, v_cur.generation, r.job_id, r.kind, r.queue, r.priority, r.shard, r.lane_seq, r.args, r.metadata, r.tags,
+           r.errors, r.progress, r.attempt, r.run_lease, r.max_attempts, r.run_at, r.created_at, r.unique_key, r.unique_states
+    FROM unnest(v_open_ready) r;
+    INSERT INTO claims (slot, generation, job_id, run_lease, attempt, queue, priority, shard, lane_seq, claimed_at, deadline_at)
+    SELECT v_cur.slot, v_cur.generation, o.job_id, o.run_lease, o.attempt, o.queue, o.priority, o.shard, o.lane_seq, o.claimed_at, o.deadline_at
+    FROM unnest(v_open_claims) o;
+    -- the lane's cursor is past every carried row (they were claimed); a mark at it keeps it there
+    -- once this slot's marks are gone
+    INSERT INTO claim_marks (slot, generation, queue, priority, shard, next_lane_seq)
+    SELECT v_cur.slot, v_cur.generation, l.queue, l.priority, l.shard, lane_cursor(l.queue, l.priority, l.shard)
+    FROM (SELECT DISTINCT o.queue, o.priority, o.shard FROM unnest(v_open_claims) o) l;
+  END IF;
+
+  IF v_kept IS NOT NULL THEN
+    SELECT * INTO v_hist FROM ring_current('history');
+    INSERT INTO history (slot, generation, job_id, run_lease, state, attempt, max_attempts, kind, queue, priority, args,
+                         metadata, tags, errors, progress, run_at, created_at, finalized_at, unique_key, unique_states)
+    SELECT v_hist.slot, v_hist.generation, h.job_id, h.run_lease, h.state, h.attempt, h.max_attempts, h.kind, h.queue, h.priority,
+           h.args, h.metadata, h.tags, h.errors, h.progress, h.run_at, h.created_at, h.finalized_at, h.unique_key, h.unique_states
+    FROM unnest(v_kept) h;
+  END IF;
+
+  IF v_keys IS NOT NULL THEN
+    PERFORM release_keys_of(v_keys);
+  END IF;
+  EXECUTE 'TRUNCATE ' || v_children;
+  INSERT INTO ring_prunes (ring, generation, slot, rollup) VALUES ('queue', v_old, v_slot, coalesce(v_rollup, '{}'));
+  RETURN QUERY SELECT 'Pruned', v_old, coalesce(cardinality(v_open_claims), 0);
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- prune_queue: as 0014, READ COMMITTED only.
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.prune_queue(p_lock_timeout_ms int, p_completed_ms bigint, p_failed_ms bigint,
+                                                   p_cancelled_ms bigint, p_carry_after_ms bigint)
+RETURNS TABLE (outcome text, generation bigint, carried int)
+LANGUAGE plpgsql
+SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
+#variable_conflict use_column
+DECLARE
+  v_n int := ring_slots('queue');
+  v_cur record;
+  v_old bigint;
+  v_slot int;
+BEGIN
+  -- READ COMMITTED only (0021, docs/adr/0017-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'prune_queue needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  IF p_carry_after_ms > 0 THEN
+    IF NOT pg_try_advisory_xact_lock(lock_ns('ring'), hashtext('queue')) THEN
+      RETURN QUERY SELECT 'Blocked:busy', NULL::bigint, 0;
+      RETURN;
+    END IF;
+    -- the generation 0013 would take: the oldest sealed one not yet pruned
+    SELECT * INTO v_cur FROM ring_current('queue');
+    SELECT min(g.g) INTO v_old
+    FROM generate_series(greatest(0, v_cur.generation - v_n + 1), v_cur.generation - 1) AS g(g)
+    WHERE NOT EXISTS (SELECT 1 FROM ring_prunes p WHERE p.ring = 'queue' AND p.generation = g.g);
+    IF v_old IS NOT NULL THEN
+      v_slot := (v_old % v_n)::int;
+      IF EXISTS (
+        SELECT 1 FROM claims c
+        WHERE c.slot = v_slot AND c.claimed_at > now() - p_carry_after_ms * interval '1 millisecond'
+          AND NOT EXISTS (SELECT 1 FROM closures z
+                          WHERE z.slot = v_slot AND z.job_id = c.job_id AND z.run_lease = c.run_lease)
+      ) THEN
+        RETURN QUERY SELECT 'Blocked:young_attempts', v_old, 0;
+        RETURN;
+      END IF;
+    END IF;
+  END IF;
+  RETURN QUERY SELECT * FROM prune_queue(p_lock_timeout_ms, p_completed_ms, p_failed_ms, p_cancelled_ms);
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- prune_history: as 0003, READ COMMITTED only.
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.prune_history(p_lock_timeout_ms int, p_completed_ms bigint, p_failed_ms bigint, p_cancelled_ms bigint)
+RETURNS TABLE (outcome text, generation bigint, carried int)
+LANGUAGE plpgsql
+SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
+#variable_conflict use_column
+DECLARE
+  v_n int := ring_slots('history');
+  v_cur record;
+  v_old bigint;
+  v_slot int;
+  v_longest interval;
+  v_rollup jsonb;
+  v_keys jsonb;
+  v_saved_timeout text := current_setting('lock_timeout');
+BEGIN
+  -- READ COMMITTED only (0021, docs/adr/0017-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'prune_history needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  IF NOT pg_try_advisory_xact_lock(lock_ns('ring'), hashtext('history')) THEN
+    RETURN QUERY SELECT 'Blocked:busy', NULL::bigint, 0;
+    RETURN;
+  END IF;
+  SELECT * INTO v_cur FROM ring_current('history');
+  SELECT min(g.g) INTO v_old
+  FROM generate_series(greatest(0, v_cur.generation - v_n + 1), v_cur.generation - 1) AS g(g)
+  WHERE NOT EXISTS (SELECT 1 FROM ring_prunes p WHERE p.ring = 'history' AND p.generation = g.g);
+  IF v_old IS NULL THEN
+    RETURN QUERY SELECT 'Noop', NULL::bigint, 0;
+    RETURN;
+  END IF;
+  v_slot := (v_old % v_n)::int;
+  SELECT greatest(max(x), p_completed_ms * interval '1 millisecond', p_failed_ms * interval '1 millisecond',
+                  p_cancelled_ms * interval '1 millisecond') INTO v_longest
+  FROM (SELECT unnest(ARRAY[m.completed_retention, m.failed_retention, m.cancelled_retention]) AS x FROM queue_meta m) s;
+  IF EXISTS (SELECT 1 FROM history h WHERE h.slot = v_slot AND h.finalized_at > now() - v_longest) THEN
+    RETURN QUERY SELECT 'Blocked:retention', v_old, 0;
+    RETURN;
+  END IF;
+  BEGIN
+    PERFORM set_config('lock_timeout', p_lock_timeout_ms || 'ms', true);
+    EXECUTE format('LOCK TABLE %I.history_%s IN ACCESS EXCLUSIVE MODE', ':AWA_SCHEMA', v_slot);
+  EXCEPTION WHEN lock_not_available THEN
+    RETURN QUERY SELECT 'Blocked:lock', v_old, 0;
+    RETURN;
+  END;
+  PERFORM set_config('lock_timeout', v_saved_timeout, true);
+  SELECT (SELECT jsonb_object_agg(k, n) FROM (SELECT h.queue || ':' || h.state AS k, count(*) AS n FROM history h WHERE h.slot = v_slot GROUP BY 1) c),
+         (SELECT jsonb_agg(jsonb_build_object('job_id', h.job_id, 'run_lease', h.run_lease, 'finalized_at', h.finalized_at,
+                                              'unique_key', encode(h.unique_key, 'hex')))
+          FROM history h WHERE h.slot = v_slot AND h.unique_key IS NOT NULL)
+    INTO v_rollup, v_keys;
+  -- Truncate first: release_keys_of must no longer see these rows as a representation of the job.
+  EXECUTE format('TRUNCATE %I.history_%s', ':AWA_SCHEMA', v_slot);
+  IF v_keys IS NOT NULL THEN
+    PERFORM release_keys_of(v_keys);
+  END IF;
+  INSERT INTO ring_prunes (ring, generation, slot, rollup) VALUES ('history', v_old, v_slot, coalesce(v_rollup, '{}'));
+  RETURN QUERY SELECT 'Pruned', v_old, 0;
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- trim_ledgers: as 0017, READ COMMITTED only.
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.trim_ledgers(p_batch int)
+RETURNS TABLE (ring text, outcome text, rotations int, prunes int, copies int)
+LANGUAGE plpgsql
+SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
+#variable_conflict use_column
+DECLARE
+  v_ring text;
+  v_n int;
+  v_cur record;
+  v_keep_from bigint;
+  v_oldest bigint;
+  v_rotations int;
+  v_prunes int;
+  v_copies int;
+BEGIN
+  -- READ COMMITTED only (0021, docs/adr/0017-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'trim_ledgers needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  FOREACH v_ring IN ARRAY ARRAY['queue', 'history'] LOOP
+    IF NOT pg_try_advisory_xact_lock(lock_ns('ring'), hashtext(v_ring)) THEN
+      RETURN QUERY SELECT v_ring, 'Busy', 0, 0, 0;
+      CONTINUE;
+    END IF;
+    v_n := ring_slots(v_ring);
+    SELECT * INTO v_cur FROM ring_current(v_ring);
+    -- the newest wrap, [g − N + 1, g], answers every reader's question
+    v_keep_from := v_cur.generation - v_n + 1;
+    SELECT least((SELECT min(r.generation) FROM ring_rotations r WHERE r.ring = v_ring),
+                 (SELECT min(p.generation) FROM ring_prunes p WHERE p.ring = v_ring),
+                 CASE WHEN v_ring = 'queue' THEN (SELECT min(c.generation) FROM history_copies c) END)
+      INTO v_oldest;
+    IF v_oldest IS NULL OR v_oldest >= v_keep_from - v_n THEN
+      RETURN QUERY SELECT v_ring, 'Kept', 0, 0, 0;
+      CONTINUE;
+    END IF;
+
+    DELETE FROM ring_rotations r
+    WHERE r.ring = v_ring AND r.generation IN (
+      SELECT o.generation FROM ring_rotations o WHERE o.ring = v_ring AND o.generation < v_keep_from
+      ORDER BY o.generation LIMIT p_batch);
+    GET DIAGNOSTICS v_rotations = ROW_COUNT;
+
+    -- the deleted roll-ups go into the carried totals in the same statement (a reader of
+    -- ledger_totals sees both or neither)
+    WITH gone AS (
+      DELETE FROM ring_prunes p
+      WHERE p.ring = v_ring AND p.generation IN (
+        SELECT o.generation FROM ring_prunes o WHERE o.ring = v_ring AND o.generation < v_keep_from
+        ORDER BY o.generation LIMIT p_batch)
+      RETURNING p.generation, p.rollup
+    ),
+    folded AS (
+      SELECT coalesce(jsonb_object_agg(s.k, s.n), '{}'::jsonb) AS rollup
+      FROM (SELECT e.key AS k, sum(e.value::numeric) AS n
+            FROM (SELECT g.rollup FROM gone g
+                  UNION ALL
+                  SELECT t.rollup FROM ring_ledger_totals t WHERE t.ring = v_ring) x,
+                 jsonb_each_text(x.rollup) e
+            GROUP BY 1) s
+    ),
+    summary AS (SELECT count(*) AS n, max(g.generation) AS through FROM gone g),
+    carried AS (
+      UPDATE ring_ledger_totals t
+      SET prunes = t.prunes + m.n, through_generation = greatest(t.through_generation, m.through),
+          rollup = f.rollup, updated_at = now()
+      FROM folded f, summary m
+      WHERE t.ring = v_ring AND m.n > 0
+    )
+    SELECT m.n INTO v_prunes FROM summary m;
+
+    v_copies := 0;
+    IF v_ring = 'queue' THEN
+      -- a copy ahead serves only the prune of its own incarnation, done below the newest wrap
+      DELETE FROM history_copies c
+      WHERE c.generation IN (
+        SELECT o.generation FROM history_copies o WHERE o.generation < v_keep_from
+        ORDER BY o.generation LIMIT p_batch);
+      GET DIAGNOSTICS v_copies = ROW_COUNT;
+    END IF;
+    RETURN QUERY SELECT v_ring, 'Trimmed', v_rotations, v_prunes, v_copies;
+  END LOOP;
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- cancel_job: as 0019, READ COMMITTED only.
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.cancel_job(p_job_id bigint, p_reason text)
+RETURNS text
+LANGUAGE plpgsql
+SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
+#variable_conflict use_column
+DECLARE
+  v_now timestamptz := now();
+  v_job record;
+  v_row record;
+  v_ring record;
+  v_try int;
+  v_state text;
+BEGIN
+  -- READ COMMITTED only (0021, docs/adr/0017-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'cancel_job needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  PERFORM pg_advisory_xact_lock(lock_ns('job'), hashint8(p_job_id));
+  FOR v_try IN 1 .. 100 LOOP
+    SELECT * INTO v_job FROM jobs j WHERE j.job_id = p_job_id;
+    IF NOT FOUND THEN
+      RETURN NULL;
+    END IF;
+    IF v_job.state IN ('completed', 'failed', 'cancelled') THEN
+      RETURN 'terminal:' || v_job.state;
+    END IF;
+
+    IF v_job.state IN ('scheduled', 'retryable') THEN
+      DELETE FROM deferred d WHERE d.job_id = p_job_id RETURNING d.* INTO v_row;
+      IF FOUND THEN
+        SELECT o_generation AS generation, o_slot AS slot INTO v_ring FROM lock_current_slot('terminal');
+        INSERT INTO terminal (slot, generation, job_id, run_lease, state, attempt, finalized_at, errors, progress, wide,
+                              kind, queue, priority, args, metadata, tags, max_attempts, run_at, created_at, unique_key, unique_states)
+        VALUES (v_ring.slot, v_ring.generation, p_job_id, v_row.run_lease, 'cancelled', v_row.attempt, v_now,
+                append_error(v_row.errors, jsonb_build_object('error', 'cancelled: ' || p_reason, 'attempt', v_row.attempt, 'at', v_now)),
+                v_row.progress, true, v_row.kind, v_row.queue, v_row.priority, v_row.args, v_row.metadata, v_row.tags,
+                v_row.max_attempts, v_row.run_at, v_row.created_at, v_row.unique_key, v_row.unique_states);
+        DELETE FROM unique_claims u WHERE u.unique_key = v_row.unique_key AND u.job_id = p_job_id
+          AND (v_row.unique_states & state_bit('cancelled')) = 0;
+        RETURN 'cancelled';
+      END IF;
+
+    ELSIF v_job.state = 'running' THEN
+      SELECT f.state INTO v_state
+      FROM finalize(jsonb_build_array(jsonb_build_object('job_id', p_job_id, 'run_lease', v_job.run_lease,
+                                                         'outcome', 'cancel', 'message', p_reason))) f
+      WHERE f.applied;
+      IF FOUND THEN
+        PERFORM pg_notify('awa_cancel_:AWA_SCHEMA', p_job_id || ':' || v_job.run_lease);
+        RETURN v_state;
+      END IF;
+
+    ELSIF v_job.state = 'available' THEN
+      SELECT r.* INTO v_row FROM ready r
+      WHERE r.job_id = p_job_id AND r.run_lease = v_job.run_lease
+        AND NOT EXISTS (SELECT 1 FROM claims c WHERE c.job_id = r.job_id AND c.lane_seq = r.lane_seq)
+      ORDER BY r.lane_seq DESC LIMIT 1;
+      IF FOUND THEN
+        PERFORM pg_advisory_xact_lock(lock_ns('claim'), lane_key(v_row.queue, v_row.priority, v_row.shard));
+        -- new statement after the claim lock: sees any claim that committed before we got it
+        -- (0021: and not tombstoned meanwhile by drain_queue_batch, which takes no per-job lock)
+        IF v_row.lane_seq >= lane_cursor(v_row.queue, v_row.priority, v_row.shard)
+           AND NOT EXISTS (SELECT 1 FROM ready_tombstones t
+                           WHERE t.queue = v_row.queue AND t.priority = v_row.priority AND t.shard = v_row.shard
+                             AND t.lane_seq = v_row.lane_seq) THEN
+          INSERT INTO ready_tombstones (slot, generation, job_id, queue, priority, shard, lane_seq)
+          VALUES (v_row.slot, v_row.generation, p_job_id, v_row.queue, v_row.priority, v_row.shard, v_row.lane_seq);
+          INSERT INTO terminal (slot, generation, job_id, run_lease, state, attempt, finalized_at, errors, progress, wide,
+                                kind, queue, priority, args, metadata, tags, max_attempts, run_at, created_at, unique_key, unique_states)
+          VALUES (v_row.slot, v_row.generation, p_job_id, v_row.run_lease, 'cancelled', v_row.attempt, v_now,
+                  append_error(v_row.errors, jsonb_build_object('error', 'cancelled: ' || p_reason, 'attempt', v_row.attempt, 'at', v_now)),
+                  v_row.progress, true, v_row.kind, v_row.queue, v_row.priority, v_row.args, v_row.metadata, v_row.tags,
+                  v_row.max_attempts, v_row.run_at, v_row.created_at, v_row.unique_key, v_row.unique_states);
+          DELETE FROM unique_claims u WHERE u.unique_key = v_row.unique_key AND u.job_id = p_job_id
+            AND (v_row.unique_states & state_bit('cancelled')) = 0;
+          RETURN 'cancelled';
+        END IF;
+      END IF;
+    END IF;
+    -- The job moved on between our read and our write (promoted, claimed, finished): look again.
+  END LOOP;
+  RAISE EXCEPTION 'cancel_job(%): job kept changing state', p_job_id USING ERRCODE = '40001';
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- cancel_by_unique_key: as 0004, READ COMMITTED only.
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.cancel_by_unique_key(p_key text, p_reason text)
+RETURNS bigint
+LANGUAGE plpgsql
+SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
+#variable_conflict use_column
+DECLARE
+  v_job_id bigint;
+BEGIN
+  -- READ COMMITTED only (0021, docs/adr/0017-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'cancel_by_unique_key needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  SELECT u.job_id INTO v_job_id FROM unique_claims u WHERE u.unique_key = decode(p_key, 'hex');
+  IF v_job_id IS NULL THEN
+    RETURN NULL;
+  END IF;
+  IF cancel_job(v_job_id, p_reason) = 'cancelled' THEN
+    RETURN v_job_id;
+  END IF;
+  RETURN NULL;
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- retry_job: as 0019, READ COMMITTED only.
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.retry_job(p_job_id bigint)
+RETURNS text
+LANGUAGE plpgsql
+SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
+#variable_conflict use_column
+DECLARE
+  v_now timestamptz := now();
+  v_job record;
+  v_key record;
+  v_ring record;
+  v_holder bigint;
+BEGIN
+  -- READ COMMITTED only (0021, docs/adr/0017-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'retry_job needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  PERFORM pg_advisory_xact_lock(lock_ns('job'), hashint8(p_job_id));
+  SELECT * INTO v_job FROM jobs j WHERE j.job_id = p_job_id;
+  IF NOT FOUND THEN
+    RETURN NULL;
+  END IF;
+  IF v_job.dlq_reason IS NOT NULL THEN
+    -- the newest representation is the DLQ row: move it out, never copy it beside the entry
+    RETURN retry_from_dlq(p_job_id, NULL, NULL, NULL);
+  END IF;
+  IF v_job.state NOT IN ('failed', 'cancelled') THEN
+    RETURN v_job.state;
+  END IF;
+  SELECT x.unique_key, x.unique_states INTO v_key FROM (
+    SELECT coalesce(t.unique_key, r.unique_key) AS unique_key, coalesce(t.unique_states, r.unique_states) AS unique_states, t.run_lease, t.finalized_at
+    FROM terminal t LEFT JOIN ready r ON NOT t.wide AND r.slot = t.slot AND r.job_id = t.job_id AND r.lane_seq = t.lane_seq
+    WHERE t.job_id = p_job_id
+    UNION ALL
+    SELECT h.unique_key, h.unique_states, h.run_lease, h.finalized_at FROM history h WHERE h.job_id = p_job_id
+  ) x ORDER BY x.run_lease DESC, x.finalized_at DESC LIMIT 1;
+  PERFORM pg_advisory_xact_lock(lock_ns('enqueue'), lane_key(v_job.queue, v_job.priority, 0));
+  IF v_key.unique_key IS NOT NULL AND (v_key.unique_states & state_bit('available')) <> 0 THEN
+    INSERT INTO unique_claims (unique_key, job_id) VALUES (v_key.unique_key, p_job_id) ON CONFLICT DO NOTHING;
+    SELECT u.job_id INTO v_holder FROM unique_claims u WHERE u.unique_key = v_key.unique_key;
+    IF v_holder <> p_job_id THEN
+      RAISE EXCEPTION 'unique key % is held by job %', encode(v_key.unique_key, 'hex'), v_holder
+        USING ERRCODE = 'AWU01', DETAIL = encode(v_key.unique_key, 'hex'), HINT = v_holder::text;
+    END IF;
+  END IF;
+  INSERT INTO lanes (queue, priority, shard) VALUES (v_job.queue, v_job.priority, 0) ON CONFLICT DO NOTHING;
+  SELECT o_generation AS generation, o_slot AS slot INTO v_ring FROM lock_current_slot('ready');
+  INSERT INTO ready (slot, generation, job_id, kind, queue, priority, shard, lane_seq, args, metadata, tags,
+                     errors, progress, attempt, run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
+  VALUES (v_ring.slot, v_ring.generation, p_job_id, v_job.kind, v_job.queue, v_job.priority, 0, nextval('lane_seq'),
+          v_job.args, v_job.metadata, v_job.tags, v_job.errors, v_job.progress, 0, v_job.run_lease, v_job.max_attempts,
+          v_now, v_job.created_at, v_key.unique_key, coalesce(v_key.unique_states, 0));
+  PERFORM pg_notify('awa_wake_:AWA_SCHEMA', v_job.queue);
+  RETURN 'available';
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- retry_job_or_dlq: as 0019, READ COMMITTED only.
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.retry_job_or_dlq(p_job_id bigint)
+RETURNS text
+LANGUAGE plpgsql
+SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
+BEGIN
+  -- READ COMMITTED only (0021, docs/adr/0017-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'retry_job_or_dlq needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  PERFORM pg_advisory_xact_lock(lock_ns('job'), hashint8(p_job_id));
+  -- a new statement after the lock: a move to the DLQ that committed before it is seen
+  IF EXISTS (SELECT 1 FROM dlq d WHERE d.job_id = p_job_id) THEN
+    RETURN retry_from_dlq(p_job_id, NULL, NULL, NULL);
+  END IF;
+  RETURN retry_job(p_job_id);
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- retry_from_dlq: as 0019, READ COMMITTED only.
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.retry_from_dlq(p_job_id bigint, p_queue text, p_priority int, p_run_at timestamptz)
+RETURNS text
+LANGUAGE plpgsql
+SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
+#variable_conflict use_column
+DECLARE
+  v_now timestamptz := now();
+  v_row dlq%ROWTYPE;
+  v_queue text;
+  v_priority smallint;
+  v_run_at timestamptz;
+  v_state text;
+  v_holder bigint;
+  v_ring record;
+BEGIN
+  -- READ COMMITTED only (0021, docs/adr/0017-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'retry_from_dlq needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  PERFORM pg_advisory_xact_lock(lock_ns('job'), hashint8(p_job_id));
+  DELETE FROM dlq d WHERE d.job_id = p_job_id RETURNING d.* INTO v_row;
+  IF NOT FOUND THEN
+    RETURN NULL;
+  END IF;
+  v_queue := coalesce(p_queue, v_row.queue);
+  v_priority := coalesce(p_priority, v_row.priority);
+  v_run_at := coalesce(p_run_at, v_now);
+  v_state := CASE WHEN v_run_at > v_now THEN 'scheduled' ELSE 'available' END;
+  IF v_state = 'available' THEN
+    PERFORM pg_advisory_xact_lock(lock_ns('enqueue'), lane_key(v_queue, v_priority, 0));
+  END IF;
+  IF v_row.unique_key IS NOT NULL AND (v_row.unique_states & state_bit(v_state)) <> 0 THEN
+    INSERT INTO unique_claims (unique_key, job_id) VALUES (v_row.unique_key, p_job_id) ON CONFLICT DO NOTHING;
+    SELECT u.job_id INTO v_holder FROM unique_claims u WHERE u.unique_key = v_row.unique_key;
+    IF v_holder <> p_job_id THEN
+      RAISE EXCEPTION 'unique key % is held by job %', encode(v_row.unique_key, 'hex'), v_holder
+        USING ERRCODE = 'AWU01', DETAIL = encode(v_row.unique_key, 'hex'), HINT = v_holder::text;
+    END IF;
+  END IF;
+  IF v_state = 'scheduled' THEN
+    INSERT INTO deferred (job_id, state, kind, queue, priority, shard, args, metadata, tags, errors, progress, attempt,
+                          run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
+    VALUES (p_job_id, 'scheduled', v_row.kind, v_queue, v_priority, 0, v_row.args, v_row.metadata, v_row.tags, v_row.errors,
+            v_row.progress, 0, v_row.original_run_lease, v_row.max_attempts, v_run_at, v_row.created_at,
+            v_row.unique_key, v_row.unique_states);
+    RETURN v_state;
+  END IF;
+  INSERT INTO lanes (queue, priority, shard) VALUES (v_queue, v_priority, 0) ON CONFLICT DO NOTHING;
+  SELECT o_generation AS generation, o_slot AS slot INTO v_ring FROM lock_current_slot('ready');
+  INSERT INTO ready (slot, generation, job_id, kind, queue, priority, shard, lane_seq, args, metadata, tags,
+                     errors, progress, attempt, run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
+  VALUES (v_ring.slot, v_ring.generation, p_job_id, v_row.kind, v_queue, v_priority, 0, nextval('lane_seq'),
+          v_row.args, v_row.metadata, v_row.tags, v_row.errors, v_row.progress, 0, v_row.original_run_lease,
+          v_row.max_attempts, v_run_at, v_row.created_at, v_row.unique_key, v_row.unique_states);
+  PERFORM pg_notify('awa_wake_:AWA_SCHEMA', v_queue);
+  RETURN v_state;
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- cleanup_dlq: as 0006, READ COMMITTED only.
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.cleanup_dlq(p_default_retention_ms bigint, p_batch int)
+RETURNS int
+LANGUAGE plpgsql
+SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
+#variable_conflict use_column
+DECLARE
+  v_count int;
+BEGIN
+  -- READ COMMITTED only (0021, docs/adr/0017-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'cleanup_dlq needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  WITH old AS (
+    SELECT d.job_id FROM dlq d
+    LEFT JOIN queue_meta m ON m.queue = d.queue
+    WHERE d.dlq_at < now() - coalesce(m.dlq_retention, p_default_retention_ms * interval '1 millisecond')
+    ORDER BY d.dlq_at LIMIT p_batch
+    FOR UPDATE OF d SKIP LOCKED
+  ),
+  gone AS (DELETE FROM dlq d USING old WHERE d.job_id = old.job_id RETURNING d.job_id, d.unique_key),
+  released AS (DELETE FROM unique_claims u USING gone g WHERE u.unique_key = g.unique_key AND u.job_id = g.job_id)
+  SELECT count(*) INTO v_count FROM gone;
+  RETURN v_count;
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- cron_fire: as 0018, READ COMMITTED only.
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.cron_fire(p_name text, p_expected_last timestamptz, p_tick timestamptz, p_job jsonb)
+RETURNS TABLE (outcome text, job_id bigint)
+LANGUAGE plpgsql
+SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
+#variable_conflict use_column
+DECLARE
+  v_schedule record;
+  v_row jsonb;
+  v_job_id bigint;
+  v_state text;
+BEGIN
+  -- READ COMMITTED only (0021, docs/adr/0017-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'cron_fire needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  SELECT c.paused, c.last_fire_at INTO v_schedule FROM cron_schedules c WHERE c.name = p_name FOR UPDATE;
+  IF NOT FOUND THEN
+    RETURN QUERY SELECT 'not_found'::text, NULL::bigint;
+    RETURN;
+  END IF;
+  IF v_schedule.paused THEN
+    RETURN QUERY SELECT 'paused'::text, NULL::bigint;
+    RETURN;
+  END IF;
+  IF v_schedule.last_fire_at IS DISTINCT FROM p_expected_last OR p_tick <= v_schedule.last_fire_at THEN
+    RETURN QUERY SELECT 'stale'::text, NULL::bigint;
+    RETURN;
+  END IF;
+  IF p_tick > now() THEN
+    RETURN QUERY SELECT 'not_due'::text, NULL::bigint;
+    RETURN;
+  END IF;
+  v_row := jsonb_set(p_job, '{metadata}', coalesce(p_job -> 'metadata', '{}') || jsonb_build_object(
+    'awa:cronName', p_name,
+    'awa:cronFireTime', to_char(p_tick AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')));
+  SELECT e.job_id, e.state INTO v_job_id, v_state FROM enqueue(jsonb_build_array(v_row)) e;
+  IF v_state = 'duplicate' THEN
+    -- the unique key is held (e.g. the previous fire's job still runs): the tick is consumed
+    UPDATE cron_schedules c SET last_fire_at = p_tick, last_job_id = NULL WHERE c.name = p_name;
+    RETURN QUERY SELECT 'deduplicated'::text, v_job_id;
+    RETURN;
+  END IF;
+  UPDATE cron_schedules c SET last_fire_at = p_tick, last_job_id = v_job_id WHERE c.name = p_name;
+  RETURN QUERY SELECT 'fired'::text, v_job_id;
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- cron_trigger: as 0018, READ COMMITTED only.
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.cron_trigger(p_name text, p_job jsonb)
+RETURNS TABLE (job_id bigint, state text)
+LANGUAGE plpgsql
+SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
+#variable_conflict use_column
+DECLARE
+  v_now timestamptz := now();
+  v_job_id bigint;
+  v_state text;
+BEGIN
+  -- READ COMMITTED only (0021, docs/adr/0017-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'cron_trigger needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  PERFORM 1 FROM cron_schedules c WHERE c.name = p_name FOR UPDATE;
+  IF NOT FOUND THEN
+    RETURN;
+  END IF;
+  SELECT e.job_id, e.state INTO v_job_id, v_state FROM enqueue(jsonb_build_array(jsonb_set(p_job, '{metadata}',
+    coalesce(p_job -> 'metadata', '{}') || jsonb_build_object(
+      'awa:cronName', p_name,
+      'awa:cronFireTime', to_char(v_now AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'),
+      'awa:cronTriggered', true)))) e;
+  IF v_state <> 'duplicate' THEN
+    UPDATE cron_schedules c SET last_triggered_at = v_now WHERE c.name = p_name;
+  END IF;
+  RETURN QUERY SELECT v_job_id, v_state;
+END
+$$;
+
+
+-- ---------------------------------------------------------------------------------------------
+-- drain_queue_batch(queue, reason, limit, max_job_id) -> how many jobs it cancelled (≤ limit)
+-- Cancels jobs of the queue that are not running yet, up to p_limit, only ids ≤ p_max_job_id
+-- (the caller's ceiling, so producers cannot keep a drain going); 0 ⇒ nothing left (or left only
+-- rows another session holds: a promote or cancel in flight).
+-- Locks: rows of \`deferred\` (FOR UPDATE SKIP LOCKED, then DELETE); the claim lock of each lane of
+--        the queue, blocking, in (priority, shard) order, held to commit; ROW EXCLUSIVE on the
+--        terminal child of the current slot (lock_current_slot) and on the children written.
+-- Guard: under a lane's claim lock, the cursor is re-read in a new statement (a claim committed
+--        before us moved it); rows at or past it and not tombstoned are unclaimed and stay so.
+-- Writes: deferred jobs: DELETE and a wide cancelled terminal row in the current slot; available
+--        jobs: a tombstone and a wide cancelled terminal row in the ready row's slot (as
+--        cancel_job), and per lane a claim mark past the last one (as claim: the lane's next
+--        pick starts there); unique keys whose mask leaves out 'cancelled' are released.
+CREATE FUNCTION :AWA_SCHEMA.drain_queue_batch(p_queue text, p_reason text, p_limit int, p_max_job_id bigint)
+RETURNS int
+LANGUAGE plpgsql SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
+#variable_conflict use_column
+DECLARE
+  v_now timestamptz := now();
+  v_left int := p_limit;
+  v_n int;
+  v_ring record;
+  v_lane record;
+  v_cursor bigint;
+  v_last bigint;
+  v_lo1 int;
+  v_hi1 int;
+  v_lo2 int;
+  v_hi2 int;
+BEGIN
+  -- READ COMMITTED only (0021, docs/adr/0017-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'drain_queue_batch needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  IF p_limit <= 0 THEN
+    RETURN 0;
+  END IF;
+
+  -- Deferred jobs (no index by queue: a scan of deferred per call, which holds only what is
+  -- scheduled or retrying).
+  SELECT o_generation AS generation, o_slot AS slot INTO v_ring FROM lock_current_slot('terminal');
+  WITH picked AS (
+    SELECT d.job_id FROM deferred d
+    WHERE d.queue = p_queue AND d.job_id <= p_max_job_id
+    ORDER BY d.job_id LIMIT v_left
+    FOR UPDATE SKIP LOCKED
+  ),
+  gone AS (
+    DELETE FROM deferred d USING picked p WHERE d.job_id = p.job_id RETURNING d.*
+  ),
+  term AS (
+    INSERT INTO terminal (slot, generation, job_id, run_lease, state, attempt, finalized_at, errors, progress, wide,
+                          kind, queue, priority, args, metadata, tags, max_attempts, run_at, created_at, unique_key, unique_states)
+    SELECT v_ring.slot, v_ring.generation, g.job_id, g.run_lease, 'cancelled', g.attempt, v_now,
+           append_error(g.errors, jsonb_build_object('error', 'cancelled: ' || p_reason, 'attempt', g.attempt, 'at', v_now)),
+           g.progress, true, g.kind, g.queue, g.priority, g.args, g.metadata, g.tags, g.max_attempts, g.run_at,
+           g.created_at, g.unique_key, g.unique_states
+    FROM gone g
+  ),
+  released AS (
+    DELETE FROM unique_claims u USING gone g
+    WHERE u.unique_key = g.unique_key AND u.job_id = g.job_id AND (g.unique_states & state_bit('cancelled')) = 0
+  )
+  SELECT count(*) INTO v_n FROM gone;
+  v_left := v_left - v_n;
+
+  -- Available jobs, lane by lane under the lane's claim lock.
+  FOR v_lane IN SELECT l.priority, l.shard FROM lanes l WHERE l.queue = p_queue ORDER BY l.priority, l.shard LOOP
+    EXIT WHEN v_left <= 0;
+    -- = lane_key(p_queue, priority, shard), inline as in claim
+    PERFORM pg_advisory_xact_lock(lock_ns('claim'),
+                                  hashtext(p_queue || chr(31) || v_lane.priority::text || chr(31) || v_lane.shard::text));
+    v_cursor := lane_cursor(p_queue, v_lane.priority, v_lane.shard);
+    IF v_lo1 IS NULL THEN
+      SELECT s.lo1, s.hi1, s.lo2, s.hi2 INTO v_lo1, v_hi1, v_lo2, v_hi2 FROM queue_slot_ranges() s;
+    END IF;
+    WITH picked AS MATERIALIZED (
+      SELECT r.* FROM ready r
+      WHERE r.queue = p_queue AND r.priority = v_lane.priority AND r.shard = v_lane.shard AND r.lane_seq >= v_cursor
+        AND (r.slot BETWEEN v_lo1 AND v_hi1 OR r.slot BETWEEN v_lo2 AND v_hi2)
+        AND r.job_id <= p_max_job_id
+        -- (t.lane_seq ≥ the cursor too: on fresh children without statistics the planner may scan
+        -- the lane's tombstones once per row instead of probing, and those below the cursor, a
+        -- drain's earlier batches, are most of them)
+        AND NOT EXISTS (SELECT 1 FROM ready_tombstones t
+                        WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard AND t.lane_seq = r.lane_seq
+                          AND t.lane_seq >= v_cursor
+                          AND (t.slot BETWEEN v_lo1 AND v_hi1 OR t.slot BETWEEN v_lo2 AND v_hi2))
+      ORDER BY r.lane_seq LIMIT v_left
+    ),
+    tomb AS (
+      INSERT INTO ready_tombstones (slot, generation, job_id, queue, priority, shard, lane_seq)
+      SELECT p.slot, p.generation, p.job_id, p.queue, p.priority, p.shard, p.lane_seq FROM picked p
+    ),
+    term AS (
+      INSERT INTO terminal (slot, generation, job_id, run_lease, state, attempt, finalized_at, errors, progress, wide,
+                            kind, queue, priority, args, metadata, tags, max_attempts, run_at, created_at, unique_key, unique_states)
+      SELECT p.slot, p.generation, p.job_id, p.run_lease, 'cancelled', p.attempt, v_now,
+             append_error(p.errors, jsonb_build_object('error', 'cancelled: ' || p_reason, 'attempt', p.attempt, 'at', v_now)),
+             p.progress, true, p.kind, p.queue, p.priority, p.args, p.metadata, p.tags, p.max_attempts, p.run_at,
+             p.created_at, p.unique_key, p.unique_states
+      FROM picked p
+    ),
+    released AS (
+      DELETE FROM unique_claims u USING picked p
+      WHERE u.unique_key = p.unique_key AND u.job_id = p.job_id AND (p.unique_states & state_bit('cancelled')) = 0
+    )
+    SELECT count(*), max(p.lane_seq) INTO v_n, v_last FROM picked p;
+    v_left := v_left - v_n;
+    IF v_n > 0 THEN
+      -- A claim mark past the last row taken, as claim writes one: every position from the cursor
+      -- up to it is now tombstoned, so the lane's next batch (and claim) starts after it instead
+      -- of stepping over ever more tombstones.
+      SELECT o_generation AS generation, o_slot AS slot INTO v_ring FROM lock_current_slot('claim_marks');
+      INSERT INTO claim_marks (slot, generation, queue, priority, shard, next_lane_seq)
+      VALUES (v_ring.slot, v_ring.generation, p_queue, v_lane.priority, v_lane.shard, v_last + 1);
+    END IF;
+  END LOOP;
+  RETURN p_limit - v_left;
+END
+$$;
+
+-- drain_queue(queue, reason) -> how many: the previous entry point, as batches in one transaction
+-- (no per-job lock any more, but the lanes stay locked to commit: PgQueueStorage commits per batch).
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.drain_queue(p_queue text, p_reason text)
+RETURNS int
+LANGUAGE plpgsql SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
+DECLARE
+  v_max bigint := (SELECT s.last_value FROM job_id_seq s);
+  v_n int;
+  v_count int := 0;
+BEGIN
+  LOOP
+    v_n := drain_queue_batch(p_queue, p_reason, 500, v_max);
+    v_count := v_count + v_n;
+    EXIT WHEN v_n = 0;
+  END LOOP;
+  RETURN v_count;
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- dlq_retry_batch(filter…, after_job_id, limit) -> (retried, last_job_id)
+-- Retries up to p_limit DLQ entries matching the filter (as dlq_matching) with job_id >
+-- p_after_job_id, in job id order; last_job_id is the largest id looked at (the next call's
+-- p_after_job_id), NULL when none was left. An entry whose unique key another job holds stays in
+-- the DLQ (as with dlq_bulk), as does one another session holds (SKIP LOCKED).
+-- Locks: the entries' rows (FOR UPDATE SKIP LOCKED, then DELETE); the enqueue lock of each lane
+--        the retried jobs go to, blocking, sorted as enqueue sorts them, held to commit, taken
+--        before the unique keys (enqueue's order); ROW EXCLUSIVE on the current ready child.
+-- Writes: unique_claims (keys whose mask holds 'available'); DELETE dlq; a ready row per job
+--        (attempt 0, run lease = the DLQ's original_run_lease, errors and progress kept, run_at
+--        now), as retry_from_dlq without overrides; NOTIFY.
+CREATE FUNCTION :AWA_SCHEMA.dlq_retry_batch(p_queue text, p_kind text, p_tag text, p_since timestamptz,
+                                            p_until timestamptz, p_before bigint, p_after_job_id bigint, p_limit int,
+                                            OUT retried int, OUT last_job_id bigint)
+LANGUAGE plpgsql SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
+#variable_conflict use_column
+DECLARE
+  v_now timestamptz := now();
+  v_ids bigint[];
+  v_lane record;
+  v_slot int;
+  v_generation bigint;
+  v_pos bigint[];
+  v_queues text[];
+BEGIN
+  -- READ COMMITTED only (0021, docs/adr/0017-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'dlq_retry_batch needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  retried := 0;
+  SELECT array_agg(d.job_id ORDER BY d.job_id), max(d.job_id) INTO v_ids, last_job_id
+  FROM (
+    SELECT d.job_id FROM dlq d
+    WHERE (p_queue IS NULL OR d.queue = p_queue) AND (p_kind IS NULL OR d.kind = p_kind)
+      AND (p_tag IS NULL OR p_tag = ANY (d.tags)) AND (p_since IS NULL OR d.dlq_at >= p_since)
+      AND (p_until IS NULL OR d.dlq_at < p_until) AND (p_before IS NULL OR d.job_id < p_before)
+      AND d.job_id > coalesce(p_after_job_id, 0)
+    ORDER BY d.job_id LIMIT p_limit
+    FOR UPDATE SKIP LOCKED
+  ) d;
+  IF v_ids IS NULL THEN
+    RETURN;
+  END IF;
+
+  FOR v_lane IN
+    SELECT DISTINCT d.queue COLLATE "C" AS queue, d.priority FROM dlq d WHERE d.job_id = ANY (v_ids) ORDER BY 1, 2
+  LOOP
+    -- = lane_key(queue, priority, 0), inline as in enqueue
+    PERFORM pg_advisory_xact_lock(lock_ns('enqueue'),
+                                  hashtext(v_lane.queue || chr(31) || v_lane.priority::text || chr(31) || '0'));
+    INSERT INTO lanes (queue, priority, shard) VALUES (v_lane.queue, v_lane.priority, 0) ON CONFLICT DO NOTHING;
+  END LOOP;
+
+  -- Keys the retried jobs must hold ('available' in their mask); one held by another job keeps
+  -- its entry in the DLQ.
+  INSERT INTO unique_claims (unique_key, job_id)
+  SELECT d.unique_key, d.job_id FROM dlq d
+  WHERE d.job_id = ANY (v_ids) AND d.unique_key IS NOT NULL AND (d.unique_states & state_bit('available')) <> 0
+  ORDER BY d.job_id
+  ON CONFLICT (unique_key) DO NOTHING;
+  SELECT array_agg(d.job_id ORDER BY d.job_id) INTO v_ids FROM dlq d
+  WHERE d.job_id = ANY (v_ids)
+    AND (d.unique_key IS NULL OR (d.unique_states & state_bit('available')) = 0
+         OR EXISTS (SELECT 1 FROM unique_claims u WHERE u.unique_key = d.unique_key AND u.job_id = d.job_id));
+  IF v_ids IS NULL THEN
+    RETURN;
+  END IF;
+
+  SELECT o_generation, o_slot INTO v_generation, v_slot FROM enqueue_ready_slot();
+  SELECT array_agg(v ORDER BY v) INTO v_pos FROM (SELECT nextval('lane_seq') AS v FROM generate_series(1, cardinality(v_ids))) s;
+  WITH gone AS (
+    DELETE FROM dlq d WHERE d.job_id = ANY (v_ids) RETURNING d.*
+  ),
+  ranked AS (
+    SELECT g.*, row_number() OVER (ORDER BY g.job_id) AS rank FROM gone g
+  ),
+  ins AS (
+    INSERT INTO ready (slot, generation, job_id, kind, queue, priority, shard, lane_seq, args, metadata, tags,
+                       errors, progress, attempt, run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
+    SELECT v_slot, v_generation, r.job_id, r.kind, r.queue, r.priority, 0, v_pos[r.rank], r.args, r.metadata, r.tags,
+           r.errors, r.progress, 0, r.original_run_lease, r.max_attempts, v_now, r.created_at, r.unique_key, r.unique_states
+    FROM ranked r
+    RETURNING queue
+  )
+  SELECT count(*)::int, array_agg(DISTINCT ins.queue) INTO retried, v_queues FROM ins;
+  PERFORM pg_notify('awa_wake_:AWA_SCHEMA', q) FROM unnest(v_queues) AS q;
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- dlq_purge_batch(filter…, after_job_id, limit) -> (purged, last_job_id): as dlq_retry_batch, for
+-- purge. Locks: the entries' rows. Writes: DELETE dlq; releases keys the purged jobs still held.
+CREATE FUNCTION :AWA_SCHEMA.dlq_purge_batch(p_queue text, p_kind text, p_tag text, p_since timestamptz,
+                                            p_until timestamptz, p_before bigint, p_after_job_id bigint, p_limit int,
+                                            OUT purged int, OUT last_job_id bigint)
+LANGUAGE plpgsql SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
+#variable_conflict use_column
+BEGIN
+  -- READ COMMITTED only (0021, docs/adr/0017-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'dlq_purge_batch needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  WITH picked AS (
+    SELECT d.job_id FROM dlq d
+    WHERE (p_queue IS NULL OR d.queue = p_queue) AND (p_kind IS NULL OR d.kind = p_kind)
+      AND (p_tag IS NULL OR p_tag = ANY (d.tags)) AND (p_since IS NULL OR d.dlq_at >= p_since)
+      AND (p_until IS NULL OR d.dlq_at < p_until) AND (p_before IS NULL OR d.job_id < p_before)
+      AND d.job_id > coalesce(p_after_job_id, 0)
+    ORDER BY d.job_id LIMIT p_limit
+    FOR UPDATE SKIP LOCKED
+  ),
+  gone AS (DELETE FROM dlq d USING picked p WHERE d.job_id = p.job_id RETURNING d.job_id, d.unique_key),
+  -- a purged job is gone for good: a key it still held (mask with 'failed') is released
+  released AS (DELETE FROM unique_claims u USING gone g WHERE u.unique_key = g.unique_key AND u.job_id = g.job_id)
+  SELECT count(*)::int, max(g.job_id) INTO purged, last_job_id FROM gone g;
+END
+$$;
+
+-- dlq_bulk(action, filter…) -> how many: the previous entry point, as batches in one transaction.
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.dlq_bulk(p_action text, p_queue text, p_kind text, p_tag text, p_since timestamptz,
+                                               p_until timestamptz, p_before bigint)
+RETURNS int
+LANGUAGE plpgsql SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
+#variable_conflict use_column
+DECLARE
+  v_after bigint := 0;
+  v_n int;
+  v_last bigint;
+  v_count int := 0;
+BEGIN
+  LOOP
+    IF p_action = 'purge' THEN
+      SELECT b.purged, b.last_job_id INTO v_n, v_last FROM dlq_purge_batch(p_queue, p_kind, p_tag, p_since, p_until, p_before, v_after, 500) b;
+    ELSE
+      SELECT b.retried, b.last_job_id INTO v_n, v_last FROM dlq_retry_batch(p_queue, p_kind, p_tag, p_since, p_until, p_before, v_after, 500) b;
+    END IF;
+    EXIT WHEN v_last IS NULL;
+    v_count := v_count + v_n;
+    v_after := v_last;
+  END LOOP;
+  RETURN v_count;
+END
+$$;
+
+-- Least privilege for the functions created here (0018's rule, checked by Catalog.test.ts).
+REVOKE EXECUTE ON FUNCTION :AWA_SCHEMA.drain_queue_batch(text, text, int, bigint) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION :AWA_SCHEMA.dlq_retry_batch(text, text, text, timestamptz, timestamptz, bigint, bigint, int) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION :AWA_SCHEMA.dlq_purge_batch(text, text, text, timestamptz, timestamptz, bigint, bigint, int) FROM PUBLIC;
+`
+  },
+  {
+    file: "0022_row_locks_for_attempts.sql",
+    text: `-- 0022: finalize, heartbeat and prune lock claims rows, not one advisory lock per attempt
+-- (issue 13 item 4, review M4; docs/adr/0017-server-defaults.md).
+--
+-- A full finalize(512) held 512 advisory locks, one shared lock-table entry each, until commit
+-- (586 entries in all); heartbeat(500) 500; prune one per open attempt of its slot (it failed with
+-- 100k open attempts). A stock server's table holds 64 × max_connections entries for everyone:
+-- twenty workers finalizing full batches at once needed ~11,700 of 6,400, and the server answered
+-- "out of shared memory" to every session. Row locks live in the tuple header (a lock-only xmax,
+-- no dead tuple, no lock-table entry except while a session waits for one), so:
+--   finalize   FOR NO KEY UPDATE on the batch's claims rows, in (job_id, run_lease) order, in the
+--              live slot ranges, re-reading the ranges until a prune did not move any in between;
+--   heartbeat  FOR NO KEY UPDATE on its attempts' claims rows, same order (so a heartbeat and a
+--              finalize of one attempt still take turns: no orphan attempt_state row);
+--   prune      FOR UPDATE NOWAIT on its slot's open claims rows where it tried each attempt's
+--              advisory lock (busy ⇒ Blocked:locked_attempt, as before).
+-- The guarantees are those of the advisory locks: one finalizer per attempt at a time (the second
+-- reads the first one's closure after its lock), and no carry of an attempt while its finalizer
+-- or heartbeat runs. What changes: a lock-only heap update (and WAL record) per claims row locked,
+-- and a finalizer waiting for a row prune holds the ring children's ACCESS SHARE, so that prune
+-- gives up (Blocked:lock) instead of truncating; it tries again at the next tick.
+-- Lock-table entries per call after this (PG 15, plan cached): finalize(512) 92 (74 outside the
+-- fast path), heartbeat(500) 169; before: 586 and 604.
+
+-- ---------------------------------------------------------------------------------------------
+-- finalize: 0021's definition, row locks instead of per-attempt advisory locks.
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.finalize(p_items jsonb)
+RETURNS TABLE (ord int, applied boolean, state text)
+LANGUAGE plpgsql
+SET search_path = :AWA_SCHEMA, pg_catalog SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_nestloop = off SET jit = off AS $$
+#variable_conflict use_column
+DECLARE
+  v_now timestamptz := now();
+  v_ids bigint[];
+  v_lo1 int;
+  v_hi1 int;
+  v_lo2 int;
+  v_hi2 int;
+  v_now_lo1 int;
+  v_now_hi1 int;
+  v_now_lo2 int;
+  v_now_hi2 int;
+BEGIN
+  -- READ COMMITTED only (0019, docs/adr/0017-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'finalize needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  SELECT array_agg(DISTINCT i.job_id) INTO v_ids FROM jsonb_to_recordset(p_items) AS i(job_id bigint);
+  -- The batch's claims rows, locked in (job_id, run_lease) order (0022: a row lock takes no
+  -- shared lock-table entry; the per-attempt advisory lock took one per item). Prune tries the
+  -- same rows (FOR UPDATE NOWAIT) before it carries or truncates, so once we hold them they stay
+  -- in these slots. A prune that committed between our range read and our lock statement may
+  -- have carried some, and it changed the ranges: read them again, lock in the new ranges, until
+  -- they hold still. After the loop each claim is in a slot of these ranges, or gone with its
+  -- pruned slot (stale either way).
+  LOOP
+    SELECT s.lo1, s.hi1, s.lo2, s.hi2 INTO v_lo1, v_hi1, v_lo2, v_hi2 FROM queue_slot_ranges() s;
+    PERFORM 1 FROM claims c
+    WHERE c.job_id = ANY (v_ids) AND (c.slot BETWEEN v_lo1 AND v_hi1 OR c.slot BETWEEN v_lo2 AND v_hi2)
+    ORDER BY c.job_id, c.run_lease
+    FOR NO KEY UPDATE OF c;
+    SELECT s.lo1, s.hi1, s.lo2, s.hi2 INTO v_now_lo1, v_now_hi1, v_now_lo2, v_now_hi2 FROM queue_slot_ranges() s;
+    EXIT WHEN v_now_lo1 = v_lo1 AND v_now_hi1 = v_hi1 AND v_now_lo2 = v_lo2 AND v_now_hi2 = v_hi2;
+  END LOOP;
+
+  RETURN QUERY
+  WITH items AS MATERIALIZED (
+    SELECT x_e.o::int AS o, x.job_id, x.run_lease, x.outcome, coalesce(x.delay_ms, 0) AS delay_ms, x.message, x.reason,
+           x.stale_before
+    FROM jsonb_array_elements(p_items) WITH ORDINALITY AS x_e(v, o),
+         jsonb_to_record(x_e.v) AS x(job_id bigint, run_lease bigint, outcome text, delay_ms bigint, message text, reason text,
+                                     stale_before timestamptz)
+  ),
+  batch_claims AS MATERIALIZED (
+    SELECT c.slot, c.generation, c.job_id, c.run_lease, c.attempt, c.queue, c.priority, c.shard, c.lane_seq
+    FROM claims c WHERE c.job_id = ANY (v_ids)
+      AND (c.slot BETWEEN v_lo1 AND v_hi1 OR c.slot BETWEEN v_lo2 AND v_hi2)
+  ),
+  batch_ready AS MATERIALIZED (
+    SELECT r.slot, r.job_id, r.kind, r.queue, r.priority, r.shard, r.lane_seq, r.args, r.metadata, r.tags, r.errors,
+           r.max_attempts, r.created_at, r.run_at, r.unique_key, r.unique_states, r.progress
+    FROM ready r WHERE r.job_id = ANY (v_ids)
+      AND (r.slot BETWEEN v_lo1 AND v_hi1 OR r.slot BETWEEN v_lo2 AND v_hi2)
+  ),
+  batch_closures AS MATERIALIZED (
+    SELECT z.job_id, z.run_lease FROM closures z WHERE z.job_id = ANY (v_ids)
+      AND (z.slot BETWEEN v_lo1 AND v_hi1 OR z.slot BETWEEN v_lo2 AND v_hi2)
+  ),
+  open AS (
+    SELECT DISTINCT ON (i.job_id, i.run_lease)
+           i.o, i.outcome AS outcome0, i.delay_ms, i.message AS message0, i.reason, c.slot, c.generation, c.job_id, c.run_lease, c.attempt, c.lane_seq,
+           r.kind, r.queue, r.priority, r.shard, r.args, r.metadata, r.tags, r.errors, r.max_attempts, r.created_at, r.run_at,
+           r.unique_key, r.unique_states, coalesce(a.progress, r.progress) AS progress, a.found AS has_state,
+           CASE i.outcome
+             WHEN 'complete' THEN 'completed'
+             WHEN 'cancel' THEN 'cancelled'
+             WHEN 'fail' THEN 'failed'
+             WHEN 'snooze' THEN 'scheduled'
+             WHEN 'retry' THEN CASE WHEN c.attempt >= r.max_attempts THEN 'failed' ELSE 'retryable' END
+           END AS new_state0
+    FROM items i
+    JOIN batch_claims c ON c.job_id = i.job_id AND c.run_lease = i.run_lease
+    -- the claimed row by its full key: lane_seq, not run_lease, is unique per ready row (a cancelled
+    -- and then retried job has two ready rows with the same lease)
+    JOIN batch_ready r ON r.slot = c.slot AND r.queue = c.queue AND r.priority = c.priority AND r.shard = c.shard
+                      AND r.lane_seq = c.lane_seq
+    LEFT JOIN LATERAL (
+      SELECT a.progress, a.heartbeat_at, true AS found FROM attempt_state a
+      WHERE a.job_id = c.job_id AND a.run_lease = c.run_lease LIMIT 1
+    ) a ON true
+    WHERE NOT EXISTS (SELECT 1 FROM batch_closures x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease)
+      -- a stale rescue yields to a heartbeat that committed after its scan (we hold the attempt lock)
+      AND (i.stale_before IS NULL OR a.heartbeat_at IS NULL OR a.heartbeat_at < i.stale_before)
+    ORDER BY i.job_id, i.run_lease, i.o
+  ),
+  -- Re-entry into the unique mask (capabilities.md §4): a job whose mask omits 'running' takes
+  -- its key again when its new state is in the mask; if a newer job holds it and the new state is
+  -- retryable or scheduled, this one gives way (cancelled, 'superseded by duplicate <id>'), as in
+  -- the simulation. Default masks hold 'running': nothing enters.
+  keyed AS MATERIALIZED (
+    SELECT o.*, (o.unique_key IS NOT NULL AND (o.unique_states & 4) = 0
+                 AND (o.unique_states & state_bit(o.new_state0)) <> 0) AS enters
+    FROM open o
+  ),
+  take_key AS (
+    INSERT INTO unique_claims (unique_key, job_id)
+    SELECT DISTINCT ON (k.unique_key) k.unique_key, k.job_id FROM keyed k WHERE k.enters ORDER BY k.unique_key, k.job_id
+    ON CONFLICT (unique_key) DO NOTHING
+    RETURNING job_id
+  ),
+  settled AS MATERIALIZED (
+    SELECT k.*, CASE WHEN s.superseded THEN 'cancel' ELSE k.outcome0 END AS outcome,
+           CASE WHEN s.superseded THEN 'superseded by duplicate ' || coalesce(s.holder::text, 'job') ELSE k.message0 END AS message,
+           CASE WHEN s.superseded THEN 'cancelled' ELSE k.new_state0 END AS new_state
+    FROM keyed k
+    CROSS JOIN LATERAL (
+      -- only a live state gives way; a finished job takes the key if it is free, and keeps its end
+      SELECT CASE WHEN k.enters AND k.new_state0 IN ('retryable', 'scheduled') THEN NOT EXISTS (SELECT 1 FROM take_key t WHERE t.job_id = k.job_id)
+                                 AND NOT EXISTS (SELECT 1 FROM unique_claims u WHERE u.unique_key = k.unique_key AND u.job_id = k.job_id)
+                  ELSE false END AS superseded,
+             CASE WHEN k.enters THEN (SELECT u.job_id FROM unique_claims u WHERE u.unique_key = k.unique_key) END AS holder
+    ) s
+  ),
+  resolved AS MATERIALIZED (
+    SELECT o.*,
+           o.new_state = 'failed' AND dlq_enabled(o.queue) AS to_dlq,
+           CASE WHEN o.outcome = 'fail' THEN 'terminal_error' ELSE coalesce(o.reason, 'max_attempts_exhausted') END AS dlq_reason,
+           CASE WHEN o.outcome IN ('retry', 'fail') THEN
+                  append_error(o.errors, jsonb_strip_nulls(jsonb_build_object('error', o.message, 'attempt', o.attempt, 'at', v_now,
+                                         'terminal', CASE WHEN o.new_state = 'failed' THEN true END)))
+                WHEN o.outcome = 'cancel' THEN
+                  append_error(o.errors, jsonb_build_object('error', 'cancelled: ' || o.message, 'attempt', o.attempt, 'at', v_now))
+           END AS new_errors
+    FROM settled o
+  ),
+  -- The two plain tables keyed by job_id come first; what they did not take is not applied.
+  ins_dlq AS (
+    INSERT INTO dlq AS d (job_id, kind, queue, priority, args, metadata, tags, errors, progress, attempt, max_attempts,
+                          original_run_lease, run_at, created_at, dlq_at, dlq_reason, unique_key, unique_states)
+    SELECT DISTINCT ON (r.job_id)
+           r.job_id, r.kind, r.queue, r.priority, r.args, r.metadata, r.tags, coalesce(r.new_errors, r.errors), r.progress,
+           r.attempt, r.max_attempts, r.run_lease, r.run_at, r.created_at, v_now, r.dlq_reason, r.unique_key, r.unique_states
+    FROM resolved r WHERE r.to_dlq
+    ORDER BY r.job_id, r.run_lease DESC
+    ON CONFLICT (job_id) DO UPDATE
+      SET kind = excluded.kind, queue = excluded.queue, priority = excluded.priority, args = excluded.args,
+          metadata = excluded.metadata, tags = excluded.tags, errors = excluded.errors, progress = excluded.progress,
+          attempt = excluded.attempt, max_attempts = excluded.max_attempts, original_run_lease = excluded.original_run_lease,
+          run_at = excluded.run_at, created_at = excluded.created_at, dlq_at = excluded.dlq_at,
+          dlq_reason = excluded.dlq_reason, unique_key = excluded.unique_key, unique_states = excluded.unique_states
+      WHERE d.original_run_lease < excluded.original_run_lease
+    RETURNING d.job_id, d.original_run_lease AS run_lease
+  ),
+  ins_deferred AS (
+    INSERT INTO deferred (job_id, state, kind, queue, priority, shard, args, metadata, tags, errors, progress, attempt,
+                          run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
+    SELECT DISTINCT ON (r.job_id)
+           r.job_id, r.new_state, r.kind, r.queue, r.priority, r.shard, r.args, r.metadata, r.tags,
+           coalesce(r.new_errors, r.errors), r.progress,
+           CASE WHEN r.new_state = 'scheduled' THEN r.attempt - 1 ELSE r.attempt END,
+           r.run_lease, r.max_attempts, v_now + r.delay_ms * interval '1 millisecond', r.created_at, r.unique_key, r.unique_states
+    FROM resolved r WHERE r.new_state IN ('retryable', 'scheduled')
+    ORDER BY r.job_id, r.run_lease DESC
+    ON CONFLICT (job_id) DO NOTHING
+    RETURNING job_id, run_lease
+  ),
+  done AS (
+    SELECT r.* FROM resolved r
+    WHERE CASE WHEN r.to_dlq THEN EXISTS (SELECT 1 FROM ins_dlq x WHERE x.job_id = r.job_id AND x.run_lease = r.run_lease)
+               WHEN r.new_state IN ('retryable', 'scheduled')
+                 THEN EXISTS (SELECT 1 FROM ins_deferred x WHERE x.job_id = r.job_id AND x.run_lease = r.run_lease)
+               ELSE true END
+  ),
+  ins_closures AS (
+    INSERT INTO closures (slot, generation, job_id, run_lease, outcome, closed_at)
+    SELECT r.slot, r.generation, r.job_id, r.run_lease, r.new_state, v_now FROM done r
+  ),
+  ins_terminal AS (
+    INSERT INTO terminal (slot, generation, job_id, run_lease, lane_seq, state, attempt, finalized_at, errors, progress)
+    SELECT r.slot, r.generation, r.job_id, r.run_lease, r.lane_seq, r.new_state, r.attempt, v_now, r.new_errors,
+           CASE WHEN r.new_state = 'completed' THEN NULL ELSE r.progress END
+    FROM done r WHERE r.new_state IN ('completed', 'failed', 'cancelled') AND NOT r.to_dlq
+  ),
+  -- Primary-key probes, only for attempts that had a row (read above): most attempts never
+  -- heartbeat, so most batches delete nothing and probe nothing.
+  del_state AS (
+    DELETE FROM attempt_state a USING done r
+    WHERE r.has_state AND a.job_id = r.job_id AND a.run_lease = r.run_lease
+  ),
+  rel_unique AS (
+    DELETE FROM unique_claims u USING done r
+    WHERE r.unique_key IS NOT NULL AND u.unique_key = r.unique_key AND u.job_id = r.job_id
+      AND (r.unique_states & state_bit(r.new_state)) = 0
+  )
+  SELECT i.o, r.o IS NOT NULL, r.new_state
+  FROM items i LEFT JOIN done r ON r.o = i.o
+  ORDER BY i.o;
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- heartbeat: 0021's definition, row locks instead of per-attempt advisory locks.
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.heartbeat(p_items jsonb)
+RETURNS TABLE (job_id bigint, run_lease bigint)
+LANGUAGE plpgsql
+SET search_path = :AWA_SCHEMA, pg_catalog SET enable_hashjoin = off SET enable_mergejoin = off SET jit = off AS $$
+#variable_conflict use_column
+DECLARE
+BEGIN
+  -- READ COMMITTED only (0019, docs/adr/0017-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'heartbeat needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  -- The attempts' claims rows, locked in (job_id, run_lease) order as finalize locks them (0022:
+  -- row locks instead of one advisory lock per attempt): a heartbeat and a finalize of the same
+  -- attempt take turns, so no attempt_state row outlives its attempt. A carried claim is found
+  -- wherever it is (no slot restriction); prune cannot carry one we hold.
+  PERFORM 1 FROM claims c
+  WHERE (c.job_id, c.run_lease) IN (SELECT i.job_id, i.run_lease FROM jsonb_to_recordset(p_items) AS i(job_id bigint, run_lease bigint))
+  ORDER BY c.job_id, c.run_lease
+  FOR NO KEY UPDATE OF c;
+  RETURN QUERY
+  WITH items AS (
+    SELECT DISTINCT ON (x.job_id, x.run_lease) x.job_id, x.run_lease, x.progress,
+           EXISTS (SELECT 1 FROM claims c WHERE c.job_id = x.job_id AND c.run_lease = x.run_lease)
+           AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.job_id = x.job_id AND z.run_lease = x.run_lease) AS open
+    FROM jsonb_to_recordset(p_items) AS x(job_id bigint, run_lease bigint, progress jsonb)
+    ORDER BY x.job_id, x.run_lease
+  ),
+  up AS (
+    INSERT INTO attempt_state AS a (job_id, run_lease, heartbeat_at, progress)
+    SELECT i.job_id, i.run_lease, now(), i.progress FROM items i WHERE i.open
+    ON CONFLICT (job_id, run_lease) DO UPDATE
+      SET heartbeat_at = excluded.heartbeat_at, progress = coalesce(excluded.progress, a.progress)
+  )
+  SELECT i.job_id, i.run_lease FROM items i WHERE NOT i.open;
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- prune_queue: 0021's definition, row locks instead of per-attempt advisory locks.
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.prune_queue(p_lock_timeout_ms int, p_completed_ms bigint, p_failed_ms bigint, p_cancelled_ms bigint)
+RETURNS TABLE (outcome text, generation bigint, carried int)
+LANGUAGE plpgsql
+SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
+#variable_conflict use_column
+DECLARE
+  v_n int := ring_slots('queue');
+  v_cur record;
+  v_hist record;
+  v_old bigint;
+  v_slot int;
+  v_open_claims claims[];
+  v_open_ready ready[];
+  v_kept history[];
+  v_copy record;
+  v_copied boolean;
+  v_count bigint;
+  -- below this many rows to keep, inserting them under the lock costs less than a second commit
+  v_copy_ahead_rows constant int := 1000;
+  v_rollup jsonb;
+  v_keys jsonb;
+  v_children text;
+  v_deadline timestamptz;
+  v_saved_timeout text := current_setting('lock_timeout');
+  v_saved_nestloop text := current_setting('enable_nestloop');
+BEGIN
+  -- READ COMMITTED only (0019, docs/adr/0017-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'prune_queue needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  IF NOT pg_try_advisory_xact_lock(lock_ns('ring'), hashtext('queue')) THEN
+    RETURN QUERY SELECT 'Blocked:busy', NULL::bigint, 0;
+    RETURN;
+  END IF;
+  SELECT * INTO v_cur FROM ring_current('queue');
+  SELECT min(g.g) INTO v_old
+  FROM generate_series(greatest(0, v_cur.generation - v_n + 1), v_cur.generation - 1) AS g(g)
+  WHERE NOT EXISTS (SELECT 1 FROM ring_prunes p WHERE p.ring = 'queue' AND p.generation = g.g);
+  IF v_old IS NULL THEN
+    RETURN QUERY SELECT 'Noop', NULL::bigint, 0;
+    RETURN;
+  END IF;
+  v_slot := (v_old % v_n)::int;
+
+  IF slot_has_unclaimed(v_slot) THEN
+    RETURN QUERY SELECT 'Blocked:unclaimed', v_old, 0;
+    RETURN;
+  END IF;
+  -- The open attempts' claims rows, tried (0022: row locks, where each attempt took one advisory
+  -- lock-table entry, which failed with 100k open attempts): a finalizer or heartbeat holding one
+  -- makes us back off; holding them, no finalizer can write into this slot until we commit. A
+  -- row lock taken in the block is released if it fails (sub-transaction), kept if it succeeds.
+  BEGIN
+    PERFORM 1 FROM claims c
+    WHERE c.slot = v_slot AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.slot = v_slot AND z.job_id = c.job_id AND z.run_lease = c.run_lease)
+    FOR UPDATE OF c NOWAIT;
+  EXCEPTION WHEN lock_not_available THEN
+    RETURN QUERY SELECT 'Blocked:locked_attempt', v_old, 0;
+    RETURN;
+  END;
+
+  v_children := format('%1$I.ready_%2$s, %1$I.ready_tombstones_%2$s, %1$I.claims_%2$s, %1$I.claim_marks_%2$s, %1$I.closures_%2$s, %1$I.terminal_%2$s',
+                       ':AWA_SCHEMA', v_slot);
+  -- Freeze the slot: SHARE waits for writers still inserting into it and keeps new ones out until
+  -- commit, but does not conflict with the ACCESS SHARE of claimers and readers. A queued SHARE
+  -- request does not hold up later readers either (only ACCESS EXCLUSIVE conflicts with them).
+  BEGIN
+    PERFORM set_config('lock_timeout', p_lock_timeout_ms || 'ms', true);
+    EXECUTE 'LOCK TABLE ' || v_children || ' IN SHARE MODE';
+  EXCEPTION WHEN lock_not_available THEN
+    RETURN QUERY SELECT 'Blocked:lock', v_old, 0;
+    RETURN;
+  END;
+  PERFORM set_config('lock_timeout', v_saved_timeout, true);
+
+  -- Re-proof: rows committed while we waited for SHARE are visible now, and no more can come.
+  IF slot_has_unclaimed(v_slot) THEN
+    RETURN QUERY SELECT 'Blocked:unclaimed', v_old, 0;
+    RETURN;
+  END IF;
+
+  -- Everything below up to the exclusive lock only reads: a prune that gives up writes nothing.
+  -- Open attempts: claims without a closure (ours since step 3, or claimed after it from rows
+  -- that arrived late; either way their finalizers need the slot, which is frozen).
+  SELECT array_agg(c) INTO v_open_claims FROM claims c
+  WHERE c.slot = v_slot AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.slot = v_slot AND z.job_id = c.job_id AND z.run_lease = c.run_lease);
+  IF v_open_claims IS NOT NULL THEN
+    SELECT array_agg(r) INTO v_open_ready
+    FROM unnest(v_open_claims) o
+    JOIN ready r ON r.slot = v_slot AND r.queue = o.queue AND r.priority = o.priority AND r.shard = o.shard AND r.lane_seq = o.lane_seq;
+  END IF;
+
+  -- The terminal rows: judged here, or already copied ahead by an earlier call (see below). The
+  -- slot is frozen, so if it still holds as many terminal rows as the copy saw, they are the same
+  -- rows (ring tables are append-only) and the copy's roll-up and keys stand.
+  SELECT * INTO v_copy FROM history_copies hc WHERE hc.generation = v_old;
+  v_copied := FOUND;
+  IF v_copied THEN
+    EXECUTE format('SELECT count(*) FROM %I.terminal_%s', ':AWA_SCHEMA', v_slot) INTO v_count;
+  END IF;
+  IF v_copied AND v_count = v_copy.terminal_rows THEN
+    v_rollup := v_copy.rollup;
+    v_keys := v_copy.keys;
+  ELSE
+    -- Judge: widened from their ready row when narrow; kept if inside their state's retention.
+    -- After a copy ahead (rows arrived since: rare), rows already in history are neither copied
+    -- again nor have their keys released (the history copy holds them).
+    -- Fresh ring children have no statistics (estimates of a few rows), so the planner joins
+    -- terminal to ready with a nested loop over a seq scan: O(n²), 0.56 s for 2,000 rows. A hash
+    -- join is linear whatever the estimates.
+    PERFORM set_config('enable_nestloop', 'off', true);
+    WITH wide AS (
+      SELECT t.job_id, t.run_lease, t.state, t.attempt, coalesce(t.max_attempts, r.max_attempts) AS max_attempts,
+             coalesce(t.kind, r.kind) AS kind, coalesce(t.queue, r.queue) AS queue, coalesce(t.priority, r.priority) AS priority,
+             coalesce(t.args, r.args) AS args, coalesce(t.metadata, r.metadata) AS metadata, coalesce(t.tags, r.tags) AS tags,
+             coalesce(t.errors, r.errors) AS errors, t.progress, coalesce(t.run_at, r.run_at) AS run_at,
+             coalesce(t.created_at, r.created_at) AS created_at, t.finalized_at,
+             coalesce(t.unique_key, r.unique_key) AS unique_key, coalesce(t.unique_states, r.unique_states, 0) AS unique_states
+      FROM terminal t
+      LEFT JOIN ready r ON NOT t.wide AND r.slot = t.slot AND r.job_id = t.job_id AND r.lane_seq = t.lane_seq
+      WHERE t.slot = v_slot
+    ),
+    judged AS MATERIALIZED (
+      SELECT w.*, w.finalized_at > now() - retention(w.state, w.queue, p_completed_ms, p_failed_ms, p_cancelled_ms) AS keep,
+             v_copied AND EXISTS (SELECT 1 FROM history h WHERE h.job_id = w.job_id AND h.run_lease = w.run_lease
+                                    AND h.state = w.state AND h.finalized_at = w.finalized_at) AS in_history
+      FROM wide w
+    )
+    SELECT (SELECT array_agg(ROW(0, 0, j.job_id, j.run_lease, j.state, j.attempt, j.max_attempts, j.kind, j.queue, j.priority,
+                                 j.args, j.metadata, j.tags, j.errors, j.progress, j.run_at, j.created_at, j.finalized_at,
+                                 j.unique_key, j.unique_states)::history)
+            FROM judged j WHERE j.keep AND NOT j.in_history),
+           (SELECT jsonb_object_agg(k, n) FROM (SELECT j.queue || ':' || j.state AS k, count(*) AS n FROM judged j GROUP BY 1) c),
+           (SELECT jsonb_agg(jsonb_build_object('job_id', j.job_id, 'run_lease', j.run_lease, 'finalized_at', j.finalized_at,
+                                                'unique_key', encode(j.unique_key, 'hex')))
+            FROM judged j WHERE NOT j.keep AND NOT j.in_history AND j.unique_key IS NOT NULL),
+           (SELECT count(*) FROM judged)
+      INTO v_kept, v_rollup, v_keys, v_count;
+    PERFORM set_config('enable_nestloop', v_saved_nestloop, true);
+
+    -- Copy ahead: many rows to keep, and nothing left in the slot that could still add a terminal
+    -- row (no open attempt). Insert them into history now and COMMIT (the caller calls again at
+    -- once): under the exclusive lock the next call then only truncates, instead of inserting
+    -- every row (0.9 s for 100k rows). The copy is committed, never rolled back, and recorded in
+    -- history_copies, so a later call reuses it instead of copying again: no dead tuples either way.
+    IF NOT v_copied AND v_open_claims IS NULL AND coalesce(cardinality(v_kept), 0) >= v_copy_ahead_rows THEN
+      SELECT * INTO v_hist FROM ring_current('history');
+      INSERT INTO history (slot, generation, job_id, run_lease, state, attempt, max_attempts, kind, queue, priority, args,
+                           metadata, tags, errors, progress, run_at, created_at, finalized_at, unique_key, unique_states)
+      SELECT v_hist.slot, v_hist.generation, h.job_id, h.run_lease, h.state, h.attempt, h.max_attempts, h.kind, h.queue, h.priority,
+             h.args, h.metadata, h.tags, h.errors, h.progress, h.run_at, h.created_at, h.finalized_at, h.unique_key, h.unique_states
+      FROM unnest(v_kept) h;
+      INSERT INTO history_copies (generation, slot, terminal_rows, rollup, keys)
+      VALUES (v_old, v_slot, v_count, coalesce(v_rollup, '{}'), v_keys);
+      RETURN QUERY SELECT 'Copied', v_old, 0;
+      RETURN;
+    END IF;
+  END IF;
+
+  -- ACCESS EXCLUSIVE, never queued: a waiting request would make every later claimer wait behind
+  -- it (they all read this slot's children). NOWAIT succeeds in a moment when no reader holds the
+  -- children; between tries we sleep about a millisecond, so readers come and go freely.
+  v_deadline := clock_timestamp() + p_lock_timeout_ms * interval '1 millisecond';
+  LOOP
+    BEGIN
+      EXECUTE 'LOCK TABLE ' || v_children || ' IN ACCESS EXCLUSIVE MODE NOWAIT';
+      EXIT;
+    EXCEPTION WHEN lock_not_available THEN
+      IF clock_timestamp() >= v_deadline THEN
+        RETURN QUERY SELECT 'Blocked:lock', v_old, 0;
+        RETURN;
+      END IF;
+    END;
+    PERFORM pg_sleep(0.001);
+  END LOOP;
+
+  -- Under the exclusive lock: only the writes.
+  IF v_open_claims IS NOT NULL THEN
+    INSERT INTO ready (slot, generation, job_id, kind, queue, priority, shard, lane_seq, args, metadata, tags,
+                       errors, progress, attempt, run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
+    SELECT v_cur.slot, v_cur.generation, r.job_id, r.kind, r.queue, r.priority, r.shard, r.lane_seq, r.args, r.metadata, r.tags,
+           r.errors, r.progress, r.attempt, r.run_lease, r.max_attempts, r.run_at, r.created_at, r.unique_key, r.unique_states
+    FROM unnest(v_open_ready) r;
+    INSERT INTO claims (slot, generation, job_id, run_lease, attempt, queue, priority, shard, lane_seq, claimed_at, deadline_at)
+    SELECT v_cur.slot, v_cur.generation, o.job_id, o.run_lease, o.attempt, o.queue, o.priority, o.shard, o.lane_seq, o.claimed_at, o.deadline_at
+    FROM unnest(v_open_claims) o;
+    -- the lane's cursor is past every carried row (they were claimed); a mark at it keeps it there
+    -- once this slot's marks are gone
+    INSERT INTO claim_marks (slot, generation, queue, priority, shard, next_lane_seq)
+    SELECT v_cur.slot, v_cur.generation, l.queue, l.priority, l.shard, lane_cursor(l.queue, l.priority, l.shard)
+    FROM (SELECT DISTINCT o.queue, o.priority, o.shard FROM unnest(v_open_claims) o) l;
+  END IF;
+
+  IF v_kept IS NOT NULL THEN
+    SELECT * INTO v_hist FROM ring_current('history');
+    INSERT INTO history (slot, generation, job_id, run_lease, state, attempt, max_attempts, kind, queue, priority, args,
+                         metadata, tags, errors, progress, run_at, created_at, finalized_at, unique_key, unique_states)
+    SELECT v_hist.slot, v_hist.generation, h.job_id, h.run_lease, h.state, h.attempt, h.max_attempts, h.kind, h.queue, h.priority,
+           h.args, h.metadata, h.tags, h.errors, h.progress, h.run_at, h.created_at, h.finalized_at, h.unique_key, h.unique_states
+    FROM unnest(v_kept) h;
+  END IF;
+
+  IF v_keys IS NOT NULL THEN
+    PERFORM release_keys_of(v_keys);
+  END IF;
+  EXECUTE 'TRUNCATE ' || v_children;
+  INSERT INTO ring_prunes (ring, generation, slot, rollup) VALUES ('queue', v_old, v_slot, coalesce(v_rollup, '{}'));
+  RETURN QUERY SELECT 'Pruned', v_old, coalesce(cardinality(v_open_claims), 0);
+END
+$$;
+
+`
   }
 ]

@@ -1,6 +1,6 @@
 /**
  * Catalog rules every function of ours must follow, whatever migration last (re)defined it
- * (issue 13, docs/adr/0015-server-defaults.md). CREATE OR REPLACE replaces a function's SET clauses
+ * (issue 13, docs/adr/0017-server-defaults.md). CREATE OR REPLACE replaces a function's SET clauses
  * and a new function starts executable by PUBLIC, so these are checked on the installed catalog,
  * for every function in the schema, and each failure names the function:
  *
@@ -10,7 +10,7 @@
  *   contain the schema, it still runs;
  * - no function is executable by PUBLIC;
  * - every PL/pgSQL function refuses to run outside READ COMMITTED (SQLSTATE AWI01, migration
- *   0019), except the few listed in `isolationAgnostic`, each with the reason it is safe.
+ *   0021), except the few listed in `isolationAgnostic`, each with the reason it is safe.
  *
  * Checked for the default schema and for a schema with another name (the migrations spell it
  * `:AWA_SCHEMA`). Each rule also has a negative control: a function that breaks it is reported.

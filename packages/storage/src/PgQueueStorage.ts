@@ -105,7 +105,7 @@ export interface PgQueueStorageOptions {
 }
 
 // Jobs (or DLQ entries) per transaction of a bulk action: a few hundred row writes and no per-job
-// lock, so the shared lock table never fills, whatever the size of the queue (migration 0019).
+// lock, so the shared lock table never fills, whatever the size of the queue (migration 0021).
 const bulkBatch = 500
 
 // SQLSTATE the operator retries (retry_job, retry_from_dlq) raise for a unique conflict (DETAIL =
@@ -335,7 +335,7 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
   const sql = yield* SqlClient.SqlClient
   const schema = yield* Migrations.checkSchemaName(options.schema ?? Migrations.defaultSchema)
   const s = sql(schema)
-  // calls whose SQL functions need READ COMMITTED (migration 0019)
+  // calls whose SQL functions need READ COMMITTED (migration 0021)
   const rc = ReadCommitted.make(sql)
   const chunkSize = options.enqueueChunkSize ?? 5000
   const lockTimeoutMs = options.pruneLockTimeoutMs ?? 10
@@ -843,7 +843,7 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
     })
 
   // Bulk DLQ actions in batches of `bulkBatch` entries, each its own transaction (unless the
-  // caller's transaction holds them all): no lock is held across batches (migration 0019).
+  // caller's transaction holds them all): no lock is held across batches (migration 0021).
   const dlqBulk = (
     action: "retry" | "purge",
     filter: DlqFilter,
@@ -881,7 +881,7 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
     )
 
   // In batches of `bulkBatch` jobs, each its own transaction (unless the caller's transaction holds
-  // them all): no per-job lock, and the queue's lanes are locked one batch at a time (0019). Only
+  // them all): no per-job lock, and the queue's lanes are locked one batch at a time (0021). Only
   // jobs that exist when the drain starts: a producer cannot keep it going.
   const drainQueue = (queue: string, reason: string) =>
     Effect.gen(function* () {

@@ -1,6 +1,6 @@
 /**
  * Running storage calls at READ COMMITTED whatever the pool's `default_transaction_isolation`
- * (migration 0019, docs/adr/0015-server-defaults.md).
+ * (migration 0021, docs/adr/0017-server-defaults.md).
  *
  * **Guarantee** A call made outside a transaction runs at READ COMMITTED: first as a plain
  * statement (the pool's default, READ COMMITTED on a stock server: no extra round trip); if the

@@ -1,5 +1,5 @@
 /**
- * Isolation levels (issue 13, review C1, docs/adr/0015-server-defaults.md). The ring protocol's
+ * Isolation levels (issue 13, review C1, docs/adr/0017-server-defaults.md). The ring protocol's
  * guards re-read after a lock in a new statement, which sees the previous holder's commit only
  * under READ COMMITTED. Enqueue runs in the caller's transaction, whatever its level: outside
  * READ COMMITTED it is diverted to `deferred` and promoted by the leader. These tests hold such a
@@ -174,7 +174,7 @@ layer(StorageLive, { excludeTestServices: true, timeout: "60 seconds" })(
           yield* Deferred.succeed(go, undefined)
           const refused = yield* Effect.flip(Fiber.join(fiber))
           assert.strictEqual(refused._tag, "ReadCommittedRequired")
-          // before 0019 that prune truncated the slot: the job was gone without a trace
+          // before 0021 that prune truncated the slot: the job was gone without a trace
           assert.deepStrictEqual(
             (yield* storage.claim(claimOf(q, 10))).map((c) => c.jobId),
             [job!.id]

@@ -1,5 +1,5 @@
--- 0020: finalize, heartbeat and prune lock claims rows, not one advisory lock per attempt
--- (issue 13 item 4, review M4; docs/adr/0015-server-defaults.md).
+-- 0022: finalize, heartbeat and prune lock claims rows, not one advisory lock per attempt
+-- (issue 13 item 4, review M4; docs/adr/0017-server-defaults.md).
 --
 -- A full finalize(512) held 512 advisory locks, one shared lock-table entry each, until commit
 -- (586 entries in all); heartbeat(500) 500; prune one per open attempt of its slot (it failed with
@@ -22,7 +22,7 @@
 -- fast path), heartbeat(500) 169; before: 586 and 604.
 
 -- ---------------------------------------------------------------------------------------------
--- finalize: 0019's definition, row locks instead of per-attempt advisory locks.
+-- finalize: 0021's definition, row locks instead of per-attempt advisory locks.
 CREATE OR REPLACE FUNCTION :AWA_SCHEMA.finalize(p_items jsonb)
 RETURNS TABLE (ord int, applied boolean, state text)
 LANGUAGE plpgsql
@@ -40,13 +40,13 @@ DECLARE
   v_now_lo2 int;
   v_now_hi2 int;
 BEGIN
-  -- READ COMMITTED only (0019, docs/adr/0015-server-defaults.md)
+  -- READ COMMITTED only (0019, docs/adr/0017-server-defaults.md)
   IF current_setting('transaction_isolation') <> 'read committed' THEN
     RAISE EXCEPTION 'finalize needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
       USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
   END IF;
   SELECT array_agg(DISTINCT i.job_id) INTO v_ids FROM jsonb_to_recordset(p_items) AS i(job_id bigint);
-  -- The batch's claims rows, locked in (job_id, run_lease) order (0020: a row lock takes no
+  -- The batch's claims rows, locked in (job_id, run_lease) order (0022: a row lock takes no
   -- shared lock-table entry; the per-attempt advisory lock took one per item). Prune tries the
   -- same rows (FOR UPDATE NOWAIT) before it carries or truncates, so once we hold them they stay
   -- in these slots. A prune that committed between our range read and our lock statement may
@@ -65,9 +65,11 @@ BEGIN
 
   RETURN QUERY
   WITH items AS MATERIALIZED (
-    SELECT x_e.o::int AS o, x.job_id, x.run_lease, x.outcome, coalesce(x.delay_ms, 0) AS delay_ms, x.message, x.reason
+    SELECT x_e.o::int AS o, x.job_id, x.run_lease, x.outcome, coalesce(x.delay_ms, 0) AS delay_ms, x.message, x.reason,
+           x.stale_before
     FROM jsonb_array_elements(p_items) WITH ORDINALITY AS x_e(v, o),
-         jsonb_to_record(x_e.v) AS x(job_id bigint, run_lease bigint, outcome text, delay_ms bigint, message text, reason text)
+         jsonb_to_record(x_e.v) AS x(job_id bigint, run_lease bigint, outcome text, delay_ms bigint, message text, reason text,
+                                     stale_before timestamptz)
   ),
   batch_claims AS MATERIALIZED (
     SELECT c.slot, c.generation, c.job_id, c.run_lease, c.attempt, c.queue, c.priority, c.shard, c.lane_seq
@@ -86,7 +88,7 @@ BEGIN
   ),
   open AS (
     SELECT DISTINCT ON (i.job_id, i.run_lease)
-           i.o, i.outcome, i.delay_ms, i.message, i.reason, c.slot, c.generation, c.job_id, c.run_lease, c.attempt, c.lane_seq,
+           i.o, i.outcome AS outcome0, i.delay_ms, i.message AS message0, i.reason, c.slot, c.generation, c.job_id, c.run_lease, c.attempt, c.lane_seq,
            r.kind, r.queue, r.priority, r.shard, r.args, r.metadata, r.tags, r.errors, r.max_attempts, r.created_at, r.run_at,
            r.unique_key, r.unique_states, coalesce(a.progress, r.progress) AS progress, a.found AS has_state,
            CASE i.outcome
@@ -95,7 +97,7 @@ BEGIN
              WHEN 'fail' THEN 'failed'
              WHEN 'snooze' THEN 'scheduled'
              WHEN 'retry' THEN CASE WHEN c.attempt >= r.max_attempts THEN 'failed' ELSE 'retryable' END
-           END AS new_state
+           END AS new_state0
     FROM items i
     JOIN batch_claims c ON c.job_id = i.job_id AND c.run_lease = i.run_lease
     -- the claimed row by its full key: lane_seq, not run_lease, is unique per ready row (a cancelled
@@ -103,10 +105,41 @@ BEGIN
     JOIN batch_ready r ON r.slot = c.slot AND r.queue = c.queue AND r.priority = c.priority AND r.shard = c.shard
                       AND r.lane_seq = c.lane_seq
     LEFT JOIN LATERAL (
-      SELECT a.progress, true AS found FROM attempt_state a WHERE a.job_id = c.job_id AND a.run_lease = c.run_lease LIMIT 1
+      SELECT a.progress, a.heartbeat_at, true AS found FROM attempt_state a
+      WHERE a.job_id = c.job_id AND a.run_lease = c.run_lease LIMIT 1
     ) a ON true
     WHERE NOT EXISTS (SELECT 1 FROM batch_closures x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease)
+      -- a stale rescue yields to a heartbeat that committed after its scan (we hold the attempt lock)
+      AND (i.stale_before IS NULL OR a.heartbeat_at IS NULL OR a.heartbeat_at < i.stale_before)
     ORDER BY i.job_id, i.run_lease, i.o
+  ),
+  -- Re-entry into the unique mask (capabilities.md §4): a job whose mask omits 'running' takes
+  -- its key again when its new state is in the mask; if a newer job holds it and the new state is
+  -- retryable or scheduled, this one gives way (cancelled, 'superseded by duplicate <id>'), as in
+  -- the simulation. Default masks hold 'running': nothing enters.
+  keyed AS MATERIALIZED (
+    SELECT o.*, (o.unique_key IS NOT NULL AND (o.unique_states & 4) = 0
+                 AND (o.unique_states & state_bit(o.new_state0)) <> 0) AS enters
+    FROM open o
+  ),
+  take_key AS (
+    INSERT INTO unique_claims (unique_key, job_id)
+    SELECT DISTINCT ON (k.unique_key) k.unique_key, k.job_id FROM keyed k WHERE k.enters ORDER BY k.unique_key, k.job_id
+    ON CONFLICT (unique_key) DO NOTHING
+    RETURNING job_id
+  ),
+  settled AS MATERIALIZED (
+    SELECT k.*, CASE WHEN s.superseded THEN 'cancel' ELSE k.outcome0 END AS outcome,
+           CASE WHEN s.superseded THEN 'superseded by duplicate ' || coalesce(s.holder::text, 'job') ELSE k.message0 END AS message,
+           CASE WHEN s.superseded THEN 'cancelled' ELSE k.new_state0 END AS new_state
+    FROM keyed k
+    CROSS JOIN LATERAL (
+      -- only a live state gives way; a finished job takes the key if it is free, and keeps its end
+      SELECT CASE WHEN k.enters AND k.new_state0 IN ('retryable', 'scheduled') THEN NOT EXISTS (SELECT 1 FROM take_key t WHERE t.job_id = k.job_id)
+                                 AND NOT EXISTS (SELECT 1 FROM unique_claims u WHERE u.unique_key = k.unique_key AND u.job_id = k.job_id)
+                  ELSE false END AS superseded,
+             CASE WHEN k.enters THEN (SELECT u.job_id FROM unique_claims u WHERE u.unique_key = k.unique_key) END AS holder
+    ) s
   ),
   resolved AS MATERIALIZED (
     SELECT o.*,
@@ -118,65 +151,88 @@ BEGIN
                 WHEN o.outcome = 'cancel' THEN
                   append_error(o.errors, jsonb_build_object('error', 'cancelled: ' || o.message, 'attempt', o.attempt, 'at', v_now))
            END AS new_errors
-    FROM open o
+    FROM settled o
+  ),
+  -- The two plain tables keyed by job_id come first; what they did not take is not applied.
+  ins_dlq AS (
+    INSERT INTO dlq AS d (job_id, kind, queue, priority, args, metadata, tags, errors, progress, attempt, max_attempts,
+                          original_run_lease, run_at, created_at, dlq_at, dlq_reason, unique_key, unique_states)
+    SELECT DISTINCT ON (r.job_id)
+           r.job_id, r.kind, r.queue, r.priority, r.args, r.metadata, r.tags, coalesce(r.new_errors, r.errors), r.progress,
+           r.attempt, r.max_attempts, r.run_lease, r.run_at, r.created_at, v_now, r.dlq_reason, r.unique_key, r.unique_states
+    FROM resolved r WHERE r.to_dlq
+    ORDER BY r.job_id, r.run_lease DESC
+    ON CONFLICT (job_id) DO UPDATE
+      SET kind = excluded.kind, queue = excluded.queue, priority = excluded.priority, args = excluded.args,
+          metadata = excluded.metadata, tags = excluded.tags, errors = excluded.errors, progress = excluded.progress,
+          attempt = excluded.attempt, max_attempts = excluded.max_attempts, original_run_lease = excluded.original_run_lease,
+          run_at = excluded.run_at, created_at = excluded.created_at, dlq_at = excluded.dlq_at,
+          dlq_reason = excluded.dlq_reason, unique_key = excluded.unique_key, unique_states = excluded.unique_states
+      WHERE d.original_run_lease < excluded.original_run_lease
+    RETURNING d.job_id, d.original_run_lease AS run_lease
+  ),
+  ins_deferred AS (
+    INSERT INTO deferred (job_id, state, kind, queue, priority, shard, args, metadata, tags, errors, progress, attempt,
+                          run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
+    SELECT DISTINCT ON (r.job_id)
+           r.job_id, r.new_state, r.kind, r.queue, r.priority, r.shard, r.args, r.metadata, r.tags,
+           coalesce(r.new_errors, r.errors), r.progress,
+           CASE WHEN r.new_state = 'scheduled' THEN r.attempt - 1 ELSE r.attempt END,
+           r.run_lease, r.max_attempts, v_now + r.delay_ms * interval '1 millisecond', r.created_at, r.unique_key, r.unique_states
+    FROM resolved r WHERE r.new_state IN ('retryable', 'scheduled')
+    ORDER BY r.job_id, r.run_lease DESC
+    ON CONFLICT (job_id) DO NOTHING
+    RETURNING job_id, run_lease
+  ),
+  done AS (
+    SELECT r.* FROM resolved r
+    WHERE CASE WHEN r.to_dlq THEN EXISTS (SELECT 1 FROM ins_dlq x WHERE x.job_id = r.job_id AND x.run_lease = r.run_lease)
+               WHEN r.new_state IN ('retryable', 'scheduled')
+                 THEN EXISTS (SELECT 1 FROM ins_deferred x WHERE x.job_id = r.job_id AND x.run_lease = r.run_lease)
+               ELSE true END
   ),
   ins_closures AS (
     INSERT INTO closures (slot, generation, job_id, run_lease, outcome, closed_at)
-    SELECT r.slot, r.generation, r.job_id, r.run_lease, r.new_state, v_now FROM resolved r
+    SELECT r.slot, r.generation, r.job_id, r.run_lease, r.new_state, v_now FROM done r
   ),
   ins_terminal AS (
     INSERT INTO terminal (slot, generation, job_id, run_lease, lane_seq, state, attempt, finalized_at, errors, progress)
     SELECT r.slot, r.generation, r.job_id, r.run_lease, r.lane_seq, r.new_state, r.attempt, v_now, r.new_errors,
            CASE WHEN r.new_state = 'completed' THEN NULL ELSE r.progress END
-    FROM resolved r WHERE r.new_state IN ('completed', 'failed', 'cancelled') AND NOT r.to_dlq
-  ),
-  ins_dlq AS (
-    INSERT INTO dlq (job_id, kind, queue, priority, args, metadata, tags, errors, progress, attempt, max_attempts,
-                     original_run_lease, run_at, created_at, dlq_at, dlq_reason, unique_key, unique_states)
-    SELECT r.job_id, r.kind, r.queue, r.priority, r.args, r.metadata, r.tags, coalesce(r.new_errors, r.errors), r.progress,
-           r.attempt, r.max_attempts, r.run_lease, r.run_at, r.created_at, v_now, r.dlq_reason, r.unique_key, r.unique_states
-    FROM resolved r WHERE r.to_dlq
-  ),
-  ins_deferred AS (
-    INSERT INTO deferred (job_id, state, kind, queue, priority, shard, args, metadata, tags, errors, progress, attempt,
-                          run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
-    SELECT r.job_id, r.new_state, r.kind, r.queue, r.priority, r.shard, r.args, r.metadata, r.tags,
-           coalesce(r.new_errors, r.errors), r.progress,
-           CASE WHEN r.new_state = 'scheduled' THEN r.attempt - 1 ELSE r.attempt END,
-           r.run_lease, r.max_attempts, v_now + r.delay_ms * interval '1 millisecond', r.created_at, r.unique_key, r.unique_states
-    FROM resolved r WHERE r.new_state IN ('retryable', 'scheduled')
+    FROM done r WHERE r.new_state IN ('completed', 'failed', 'cancelled') AND NOT r.to_dlq
   ),
   -- Primary-key probes, only for attempts that had a row (read above): most attempts never
   -- heartbeat, so most batches delete nothing and probe nothing.
   del_state AS (
-    DELETE FROM attempt_state a USING resolved r
+    DELETE FROM attempt_state a USING done r
     WHERE r.has_state AND a.job_id = r.job_id AND a.run_lease = r.run_lease
   ),
   rel_unique AS (
-    DELETE FROM unique_claims u USING resolved r
+    DELETE FROM unique_claims u USING done r
     WHERE r.unique_key IS NOT NULL AND u.unique_key = r.unique_key AND u.job_id = r.job_id
       AND (r.unique_states & state_bit(r.new_state)) = 0
   )
   SELECT i.o, r.o IS NOT NULL, r.new_state
-  FROM items i LEFT JOIN resolved r ON r.o = i.o
+  FROM items i LEFT JOIN done r ON r.o = i.o
   ORDER BY i.o;
 END
 $$;
 
 -- ---------------------------------------------------------------------------------------------
--- heartbeat: 0019's definition, row locks instead of per-attempt advisory locks.
+-- heartbeat: 0021's definition, row locks instead of per-attempt advisory locks.
 CREATE OR REPLACE FUNCTION :AWA_SCHEMA.heartbeat(p_items jsonb)
 RETURNS TABLE (job_id bigint, run_lease bigint)
 LANGUAGE plpgsql
 SET search_path = :AWA_SCHEMA, pg_catalog SET enable_hashjoin = off SET enable_mergejoin = off SET jit = off AS $$
 #variable_conflict use_column
+DECLARE
 BEGIN
-  -- READ COMMITTED only (0019, docs/adr/0015-server-defaults.md)
+  -- READ COMMITTED only (0019, docs/adr/0017-server-defaults.md)
   IF current_setting('transaction_isolation') <> 'read committed' THEN
     RAISE EXCEPTION 'heartbeat needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
       USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
   END IF;
-  -- The attempts' claims rows, locked in (job_id, run_lease) order as finalize locks them (0020:
+  -- The attempts' claims rows, locked in (job_id, run_lease) order as finalize locks them (0022:
   -- row locks instead of one advisory lock per attempt): a heartbeat and a finalize of the same
   -- attempt take turns, so no attempt_state row outlives its attempt. A carried claim is found
   -- wherever it is (no slot restriction); prune cannot carry one we hold.
@@ -203,7 +259,7 @@ END
 $$;
 
 -- ---------------------------------------------------------------------------------------------
--- prune_queue: 0019's definition, row locks instead of per-attempt advisory locks.
+-- prune_queue: 0021's definition, row locks instead of per-attempt advisory locks.
 CREATE OR REPLACE FUNCTION :AWA_SCHEMA.prune_queue(p_lock_timeout_ms int, p_completed_ms bigint, p_failed_ms bigint, p_cancelled_ms bigint)
 RETURNS TABLE (outcome text, generation bigint, carried int)
 LANGUAGE plpgsql
@@ -230,7 +286,7 @@ DECLARE
   v_saved_timeout text := current_setting('lock_timeout');
   v_saved_nestloop text := current_setting('enable_nestloop');
 BEGIN
-  -- READ COMMITTED only (0019, docs/adr/0015-server-defaults.md)
+  -- READ COMMITTED only (0019, docs/adr/0017-server-defaults.md)
   IF current_setting('transaction_isolation') <> 'read committed' THEN
     RAISE EXCEPTION 'prune_queue needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
       USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
@@ -253,7 +309,7 @@ BEGIN
     RETURN QUERY SELECT 'Blocked:unclaimed', v_old, 0;
     RETURN;
   END IF;
-  -- The open attempts' claims rows, tried (0020: row locks, where each attempt took one advisory
+  -- The open attempts' claims rows, tried (0022: row locks, where each attempt took one advisory
   -- lock-table entry, which failed with 100k open attempts): a finalizer or heartbeat holding one
   -- makes us back off; holding them, no finalizer can write into this slot until we commit. A
   -- row lock taken in the block is released if it fails (sub-transaction), kept if it succeeds.

@@ -1,5 +1,5 @@
--- 0019: READ COMMITTED where the protocol needs it; operator bulk actions in bounded batches
--- (issue 13; docs/adr/0015-server-defaults.md; review C1, M3, m3).
+-- 0021: READ COMMITTED where the protocol needs it; operator bulk actions in bounded batches
+-- (issue 13; docs/adr/0017-server-defaults.md; review C1, M3, m3).
 --
 -- 1. Every function whose guards read after a lock in a new statement (claim, finalize,
 --    heartbeat, rescue, promote, rotate*, prune_*, trim_ledgers, cancel/retry/DLQ, cron fire and
@@ -30,7 +30,7 @@ CREATE OR REPLACE FUNCTION :AWA_SCHEMA.lock_current_slot(p_table text, OUT o_gen
 LANGUAGE plpgsql
 SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
 BEGIN
-  -- READ COMMITTED only (0019, docs/adr/0015-server-defaults.md)
+  -- READ COMMITTED only (0021, docs/adr/0017-server-defaults.md)
   IF current_setting('transaction_isolation') <> 'read committed' THEN
     RAISE EXCEPTION 'lock_current_slot needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
       USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
@@ -50,7 +50,7 @@ CREATE OR REPLACE FUNCTION :AWA_SCHEMA.enqueue_ready_slot(OUT o_generation bigin
 LANGUAGE plpgsql
 SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
 BEGIN
-  -- READ COMMITTED only (0019, docs/adr/0015-server-defaults.md)
+  -- READ COMMITTED only (0021, docs/adr/0017-server-defaults.md)
   IF current_setting('transaction_isolation') <> 'read committed' THEN
     RAISE EXCEPTION 'enqueue_ready_slot needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
       USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
@@ -84,7 +84,7 @@ END
 $$;
 
 -- ---------------------------------------------------------------------------------------------
--- claim: as 0016, READ COMMITTED only.
+-- claim: as 0020, READ COMMITTED only.
 CREATE OR REPLACE FUNCTION :AWA_SCHEMA.claim(p_queue text, p_max int, p_deadline_ms bigint, p_aging_ms bigint)
 RETURNS TABLE (job_id bigint, run_lease bigint, attempt int, max_attempts int, kind text, queue text,
                priority smallint, args jsonb, metadata jsonb, tags text[], errors jsonb,
@@ -111,7 +111,7 @@ DECLARE
   v_lo2 int;
   v_hi2 int;
 BEGIN
-  -- READ COMMITTED only (0019, docs/adr/0015-server-defaults.md)
+  -- READ COMMITTED only (0021, docs/adr/0017-server-defaults.md)
   IF current_setting('transaction_isolation') <> 'read committed' THEN
     RAISE EXCEPTION 'claim needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
       USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
@@ -208,7 +208,7 @@ BEGIN
       RETURN QUERY
       WITH picked AS MATERIALIZED (
         SELECT r.slot, r.generation, r.job_id, r.kind, r.queue, r.priority, r.shard, r.lane_seq, r.args, r.metadata,
-               r.tags, r.errors, r.attempt, r.run_lease, r.max_attempts, r.run_at, r.created_at
+               r.tags, r.errors, r.attempt, r.run_lease, r.max_attempts, r.run_at, r.created_at, r.unique_key, r.unique_states
         FROM ready r
         WHERE r.queue = p_queue AND r.priority = v_prios[v_k] AND r.shard = v_shards[v_k] AND r.lane_seq >= v_cursor
           -- two ranges of scalar parameters: what partition pruning can use at executor start-up
@@ -236,6 +236,13 @@ BEGIN
         SELECT p.slot, p.generation, p.job_id, p.run_lease + 1, p.attempt + 1, p.queue, p.priority, p.shard, p.lane_seq,
                v_now, v_deadline
         FROM picked p
+      ),
+      -- available -> running leaves a mask that holds 'available' but not 'running': the key goes
+      -- (capabilities.md §4). Default masks hold both: the filter finds nothing.
+      rel_unique AS (
+        DELETE FROM unique_claims u USING picked p
+        WHERE p.unique_key IS NOT NULL AND (p.unique_states & 6) = 2
+          AND u.unique_key = p.unique_key AND u.job_id = p.job_id
       )
       SELECT p.job_id, p.run_lease + 1, p.attempt + 1, p.max_attempts, p.kind, p.queue, p.priority, p.args, p.metadata,
              p.tags, p.errors, p.run_at, p.created_at, v_now, v_deadline
@@ -253,7 +260,7 @@ END
 $$;
 
 -- ---------------------------------------------------------------------------------------------
--- finalize: as 0016, READ COMMITTED only.
+-- finalize: as 0019, READ COMMITTED only.
 CREATE OR REPLACE FUNCTION :AWA_SCHEMA.finalize(p_items jsonb)
 RETURNS TABLE (ord int, applied boolean, state text)
 LANGUAGE plpgsql
@@ -267,7 +274,7 @@ DECLARE
   v_lo2 int;
   v_hi2 int;
 BEGIN
-  -- READ COMMITTED only (0019, docs/adr/0015-server-defaults.md)
+  -- READ COMMITTED only (0021, docs/adr/0017-server-defaults.md)
   IF current_setting('transaction_isolation') <> 'read committed' THEN
     RAISE EXCEPTION 'finalize needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
       USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
@@ -283,9 +290,11 @@ BEGIN
 
   RETURN QUERY
   WITH items AS MATERIALIZED (
-    SELECT x_e.o::int AS o, x.job_id, x.run_lease, x.outcome, coalesce(x.delay_ms, 0) AS delay_ms, x.message, x.reason
+    SELECT x_e.o::int AS o, x.job_id, x.run_lease, x.outcome, coalesce(x.delay_ms, 0) AS delay_ms, x.message, x.reason,
+           x.stale_before
     FROM jsonb_array_elements(p_items) WITH ORDINALITY AS x_e(v, o),
-         jsonb_to_record(x_e.v) AS x(job_id bigint, run_lease bigint, outcome text, delay_ms bigint, message text, reason text)
+         jsonb_to_record(x_e.v) AS x(job_id bigint, run_lease bigint, outcome text, delay_ms bigint, message text, reason text,
+                                     stale_before timestamptz)
   ),
   batch_claims AS MATERIALIZED (
     SELECT c.slot, c.generation, c.job_id, c.run_lease, c.attempt, c.queue, c.priority, c.shard, c.lane_seq
@@ -304,7 +313,7 @@ BEGIN
   ),
   open AS (
     SELECT DISTINCT ON (i.job_id, i.run_lease)
-           i.o, i.outcome, i.delay_ms, i.message, i.reason, c.slot, c.generation, c.job_id, c.run_lease, c.attempt, c.lane_seq,
+           i.o, i.outcome AS outcome0, i.delay_ms, i.message AS message0, i.reason, c.slot, c.generation, c.job_id, c.run_lease, c.attempt, c.lane_seq,
            r.kind, r.queue, r.priority, r.shard, r.args, r.metadata, r.tags, r.errors, r.max_attempts, r.created_at, r.run_at,
            r.unique_key, r.unique_states, coalesce(a.progress, r.progress) AS progress, a.found AS has_state,
            CASE i.outcome
@@ -313,7 +322,7 @@ BEGIN
              WHEN 'fail' THEN 'failed'
              WHEN 'snooze' THEN 'scheduled'
              WHEN 'retry' THEN CASE WHEN c.attempt >= r.max_attempts THEN 'failed' ELSE 'retryable' END
-           END AS new_state
+           END AS new_state0
     FROM items i
     JOIN batch_claims c ON c.job_id = i.job_id AND c.run_lease = i.run_lease
     -- the claimed row by its full key: lane_seq, not run_lease, is unique per ready row (a cancelled
@@ -321,10 +330,41 @@ BEGIN
     JOIN batch_ready r ON r.slot = c.slot AND r.queue = c.queue AND r.priority = c.priority AND r.shard = c.shard
                       AND r.lane_seq = c.lane_seq
     LEFT JOIN LATERAL (
-      SELECT a.progress, true AS found FROM attempt_state a WHERE a.job_id = c.job_id AND a.run_lease = c.run_lease LIMIT 1
+      SELECT a.progress, a.heartbeat_at, true AS found FROM attempt_state a
+      WHERE a.job_id = c.job_id AND a.run_lease = c.run_lease LIMIT 1
     ) a ON true
     WHERE NOT EXISTS (SELECT 1 FROM batch_closures x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease)
+      -- a stale rescue yields to a heartbeat that committed after its scan (we hold the attempt lock)
+      AND (i.stale_before IS NULL OR a.heartbeat_at IS NULL OR a.heartbeat_at < i.stale_before)
     ORDER BY i.job_id, i.run_lease, i.o
+  ),
+  -- Re-entry into the unique mask (capabilities.md §4): a job whose mask omits 'running' takes
+  -- its key again when its new state is in the mask; if a newer job holds it and the new state is
+  -- retryable or scheduled, this one gives way (cancelled, 'superseded by duplicate <id>'), as in
+  -- the simulation. Default masks hold 'running': nothing enters.
+  keyed AS MATERIALIZED (
+    SELECT o.*, (o.unique_key IS NOT NULL AND (o.unique_states & 4) = 0
+                 AND (o.unique_states & state_bit(o.new_state0)) <> 0) AS enters
+    FROM open o
+  ),
+  take_key AS (
+    INSERT INTO unique_claims (unique_key, job_id)
+    SELECT DISTINCT ON (k.unique_key) k.unique_key, k.job_id FROM keyed k WHERE k.enters ORDER BY k.unique_key, k.job_id
+    ON CONFLICT (unique_key) DO NOTHING
+    RETURNING job_id
+  ),
+  settled AS MATERIALIZED (
+    SELECT k.*, CASE WHEN s.superseded THEN 'cancel' ELSE k.outcome0 END AS outcome,
+           CASE WHEN s.superseded THEN 'superseded by duplicate ' || coalesce(s.holder::text, 'job') ELSE k.message0 END AS message,
+           CASE WHEN s.superseded THEN 'cancelled' ELSE k.new_state0 END AS new_state
+    FROM keyed k
+    CROSS JOIN LATERAL (
+      -- only a live state gives way; a finished job takes the key if it is free, and keeps its end
+      SELECT CASE WHEN k.enters AND k.new_state0 IN ('retryable', 'scheduled') THEN NOT EXISTS (SELECT 1 FROM take_key t WHERE t.job_id = k.job_id)
+                                 AND NOT EXISTS (SELECT 1 FROM unique_claims u WHERE u.unique_key = k.unique_key AND u.job_id = k.job_id)
+                  ELSE false END AS superseded,
+             CASE WHEN k.enters THEN (SELECT u.job_id FROM unique_claims u WHERE u.unique_key = k.unique_key) END AS holder
+    ) s
   ),
   resolved AS MATERIALIZED (
     SELECT o.*,
@@ -336,47 +376,69 @@ BEGIN
                 WHEN o.outcome = 'cancel' THEN
                   append_error(o.errors, jsonb_build_object('error', 'cancelled: ' || o.message, 'attempt', o.attempt, 'at', v_now))
            END AS new_errors
-    FROM open o
+    FROM settled o
+  ),
+  -- The two plain tables keyed by job_id come first; what they did not take is not applied.
+  ins_dlq AS (
+    INSERT INTO dlq AS d (job_id, kind, queue, priority, args, metadata, tags, errors, progress, attempt, max_attempts,
+                          original_run_lease, run_at, created_at, dlq_at, dlq_reason, unique_key, unique_states)
+    SELECT DISTINCT ON (r.job_id)
+           r.job_id, r.kind, r.queue, r.priority, r.args, r.metadata, r.tags, coalesce(r.new_errors, r.errors), r.progress,
+           r.attempt, r.max_attempts, r.run_lease, r.run_at, r.created_at, v_now, r.dlq_reason, r.unique_key, r.unique_states
+    FROM resolved r WHERE r.to_dlq
+    ORDER BY r.job_id, r.run_lease DESC
+    ON CONFLICT (job_id) DO UPDATE
+      SET kind = excluded.kind, queue = excluded.queue, priority = excluded.priority, args = excluded.args,
+          metadata = excluded.metadata, tags = excluded.tags, errors = excluded.errors, progress = excluded.progress,
+          attempt = excluded.attempt, max_attempts = excluded.max_attempts, original_run_lease = excluded.original_run_lease,
+          run_at = excluded.run_at, created_at = excluded.created_at, dlq_at = excluded.dlq_at,
+          dlq_reason = excluded.dlq_reason, unique_key = excluded.unique_key, unique_states = excluded.unique_states
+      WHERE d.original_run_lease < excluded.original_run_lease
+    RETURNING d.job_id, d.original_run_lease AS run_lease
+  ),
+  ins_deferred AS (
+    INSERT INTO deferred (job_id, state, kind, queue, priority, shard, args, metadata, tags, errors, progress, attempt,
+                          run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
+    SELECT DISTINCT ON (r.job_id)
+           r.job_id, r.new_state, r.kind, r.queue, r.priority, r.shard, r.args, r.metadata, r.tags,
+           coalesce(r.new_errors, r.errors), r.progress,
+           CASE WHEN r.new_state = 'scheduled' THEN r.attempt - 1 ELSE r.attempt END,
+           r.run_lease, r.max_attempts, v_now + r.delay_ms * interval '1 millisecond', r.created_at, r.unique_key, r.unique_states
+    FROM resolved r WHERE r.new_state IN ('retryable', 'scheduled')
+    ORDER BY r.job_id, r.run_lease DESC
+    ON CONFLICT (job_id) DO NOTHING
+    RETURNING job_id, run_lease
+  ),
+  done AS (
+    SELECT r.* FROM resolved r
+    WHERE CASE WHEN r.to_dlq THEN EXISTS (SELECT 1 FROM ins_dlq x WHERE x.job_id = r.job_id AND x.run_lease = r.run_lease)
+               WHEN r.new_state IN ('retryable', 'scheduled')
+                 THEN EXISTS (SELECT 1 FROM ins_deferred x WHERE x.job_id = r.job_id AND x.run_lease = r.run_lease)
+               ELSE true END
   ),
   ins_closures AS (
     INSERT INTO closures (slot, generation, job_id, run_lease, outcome, closed_at)
-    SELECT r.slot, r.generation, r.job_id, r.run_lease, r.new_state, v_now FROM resolved r
+    SELECT r.slot, r.generation, r.job_id, r.run_lease, r.new_state, v_now FROM done r
   ),
   ins_terminal AS (
     INSERT INTO terminal (slot, generation, job_id, run_lease, lane_seq, state, attempt, finalized_at, errors, progress)
     SELECT r.slot, r.generation, r.job_id, r.run_lease, r.lane_seq, r.new_state, r.attempt, v_now, r.new_errors,
            CASE WHEN r.new_state = 'completed' THEN NULL ELSE r.progress END
-    FROM resolved r WHERE r.new_state IN ('completed', 'failed', 'cancelled') AND NOT r.to_dlq
-  ),
-  ins_dlq AS (
-    INSERT INTO dlq (job_id, kind, queue, priority, args, metadata, tags, errors, progress, attempt, max_attempts,
-                     original_run_lease, run_at, created_at, dlq_at, dlq_reason, unique_key, unique_states)
-    SELECT r.job_id, r.kind, r.queue, r.priority, r.args, r.metadata, r.tags, coalesce(r.new_errors, r.errors), r.progress,
-           r.attempt, r.max_attempts, r.run_lease, r.run_at, r.created_at, v_now, r.dlq_reason, r.unique_key, r.unique_states
-    FROM resolved r WHERE r.to_dlq
-  ),
-  ins_deferred AS (
-    INSERT INTO deferred (job_id, state, kind, queue, priority, shard, args, metadata, tags, errors, progress, attempt,
-                          run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
-    SELECT r.job_id, r.new_state, r.kind, r.queue, r.priority, r.shard, r.args, r.metadata, r.tags,
-           coalesce(r.new_errors, r.errors), r.progress,
-           CASE WHEN r.new_state = 'scheduled' THEN r.attempt - 1 ELSE r.attempt END,
-           r.run_lease, r.max_attempts, v_now + r.delay_ms * interval '1 millisecond', r.created_at, r.unique_key, r.unique_states
-    FROM resolved r WHERE r.new_state IN ('retryable', 'scheduled')
+    FROM done r WHERE r.new_state IN ('completed', 'failed', 'cancelled') AND NOT r.to_dlq
   ),
   -- Primary-key probes, only for attempts that had a row (read above): most attempts never
   -- heartbeat, so most batches delete nothing and probe nothing.
   del_state AS (
-    DELETE FROM attempt_state a USING resolved r
+    DELETE FROM attempt_state a USING done r
     WHERE r.has_state AND a.job_id = r.job_id AND a.run_lease = r.run_lease
   ),
   rel_unique AS (
-    DELETE FROM unique_claims u USING resolved r
+    DELETE FROM unique_claims u USING done r
     WHERE r.unique_key IS NOT NULL AND u.unique_key = r.unique_key AND u.job_id = r.job_id
       AND (r.unique_states & state_bit(r.new_state)) = 0
   )
   SELECT i.o, r.o IS NOT NULL, r.new_state
-  FROM items i LEFT JOIN resolved r ON r.o = i.o
+  FROM items i LEFT JOIN done r ON r.o = i.o
   ORDER BY i.o;
 END
 $$;
@@ -391,7 +453,7 @@ SET search_path = :AWA_SCHEMA, pg_catalog SET enable_hashjoin = off SET enable_m
 DECLARE
   v_attempt record;
 BEGIN
-  -- READ COMMITTED only (0019, docs/adr/0015-server-defaults.md)
+  -- READ COMMITTED only (0021, docs/adr/0017-server-defaults.md)
   IF current_setting('transaction_isolation') <> 'read committed' THEN
     RAISE EXCEPTION 'heartbeat needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
       USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
@@ -421,7 +483,7 @@ END
 $$;
 
 -- ---------------------------------------------------------------------------------------------
--- rescue: as 0006, READ COMMITTED only.
+-- rescue: as 0019, READ COMMITTED only.
 CREATE OR REPLACE FUNCTION :AWA_SCHEMA.rescue(p_kind text, p_staleness_ms bigint, p_limit int)
 RETURNS TABLE (job_id bigint, run_lease bigint, state text)
 LANGUAGE plpgsql
@@ -432,7 +494,7 @@ DECLARE
   v_items jsonb;
   v_row record;
 BEGIN
-  -- READ COMMITTED only (0019, docs/adr/0015-server-defaults.md)
+  -- READ COMMITTED only (0021, docs/adr/0017-server-defaults.md)
   IF current_setting('transaction_isolation') <> 'read committed' THEN
     RAISE EXCEPTION 'rescue needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
       USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
@@ -447,7 +509,7 @@ BEGIN
     )
     SELECT jsonb_agg(jsonb_build_object('job_id', cand.job_id, 'run_lease', cand.run_lease, 'outcome', 'retry',
              'delay_ms', backoff_ms(cand.attempt, random()), 'message', 'heartbeat stale: worker presumed dead',
-             'reason', 'stale_heartbeat'))
+             'reason', 'stale_heartbeat', 'stale_before', v_cutoff))
       INTO v_items FROM cand;
   ELSE
     WITH cand AS (
@@ -478,7 +540,7 @@ END
 $$;
 
 -- ---------------------------------------------------------------------------------------------
--- promote: as 0003, READ COMMITTED only.
+-- promote: as 0020, READ COMMITTED only.
 CREATE OR REPLACE FUNCTION :AWA_SCHEMA.promote(p_limit int)
 RETURNS int
 LANGUAGE plpgsql
@@ -491,8 +553,12 @@ DECLARE
   v_ids bigint[];
   v_pos bigint[];
   v_ring record;
+  v_row record;
+  v_def record;
+  v_holder bigint;
+  v_moved int;
 BEGIN
-  -- READ COMMITTED only (0019, docs/adr/0015-server-defaults.md)
+  -- READ COMMITTED only (0021, docs/adr/0017-server-defaults.md)
   IF current_setting('transaction_isolation') <> 'read committed' THEN
     RAISE EXCEPTION 'promote needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
       USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
@@ -528,6 +594,39 @@ BEGIN
   IF v_ids IS NULL THEN
     RETURN 0;
   END IF;
+  v_moved := cardinality(v_ids);
+  -- Unique masks (capabilities.md §4), only for keyed rows whose mask treats their deferred state
+  -- and 'available' differently (never the default mask, so the common path runs one probe):
+  -- leaving the mask releases the key; entering it takes the key, and if a newer job holds it this
+  -- one gives way, cancelled with 'superseded by duplicate <id>' (a wide terminal row).
+  FOR v_row IN
+    SELECT d.job_id, d.unique_key, d.unique_states FROM deferred d
+    WHERE d.job_id = ANY (v_ids) AND d.unique_key IS NOT NULL
+      AND ((d.unique_states & 2) <> 0) <> ((d.unique_states & state_bit(d.state)) <> 0)
+    ORDER BY d.job_id
+  LOOP
+    IF (v_row.unique_states & 2) = 0 THEN
+      DELETE FROM unique_claims u WHERE u.unique_key = v_row.unique_key AND u.job_id = v_row.job_id;
+      CONTINUE;
+    END IF;
+    INSERT INTO unique_claims (unique_key, job_id) VALUES (v_row.unique_key, v_row.job_id) ON CONFLICT DO NOTHING;
+    SELECT u.job_id INTO v_holder FROM unique_claims u WHERE u.unique_key = v_row.unique_key;
+    IF v_holder <> v_row.job_id THEN
+      DELETE FROM deferred d WHERE d.job_id = v_row.job_id RETURNING d.* INTO v_def;
+      SELECT o_generation AS generation, o_slot AS slot INTO v_ring FROM lock_current_slot('terminal');
+      INSERT INTO terminal (slot, generation, job_id, run_lease, state, attempt, finalized_at, errors, progress, wide,
+                            kind, queue, priority, args, metadata, tags, max_attempts, run_at, created_at, unique_key, unique_states)
+      VALUES (v_ring.slot, v_ring.generation, v_def.job_id, v_def.run_lease, 'cancelled', v_def.attempt, now(),
+              append_error(v_def.errors, jsonb_build_object('error', 'cancelled: superseded by duplicate ' || v_holder,
+                                                            'attempt', v_def.attempt, 'at', now())),
+              v_def.progress, true, v_def.kind, v_def.queue, v_def.priority, v_def.args, v_def.metadata, v_def.tags,
+              v_def.max_attempts, v_def.run_at, v_def.created_at, v_def.unique_key, v_def.unique_states);
+      v_ids := array_remove(v_ids, v_row.job_id);
+    END IF;
+  END LOOP;
+  IF cardinality(v_ids) = 0 THEN
+    RETURN v_moved;
+  END IF;
   SELECT o_generation AS generation, o_slot AS slot INTO v_ring FROM lock_current_slot('ready');
   SELECT array_agg(v ORDER BY v) INTO v_pos FROM (SELECT nextval('lane_seq') AS v FROM generate_series(1, cardinality(v_ids))) s;
 
@@ -547,7 +646,7 @@ BEGIN
   )
   SELECT array_agg(DISTINCT ins.queue) INTO v_q FROM ins;
   PERFORM pg_notify('awa_wake_:AWA_SCHEMA', q) FROM unnest(v_q) AS q;
-  RETURN cardinality(v_ids);
+  RETURN v_moved;
 END
 $$;
 
@@ -564,7 +663,7 @@ DECLARE
   v_next int;
   v_rotated_at timestamptz;
 BEGIN
-  -- READ COMMITTED only (0019, docs/adr/0015-server-defaults.md)
+  -- READ COMMITTED only (0021, docs/adr/0017-server-defaults.md)
   IF current_setting('transaction_isolation') <> 'read committed' THEN
     RAISE EXCEPTION 'rotate needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
       USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
@@ -620,7 +719,7 @@ DECLARE
   v_cur record;
   v_rows bigint;
 BEGIN
-  -- READ COMMITTED only (0019, docs/adr/0015-server-defaults.md)
+  -- READ COMMITTED only (0021, docs/adr/0017-server-defaults.md)
   IF current_setting('transaction_isolation') <> 'read committed' THEN
     RAISE EXCEPTION 'rotate_queue_when_due needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
       USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
@@ -667,7 +766,7 @@ DECLARE
   v_saved_timeout text := current_setting('lock_timeout');
   v_saved_nestloop text := current_setting('enable_nestloop');
 BEGIN
-  -- READ COMMITTED only (0019, docs/adr/0015-server-defaults.md)
+  -- READ COMMITTED only (0021, docs/adr/0017-server-defaults.md)
   IF current_setting('transaction_isolation') <> 'read committed' THEN
     RAISE EXCEPTION 'prune_queue needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
       USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
@@ -865,7 +964,7 @@ DECLARE
   v_old bigint;
   v_slot int;
 BEGIN
-  -- READ COMMITTED only (0019, docs/adr/0015-server-defaults.md)
+  -- READ COMMITTED only (0021, docs/adr/0017-server-defaults.md)
   IF current_setting('transaction_isolation') <> 'read committed' THEN
     RAISE EXCEPTION 'prune_queue needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
       USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
@@ -914,7 +1013,7 @@ DECLARE
   v_keys jsonb;
   v_saved_timeout text := current_setting('lock_timeout');
 BEGIN
-  -- READ COMMITTED only (0019, docs/adr/0015-server-defaults.md)
+  -- READ COMMITTED only (0021, docs/adr/0017-server-defaults.md)
   IF current_setting('transaction_isolation') <> 'read committed' THEN
     RAISE EXCEPTION 'prune_history needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
       USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
@@ -979,7 +1078,7 @@ DECLARE
   v_prunes int;
   v_copies int;
 BEGIN
-  -- READ COMMITTED only (0019, docs/adr/0015-server-defaults.md)
+  -- READ COMMITTED only (0021, docs/adr/0017-server-defaults.md)
   IF current_setting('transaction_isolation') <> 'read committed' THEN
     RAISE EXCEPTION 'trim_ledgers needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
       USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
@@ -1051,7 +1150,7 @@ END
 $$;
 
 -- ---------------------------------------------------------------------------------------------
--- cancel_job: as 0003, READ COMMITTED only.
+-- cancel_job: as 0019, READ COMMITTED only.
 CREATE OR REPLACE FUNCTION :AWA_SCHEMA.cancel_job(p_job_id bigint, p_reason text)
 RETURNS text
 LANGUAGE plpgsql
@@ -1065,13 +1164,13 @@ DECLARE
   v_try int;
   v_state text;
 BEGIN
-  -- READ COMMITTED only (0019, docs/adr/0015-server-defaults.md)
+  -- READ COMMITTED only (0021, docs/adr/0017-server-defaults.md)
   IF current_setting('transaction_isolation') <> 'read committed' THEN
     RAISE EXCEPTION 'cancel_job needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
       USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
   END IF;
   PERFORM pg_advisory_xact_lock(lock_ns('job'), hashint8(p_job_id));
-  FOR v_try IN 1 .. 5 LOOP
+  FOR v_try IN 1 .. 100 LOOP
     SELECT * INTO v_job FROM jobs j WHERE j.job_id = p_job_id;
     IF NOT FOUND THEN
       RETURN NULL;
@@ -1113,7 +1212,7 @@ BEGIN
       IF FOUND THEN
         PERFORM pg_advisory_xact_lock(lock_ns('claim'), lane_key(v_row.queue, v_row.priority, v_row.shard));
         -- new statement after the claim lock: sees any claim that committed before we got it
-        -- (0019: and not tombstoned meanwhile by drain_queue_batch, which takes no per-job lock)
+        -- (0021: and not tombstoned meanwhile by drain_queue_batch, which takes no per-job lock)
         IF v_row.lane_seq >= lane_cursor(v_row.queue, v_row.priority, v_row.shard)
            AND NOT EXISTS (SELECT 1 FROM ready_tombstones t
                            WHERE t.queue = v_row.queue AND t.priority = v_row.priority AND t.shard = v_row.shard
@@ -1148,7 +1247,7 @@ SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
 DECLARE
   v_job_id bigint;
 BEGIN
-  -- READ COMMITTED only (0019, docs/adr/0015-server-defaults.md)
+  -- READ COMMITTED only (0021, docs/adr/0017-server-defaults.md)
   IF current_setting('transaction_isolation') <> 'read committed' THEN
     RAISE EXCEPTION 'cancel_by_unique_key needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
       USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
@@ -1165,7 +1264,7 @@ END
 $$;
 
 -- ---------------------------------------------------------------------------------------------
--- retry_job: as 0003, READ COMMITTED only.
+-- retry_job: as 0019, READ COMMITTED only.
 CREATE OR REPLACE FUNCTION :AWA_SCHEMA.retry_job(p_job_id bigint)
 RETURNS text
 LANGUAGE plpgsql
@@ -1178,7 +1277,7 @@ DECLARE
   v_ring record;
   v_holder bigint;
 BEGIN
-  -- READ COMMITTED only (0019, docs/adr/0015-server-defaults.md)
+  -- READ COMMITTED only (0021, docs/adr/0017-server-defaults.md)
   IF current_setting('transaction_isolation') <> 'read committed' THEN
     RAISE EXCEPTION 'retry_job needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
       USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
@@ -1187,6 +1286,10 @@ BEGIN
   SELECT * INTO v_job FROM jobs j WHERE j.job_id = p_job_id;
   IF NOT FOUND THEN
     RETURN NULL;
+  END IF;
+  IF v_job.dlq_reason IS NOT NULL THEN
+    -- the newest representation is the DLQ row: move it out, never copy it beside the entry
+    RETURN retry_from_dlq(p_job_id, NULL, NULL, NULL);
   END IF;
   IF v_job.state NOT IN ('failed', 'cancelled') THEN
     RETURN v_job.state;
@@ -1198,6 +1301,7 @@ BEGIN
     UNION ALL
     SELECT h.unique_key, h.unique_states, h.run_lease, h.finalized_at FROM history h WHERE h.job_id = p_job_id
   ) x ORDER BY x.run_lease DESC, x.finalized_at DESC LIMIT 1;
+  PERFORM pg_advisory_xact_lock(lock_ns('enqueue'), lane_key(v_job.queue, v_job.priority, 0));
   IF v_key.unique_key IS NOT NULL AND (v_key.unique_states & state_bit('available')) <> 0 THEN
     INSERT INTO unique_claims (unique_key, job_id) VALUES (v_key.unique_key, p_job_id) ON CONFLICT DO NOTHING;
     SELECT u.job_id INTO v_holder FROM unique_claims u WHERE u.unique_key = v_key.unique_key;
@@ -1206,7 +1310,6 @@ BEGIN
         USING ERRCODE = 'AWU01', DETAIL = encode(v_key.unique_key, 'hex'), HINT = v_holder::text;
     END IF;
   END IF;
-  PERFORM pg_advisory_xact_lock(lock_ns('enqueue'), lane_key(v_job.queue, v_job.priority, 0));
   INSERT INTO lanes (queue, priority, shard) VALUES (v_job.queue, v_job.priority, 0) ON CONFLICT DO NOTHING;
   SELECT o_generation AS generation, o_slot AS slot INTO v_ring FROM lock_current_slot('ready');
   INSERT INTO ready (slot, generation, job_id, kind, queue, priority, shard, lane_seq, args, metadata, tags,
@@ -1220,17 +1323,19 @@ END
 $$;
 
 -- ---------------------------------------------------------------------------------------------
--- retry_job_or_dlq: as 0006, READ COMMITTED only.
+-- retry_job_or_dlq: as 0019, READ COMMITTED only.
 CREATE OR REPLACE FUNCTION :AWA_SCHEMA.retry_job_or_dlq(p_job_id bigint)
 RETURNS text
 LANGUAGE plpgsql
 SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
 BEGIN
-  -- READ COMMITTED only (0019, docs/adr/0015-server-defaults.md)
+  -- READ COMMITTED only (0021, docs/adr/0017-server-defaults.md)
   IF current_setting('transaction_isolation') <> 'read committed' THEN
     RAISE EXCEPTION 'retry_job_or_dlq needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
       USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
   END IF;
+  PERFORM pg_advisory_xact_lock(lock_ns('job'), hashint8(p_job_id));
+  -- a new statement after the lock: a move to the DLQ that committed before it is seen
   IF EXISTS (SELECT 1 FROM dlq d WHERE d.job_id = p_job_id) THEN
     RETURN retry_from_dlq(p_job_id, NULL, NULL, NULL);
   END IF;
@@ -1239,7 +1344,7 @@ END
 $$;
 
 -- ---------------------------------------------------------------------------------------------
--- retry_from_dlq: as 0006, READ COMMITTED only.
+-- retry_from_dlq: as 0019, READ COMMITTED only.
 CREATE OR REPLACE FUNCTION :AWA_SCHEMA.retry_from_dlq(p_job_id bigint, p_queue text, p_priority int, p_run_at timestamptz)
 RETURNS text
 LANGUAGE plpgsql
@@ -1255,7 +1360,7 @@ DECLARE
   v_holder bigint;
   v_ring record;
 BEGIN
-  -- READ COMMITTED only (0019, docs/adr/0015-server-defaults.md)
+  -- READ COMMITTED only (0021, docs/adr/0017-server-defaults.md)
   IF current_setting('transaction_isolation') <> 'read committed' THEN
     RAISE EXCEPTION 'retry_from_dlq needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
       USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
@@ -1269,6 +1374,9 @@ BEGIN
   v_priority := coalesce(p_priority, v_row.priority);
   v_run_at := coalesce(p_run_at, v_now);
   v_state := CASE WHEN v_run_at > v_now THEN 'scheduled' ELSE 'available' END;
+  IF v_state = 'available' THEN
+    PERFORM pg_advisory_xact_lock(lock_ns('enqueue'), lane_key(v_queue, v_priority, 0));
+  END IF;
   IF v_row.unique_key IS NOT NULL AND (v_row.unique_states & state_bit(v_state)) <> 0 THEN
     INSERT INTO unique_claims (unique_key, job_id) VALUES (v_row.unique_key, p_job_id) ON CONFLICT DO NOTHING;
     SELECT u.job_id INTO v_holder FROM unique_claims u WHERE u.unique_key = v_row.unique_key;
@@ -1285,7 +1393,6 @@ BEGIN
             v_row.unique_key, v_row.unique_states);
     RETURN v_state;
   END IF;
-  PERFORM pg_advisory_xact_lock(lock_ns('enqueue'), lane_key(v_queue, v_priority, 0));
   INSERT INTO lanes (queue, priority, shard) VALUES (v_queue, v_priority, 0) ON CONFLICT DO NOTHING;
   SELECT o_generation AS generation, o_slot AS slot INTO v_ring FROM lock_current_slot('ready');
   INSERT INTO ready (slot, generation, job_id, kind, queue, priority, shard, lane_seq, args, metadata, tags,
@@ -1308,7 +1415,7 @@ SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
 DECLARE
   v_count int;
 BEGIN
-  -- READ COMMITTED only (0019, docs/adr/0015-server-defaults.md)
+  -- READ COMMITTED only (0021, docs/adr/0017-server-defaults.md)
   IF current_setting('transaction_isolation') <> 'read committed' THEN
     RAISE EXCEPTION 'cleanup_dlq needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
       USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
@@ -1340,7 +1447,7 @@ DECLARE
   v_job_id bigint;
   v_state text;
 BEGIN
-  -- READ COMMITTED only (0019, docs/adr/0015-server-defaults.md)
+  -- READ COMMITTED only (0021, docs/adr/0017-server-defaults.md)
   IF current_setting('transaction_isolation') <> 'read committed' THEN
     RAISE EXCEPTION 'cron_fire needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
       USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
@@ -1389,7 +1496,7 @@ DECLARE
   v_job_id bigint;
   v_state text;
 BEGIN
-  -- READ COMMITTED only (0019, docs/adr/0015-server-defaults.md)
+  -- READ COMMITTED only (0021, docs/adr/0017-server-defaults.md)
   IF current_setting('transaction_isolation') <> 'read committed' THEN
     RAISE EXCEPTION 'cron_trigger needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
       USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
@@ -1409,6 +1516,7 @@ BEGIN
   RETURN QUERY SELECT v_job_id, v_state;
 END
 $$;
+
 
 -- ---------------------------------------------------------------------------------------------
 -- drain_queue_batch(queue, reason, limit, max_job_id) -> how many jobs it cancelled (≤ limit)
@@ -1441,7 +1549,7 @@ DECLARE
   v_lo2 int;
   v_hi2 int;
 BEGIN
-  -- READ COMMITTED only (0019, docs/adr/0015-server-defaults.md)
+  -- READ COMMITTED only (0021, docs/adr/0017-server-defaults.md)
   IF current_setting('transaction_isolation') <> 'read committed' THEN
     RAISE EXCEPTION 'drain_queue_batch needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
       USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
@@ -1579,7 +1687,7 @@ DECLARE
   v_pos bigint[];
   v_queues text[];
 BEGIN
-  -- READ COMMITTED only (0019, docs/adr/0015-server-defaults.md)
+  -- READ COMMITTED only (0021, docs/adr/0017-server-defaults.md)
   IF current_setting('transaction_isolation') <> 'read committed' THEN
     RAISE EXCEPTION 'dlq_retry_batch needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
       USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
@@ -1653,7 +1761,7 @@ CREATE FUNCTION :AWA_SCHEMA.dlq_purge_batch(p_queue text, p_kind text, p_tag tex
 LANGUAGE plpgsql SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
 #variable_conflict use_column
 BEGIN
-  -- READ COMMITTED only (0019, docs/adr/0015-server-defaults.md)
+  -- READ COMMITTED only (0021, docs/adr/0017-server-defaults.md)
   IF current_setting('transaction_isolation') <> 'read committed' THEN
     RAISE EXCEPTION 'dlq_purge_batch needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
       USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
