@@ -23,6 +23,9 @@ const withAwa = <A, E>(
 ) =>
   Effect.flatMap(TestDatabase.acquire(), ({ url }) =>
     body.pipe(
+      // the body's scope (its workers) closes before the pool: a failing test stops its worker
+      // instead of leaving it claiming on a closed pool until the test's timeout
+      Effect.scoped,
       Effect.provide(
         Awa.layerPg().pipe(Layer.provideMerge(PgClient.layer({ url: Redacted.make(url), maxConnections: 6 })))
       )
@@ -47,7 +50,8 @@ describe("mandatory end-to-end behaviour on Postgres", () => {
           const client = yield* AwaClient
           let inserted = 0
           let completed = 0
-          const ran = yield* Deferred.make<void>()
+          // when the priority-4 job started, and how much priority-1 work was then not yet done
+          const ran = yield* Deferred.make<{ readonly startedAt: number; readonly waiting: number }>()
           const stop = yield* startWorker({
             queues: {
               starve: {
@@ -67,7 +71,12 @@ describe("mandatory end-to-end behaviour on Postgres", () => {
                   )
                 )
               ),
-              handler(Report, () => Effect.asVoid(Deferred.succeed(ran, undefined)))
+              handler(Report, () =>
+                Effect.flatMap(Clock.currentTimeMillis, (startedAt) =>
+                  // at most maxConcurrency (2) of the not-yet-completed are running
+                  Deferred.succeed(ran, { startedAt, waiting: inserted - completed - 2 })
+                ).pipe(Effect.asVoid)
+              )
             ],
             maintenance: false
           })
@@ -92,14 +101,23 @@ describe("mandatory end-to-end behaviour on Postgres", () => {
             30_000,
             "the stream is flowing"
           )
+          // Before the insert: the span from here to the handler's start holds the span the
+          // database measured, from the job's run_at to the claim (a span: any clock offset cancels).
+          const insertedAt = yield* Clock.currentTimeMillis
           yield* client.insert(Report, {}, { priority: 4 })
           // Without aging it would wait for the stream to stop; with it, it runs while it flows.
-          yield* Deferred.await(ran).pipe(
+          const at = yield* Deferred.await(ran).pipe(
             Effect.timeoutOrElse({
               duration: "60 seconds",
               orElse: () => Effect.die(new Error("the priority-4 job starved"))
             })
           )
+          // It ran because it aged, not because the stream ran dry or priority was ignored: it
+          // waited the three intervals that take priority 4 to 1 (tied with the stream, the
+          // older head goes first), and priority-1 work was still waiting when it was claimed.
+          // (10 ms of slack for millisecond rounding)
+          assert.isAtLeast(at.startedAt - insertedAt, 2_990, "claimed only once aged three intervals")
+          assert.isAtLeast(at.waiting, 100, "priority-1 work was waiting when it was claimed")
           yield* Fiber.interrupt(stream)
           yield* stop
         })
