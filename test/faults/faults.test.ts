@@ -459,7 +459,9 @@ describe("faults: worker processes", () => {
           )
           assert.isAbove(rescued.length, 0, "the old leader's attempts were rescued")
           assert.isAbove(lags.length, 50, "jobs came due after the takeover")
-          assert.isAtMost(maxLag, 1000, "promotion keeps up under the new leader")
+          // promotion every 50 ms; the rest of the bound is a loaded 2-core machine running the
+          // other test files beside this one (1.3-1.6 s seen there)
+          assert.isAtMost(maxLag, 2500, "promotion keeps up under the new leader")
           for (const a of rescued) assert.strictEqual(a.state, "completed")
           assert.strictEqual(survivors.filter(isLeader).length, 1, "exactly one leader")
         })
@@ -487,7 +489,7 @@ describe("faults: worker processes", () => {
             workerConfig("e1", queues, hb),
             workerConfig("e2", queues, hb),
             {
-              ...workerConfig("p1", { promise: { maxConcurrency: 10, deadline: 1000 } }, hb),
+              ...workerConfig("p1", { promise: { maxConcurrency: 10, deadline: 3000 } }, hb),
               facade: "promise"
             }
           ])
@@ -546,7 +548,9 @@ describe("faults: worker processes", () => {
           add(yield* client.insertMany(Jobs.PromiseRejects, n3, { ...qp, maxAttempts: 2 }))
           add(yield* client.insertMany(Jobs.PromiseThrowsSync, n3, { ...qp, maxAttempts: 2 }))
           add(yield* client.insertMany(Jobs.PromiseTerminal, n3, qp))
-          add(yield* client.insertMany(Jobs.PromiseIgnoresAbort, [{ ms: 3000 }, { ms: 3000 }], qp))
+          // past the promise queue's 3 s deadline (which is roomy so that a loaded machine does not cut
+          // short the promise handlers that only record and throw)
+          add(yield* client.insertMany(Jobs.PromiseIgnoresAbort, [{ ms: 6000 }, { ms: 6000 }], qp))
           const pOk = add(
             yield* client.insertMany(
               Jobs.PromiseOk,
