@@ -92,9 +92,10 @@ export interface MaintenanceOptions {
 
 export interface WatchdogOptions {
   /**
-   * Heartbeats from a thread of their own (default true; used when the storage layers provide
-   * `Heartbeats`, as `Awa.layerPg` does). `false`: heartbeats on the event loop, which a
-   * handler blocking it longer than `heartbeatStaleness` turns into a false rescue.
+   * Heartbeats from a thread of their own (used when the storage layers provide `Heartbeats`, as
+   * `Awa.layerPg` does), so a handler blocking the event loop longer than `heartbeatStaleness`
+   * does not get this process's attempts rescued. Default false for now: the thread's single
+   * connection recovers more slowly than the pool when connections are terminated (ADR 0019).
    */
   readonly thread?: boolean | undefined
   /** Event-loop delay that logs a stall warning. Default 1 s. */
@@ -456,7 +457,7 @@ export const resolveConfig = <R>(options: WorkerOptions<R>) =>
       shutdownTimeoutMs,
       stallWarningMs,
       maxStallMs,
-      heartbeatThread: options.watchdog?.thread ?? true,
+      heartbeatThread: options.watchdog?.thread ?? false,
       maxProgressBytes,
       cron
     }

@@ -115,7 +115,7 @@ const crunchOnce = (watchdog: WorkerOptions<never>["watchdog"]) =>
 describe("heartbeats while a handler blocks the event loop", () => {
   it.live(`an attempt blocking the loop for 3× the staleness is not rescued and runs once`, () =>
     Effect.gen(function* () {
-      const { runs, rescued, view } = yield* crunchOnce(undefined)
+      const { runs, rescued, view } = yield* crunchOnce({ thread: true })
       assert.deepStrictEqual(rescued, [], "the rescuer found no stale attempt")
       assert.deepStrictEqual(runs, [1])
       assert.deepStrictEqual([view.state, view.attempt, view.errors], ["completed", 1, []])
@@ -124,7 +124,7 @@ describe("heartbeats while a handler blocks the event loop", () => {
 
   it.live("past watchdog.maxStall the thread stops vouching, and the attempt is rescued", () =>
     Effect.gen(function* () {
-      const { runs, rescued, view } = yield* crunchOnce({ maxStall: "1 second" })
+      const { runs, rescued, view } = yield* crunchOnce({ thread: true, maxStall: "1 second" })
       assert.deepStrictEqual(rescued, [String(view.id)])
       assert.deepStrictEqual(runs, [1, 2])
       assert.deepStrictEqual([view.state, view.attempt], ["completed", 2])
