@@ -7,26 +7,13 @@
 import { Job, Traceparent, ValidationError } from "@awa/core"
 import { TestDatabase } from "@awa/testing"
 import { assert, describe, it } from "@effect/vitest"
-import { Effect, Layer, Option, Schema, Tracer } from "effect"
+import { Effect, Layer, Option, Schema, type Tracer } from "effect"
 import * as Awa from "../src/Awa.ts"
 import { AwaClient } from "../src/AwaClient.ts"
 import { handler } from "../src/Handler.ts"
-import { eventually } from "./support.ts"
+import { eventually, recordingTracer } from "./support.ts"
 
 const Idle = Job.define({ kind: "idle_tick", args: Schema.Struct({ n: Schema.Number }), queue: "idle" })
-
-/** Records every span it creates, like an in-memory exporter. */
-const recordingTracer = () => {
-  const spans: Array<Tracer.NativeSpan> = []
-  const tracer = Tracer.make({
-    span: (options) => {
-      const span = new Tracer.NativeSpan(options)
-      spans.push(span)
-      return span
-    }
-  })
-  return { spans, tracer }
-}
 
 const isRoot = (span: Tracer.NativeSpan) => Option.isNone(span.parent)
 

@@ -1,11 +1,11 @@
 import { Job, Traceparent } from "@awa/core"
 import { TestDatabase } from "@awa/testing"
 import { assert, describe, it } from "@effect/vitest"
-import { Effect, Layer, Option, Schema, Tracer } from "effect"
+import { Effect, Layer, Option, Schema } from "effect"
 import * as Awa from "../src/Awa.ts"
 import { AwaClient } from "../src/AwaClient.ts"
 import { handler } from "../src/Handler.ts"
-import { eventually } from "./support.ts"
+import { eventually, recordingTracer } from "./support.ts"
 
 const Traced = Job.define({
   kind: "traced",
@@ -13,19 +13,6 @@ const Traced = Job.define({
   queue: "traces",
   backoff: () => 0
 })
-
-/** Records every span it creates, like an in-memory exporter. */
-const recordingTracer = () => {
-  const spans: Array<Tracer.NativeSpan> = []
-  const tracer = Tracer.make({
-    span: (options) => {
-      const span = new Tracer.NativeSpan(options)
-      spans.push(span)
-      return span
-    }
-  })
-  return { spans, tracer }
-}
 
 const AwaLive = Awa.layerPg().pipe(Layer.provideMerge(TestDatabase.layer()))
 

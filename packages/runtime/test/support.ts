@@ -1,5 +1,5 @@
 /** Helpers shared by the runtime tests. */
-import { Effect, Schedule } from "effect"
+import { Effect, Schedule, Tracer } from "effect"
 
 /** Re-runs `check` until it returns true, or fails after `timeoutMs` (real time). */
 export const eventually = <E, R>(
@@ -15,3 +15,16 @@ export const eventually = <E, R>(
       orElse: () => Effect.die(new Error(`${label} did not hold within ${timeoutMs} ms`))
     })
   )
+
+/** A tracer that records every span it creates, like an in-memory exporter. */
+export const recordingTracer = () => {
+  const spans: Array<Tracer.NativeSpan> = []
+  const tracer = Tracer.make({
+    span: (options) => {
+      const span = new Tracer.NativeSpan(options)
+      spans.push(span)
+      return span
+    }
+  })
+  return { spans, tracer }
+}

@@ -3,53 +3,27 @@
  * unique keys released after the truncate rather than under its exclusive lock, cancel of a
  * parked job, and promotion past a lane whose producer holds its enqueue lock.
  */
-import { TestDatabase } from "@awa/testing"
-import { PgClient } from "@effect/sql-pg"
 import { assert, describe, it } from "@effect/vitest"
-import { Deferred, Effect, Fiber, Layer, Redacted } from "effect"
+import { Deferred, Effect, Fiber } from "effect"
 import { SqlClient } from "effect/sql"
-import { type PgQueueStorageOptions, layer as pgLayer } from "../src/PgQueueStorage.ts"
 import { QueueStorage } from "../src/QueueStorage.ts"
-import { claimOf, completeAll, fresh, keepNothing } from "./pgFixtures.ts"
+import {
+  claimOf,
+  completeAll,
+  eagerStorage,
+  fresh,
+  holdOpenUntil,
+  keepNothing,
+  withEagerDatabase
+} from "./pgFixtures.ts"
 
 const job = (queue: string, n: number) => ({ kind: "paths", queue, args: { n } })
-
-const client = (url: string, maxConnections: number, options: PgQueueStorageOptions = {}) =>
-  pgLayer({ rotateMinRows: 1, pruneCarryAfterMs: 0, ...options }).pipe(
-    Layer.provideMerge(PgClient.layer({ url: Redacted.make(url), maxConnections }))
-  )
-
-const withDatabase = <A, E>(
-  options: PgQueueStorageOptions,
-  body: (url: string) => Effect.Effect<A, E, QueueStorage | SqlClient.SqlClient>
-) =>
-  Effect.flatMap(TestDatabase.acquire(), ({ url }) => body(url).pipe(Effect.provide(client(url, 3, options))))
-
-/**
- * Runs `statement` in a transaction on its own connection and keeps it open until `release`
- * completes; returns once the statement has run (its locks are held from then on).
- */
-const holdUntil = (url: string, statement: string, release: Deferred.Deferred<void>) =>
-  Effect.gen(function* () {
-    const started = yield* Deferred.make<void>()
-    const fiber = yield* Effect.gen(function* () {
-      const c = yield* SqlClient.SqlClient
-      yield* c.withTransaction(
-        Effect.andThen(
-          c.unsafe(statement),
-          Effect.andThen(Deferred.succeed(started, undefined), Deferred.await(release))
-        )
-      )
-    }).pipe(Effect.provide(client(url, 1), { local: true }), Effect.forkChild({ startImmediately: true }))
-    yield* Deferred.await(started)
-    return fiber
-  })
 
 describe("reclamation liveness: paths", () => {
   // Review M6: release_keys_of ran under prune's exclusive lock, so anything that held it up (here
   // a session holding the key's row) held every reader of the ring behind the prune.
   it.live("unique keys are released after the truncate commits, not under the exclusive lock", () =>
-    withDatabase({}, (url) =>
+    withEagerDatabase({}, (url) =>
       Effect.gen(function* () {
         const storage = yield* QueueStorage
         const sql = yield* SqlClient.SqlClient
@@ -59,9 +33,9 @@ describe("reclamation liveness: paths", () => {
         yield* completeAll(yield* storage.claim(claimOf(q, 1)))
         assert.strictEqual(yield* storage.rotate, "Rotated")
         const release = yield* Deferred.make<void>()
-        const holder = yield* holdUntil(url, "SELECT 1 FROM awa.unique_claims FOR UPDATE", release)
+        const holder = yield* holdOpenUntil(url, "SELECT 1 FROM awa.unique_claims FOR UPDATE", release)
         const pruning = yield* Effect.flatMap(QueueStorage, (s) => s.prune(keepNothing)).pipe(
-          Effect.provide(client(url, 1), { local: true }),
+          Effect.provide(eagerStorage(url, 1), { local: true }),
           Effect.forkChild({ startImmediately: true })
         )
         // the key release is waiting for the row
@@ -81,7 +55,7 @@ describe("reclamation liveness: paths", () => {
               c<{ n: number }>`SELECT count(*)::int AS n FROM awa.claims`
             )
           )
-        }).pipe(Effect.provide(client(url, 1), { local: true }), Effect.result)
+        }).pipe(Effect.provide(eagerStorage(url, 1), { local: true }), Effect.result)
         assert.strictEqual(read._tag, "Success", "a ring read during the key release")
         yield* Deferred.succeed(release, undefined)
         yield* Fiber.join(holder)
@@ -96,7 +70,7 @@ describe("reclamation liveness: paths", () => {
   )
 
   it.live("a parked job can be cancelled; the rest of its lane runs in order once resumed", () =>
-    withDatabase({ pruneCarryRows: 4 }, () =>
+    withEagerDatabase({ pruneCarryRows: 4 }, () =>
       Effect.gen(function* () {
         const storage = yield* QueueStorage
         const sql = yield* SqlClient.SqlClient
@@ -134,7 +108,7 @@ describe("reclamation liveness: paths", () => {
   // Review m5: promote took its lanes from the first `limit` due rows only; when all of them
   // belonged to a lane whose producer held the enqueue lock, nothing was promoted at all.
   it.live("promotion is not held up by a busy lane's earlier due rows", () =>
-    withDatabase({}, (url) =>
+    withEagerDatabase({}, (url) =>
       Effect.gen(function* () {
         const storage = yield* QueueStorage
         const sql = yield* SqlClient.SqlClient
@@ -150,7 +124,7 @@ describe("reclamation liveness: paths", () => {
           priority: number
         }>`SELECT DISTINCT priority FROM awa.deferred WHERE queue = ${busy}`
         const release = yield* Deferred.make<void>()
-        const producer = yield* holdUntil(
+        const producer = yield* holdOpenUntil(
           url,
           `SELECT pg_advisory_xact_lock(awa.lock_ns('enqueue'), awa.lane_key('${busy}', ${lane!.priority}, 0))`,
           release
@@ -166,7 +140,7 @@ describe("reclamation liveness: paths", () => {
   // Park ahead (0021) leaves a "moved" tombstone in the old slot until that slot is truncated, and
   // tombstones match by lane position: a parked row brought back before then would be skipped.
   it.live("a row parked ahead stays parked until its old slot is truncated, then runs in order", () =>
-    withDatabase({ pruneCarryRows: 4 }, (url) =>
+    withEagerDatabase({ pruneCarryRows: 4 }, (url) =>
       Effect.gen(function* () {
         const storage = yield* QueueStorage
         const sql = yield* SqlClient.SqlClient
@@ -181,7 +155,7 @@ describe("reclamation liveness: paths", () => {
         )
         // a reader of the ring keeps the exclusive lock out: the residue is parked ahead, committed
         const release = yield* Deferred.make<void>()
-        const reader = yield* holdUntil(url, "SELECT count(*) FROM awa.claims", release)
+        const reader = yield* holdOpenUntil(url, "SELECT count(*) FROM awa.claims", release)
         assert.deepStrictEqual(yield* storage.prune(keepNothing), { _tag: "Blocked", reason: "lock" })
         const parked = yield* parkedRows
         assert.isAbove(parked, 0, "parked ahead")

@@ -5,28 +5,13 @@
  * lane order afterwards; and prune gets its lock against readers that never all let go at once
  * and against a session idle in transaction.
  */
-import { TestDatabase } from "@awa/testing"
-import { PgClient } from "@effect/sql-pg"
 import { assert, describe, it } from "@effect/vitest"
-import { Deferred, Effect, Fiber, Layer, Redacted } from "effect"
+import { Deferred, Effect, Fiber } from "effect"
 import { SqlClient } from "effect/sql"
-import { type PgQueueStorageOptions, layer as pgLayer } from "../src/PgQueueStorage.ts"
 import { type PruneOutcome, QueueStorage } from "../src/QueueStorage.ts"
-import { claimOf, completeAll, fresh, keepAll } from "./pgFixtures.ts"
+import { claimOf, completeAll, eagerStorage, fresh, keepAll, withEagerDatabase } from "./pgFixtures.ts"
 
 const job = (queue: string, n: number) => ({ kind: "live", queue, args: { n } })
-
-/** Storage on its own pool of `url`, rotating whenever the slot has rows, carrying at once. */
-const client = (url: string, maxConnections: number, options: PgQueueStorageOptions = {}) =>
-  pgLayer({ rotateMinRows: 1, pruneCarryAfterMs: 0, ...options }).pipe(
-    Layer.provideMerge(PgClient.layer({ url: Redacted.make(url), maxConnections }))
-  )
-
-const withDatabase = <A, E>(
-  options: PgQueueStorageOptions,
-  body: (url: string) => Effect.Effect<A, E, QueueStorage | SqlClient.SqlClient>
-) =>
-  Effect.flatMap(TestDatabase.acquire(), ({ url }) => body(url).pipe(Effect.provide(client(url, 3, options))))
 
 /** Rotate, then prune until a prune answers anything but `Pruned`; the outcomes. */
 const tick = Effect.gen(function* () {
@@ -78,7 +63,7 @@ describe("reclamation liveness", () => {
   it.live(
     "a paused queue, an unserved queue and a slow backlog do not stop rotation or prune; afterwards every held-up job runs once, in lane order",
     () =>
-      withDatabase({ pruneCarryRows: 20 }, () =>
+      withEagerDatabase({ pruneCarryRows: 20 }, () =>
         Effect.gen(function* () {
           const storage = yield* QueueStorage
           const sql = yield* SqlClient.SqlClient
@@ -196,7 +181,7 @@ describe("prune cannot starve", () => {
   it.live(
     "long readers that overlap starve the NOWAIT lock, not a queued one",
     () =>
-      withDatabase({}, (url) =>
+      withEagerDatabase({}, (url) =>
         Effect.gen(function* () {
           const storage = yield* QueueStorage
           yield* sealedSlot(20)
@@ -208,7 +193,7 @@ describe("prune cannot starve", () => {
               while (!(yield* Deferred.isDone(stop)))
                 yield* c.unsafe("SELECT count(*) FROM awa.jobs j CROSS JOIN pg_sleep(1.5) /* long reader */")
             }).pipe(
-              Effect.provide(client(url, 1), { local: true }),
+              Effect.provide(eagerStorage(url, 1), { local: true }),
               Effect.forkChild({ startImmediately: true })
             )
           const a = yield* reader("0 millis")
@@ -241,7 +226,7 @@ describe("prune cannot starve", () => {
   it.live(
     "a session idle in transaction that read jobs is ended by a forced prune, which then prunes",
     () =>
-      withDatabase({ pruneEndIdleBlockersAfterMs: 300 }, (url) =>
+      withEagerDatabase({ pruneEndIdleBlockersAfterMs: 300 }, (url) =>
         Effect.gen(function* () {
           const storage = yield* QueueStorage
           const sql = yield* SqlClient.SqlClient
@@ -256,7 +241,7 @@ describe("prune cannot starve", () => {
               )
             )
           }).pipe(
-            Effect.provide(client(url, 1), { local: true }),
+            Effect.provide(eagerStorage(url, 1), { local: true }),
             Effect.forkChild({ startImmediately: true })
           )
           yield* Deferred.await(read)
