@@ -756,6 +756,9 @@ DECLARE
   v_hi1 int;
   v_lo2 int;
   v_hi2 int;
+  v_got int; -- 0024: rows returned for the current lane, over its picks
+  v_keyed boolean; -- 0024: the last pick left out rows whose key is taken at claim
+  v_mark bigint; -- 0024: the lane's cursor after that pick
 BEGIN
   IF p_max <= 0 THEN
     RETURN;
@@ -830,6 +833,8 @@ BEGIN
           RETURN; -- still busy after 100 ms: report empty; the dispatcher polls again
         END;
       END IF;
+      v_got := 0; -- 0024
+      LOOP -- 0024: once more after a pick that superseded rows (see Keys at claim below)
       -- The cursor, in its own statement after the lane lock (see Guard and Mark slot above).
       -- ORDER BY … LIMIT 1 rather than max(): the same index scans, planned once instead of
       -- twice (max() is planned as an aggregate and as this query); re-planned after every
@@ -883,6 +888,7 @@ BEGIN
         SELECT p.slot, p.generation, p.job_id, p.run_lease + 1, p.attempt + 1, p.queue, p.priority, p.shard, p.lane_seq,
                v_now, v_deadline
         FROM picked p
+        WHERE p.unique_key IS NULL OR (p.unique_states & 6) <> 4 -- 0024: not a row whose key is taken at claim
       ),
       -- available -> running leaves a mask that holds 'available' but not 'running': the key goes
       -- (capabilities.md §4). Default masks hold both: the filter finds nothing.
@@ -894,11 +900,94 @@ BEGIN
       SELECT p.job_id, p.run_lease + 1, p.attempt + 1, p.max_attempts, p.kind, p.queue, p.priority, p.args, p.metadata,
              p.tags, p.errors, p.run_at, p.created_at, v_now, v_deadline, p.progress /* 0022 */
       FROM picked p
+      -- 0024: a row whose mask holds 'running' but not 'available' is left to the statement below;
+      -- set_config (evaluated only for such a row: OR stops at the first true arm) tells the loop.
+      WHERE p.unique_key IS NULL OR (p.unique_states & 6) <> 4
+         OR set_config('awa.claim_keyed', 'on', true) IS NULL -- 0024
       ORDER BY p.lane_seq;
       GET DIAGNOSTICS v_n = ROW_COUNT;
-      EXIT WHEN v_n = 0 AND v_pass = 2;
-      CONTINUE WHEN v_n = 0;
+      v_got := v_got + v_n; -- 0024
+      v_left := v_left - v_n; -- 0024 (was after the two tests below; v_n = 0 there)
+      v_keyed := current_setting('awa.claim_keyed', true) = 'on'; -- 0024
+      EXIT WHEN v_keyed IS NOT TRUE; -- 0024: every default-mask call leaves here
+      -- 0024: Keys at claim (capabilities.md §4, as the simulation). available -> running enters a
+      -- mask that holds 'running' but not 'available': the job takes its key. The pick above marked
+      -- these rows as claimed (its mark passes them) but wrote no claims row for them and did not
+      -- return them; this statement does, in lane order among them, under the same lane lock.
+      -- They are the lane's ready rows from the old cursor up to the new one, in the same slot
+      -- ranges, not tombstoned and with no claims row: no other row can be there (positions of a
+      -- lane commit in order under its enqueue lock, and no row is carried or unparked into the
+      -- lane while we hold its claim lock and ACCESS SHARE on the claim_marks children).
+      -- The first row per key inserts it (keys in key order: two such statements cannot deadlock
+      -- on each other's keys). A row whose key another job holds -- committed before, taken by an
+      -- earlier row here, or inserted by a claim of another lane that the insert waited for -- is
+      -- superseded: cancelled 'superseded by duplicate <holder>', a tombstone and a wide terminal
+      -- row in its ready row's slot (as cancel_job ends an available job), no attempt used.
+      -- DO UPDATE (a no-op write of the holder's key row, on this rare path only) returns the
+      -- holder even when it committed after this statement's snapshot, and keeps it from
+      -- releasing the key until we commit.
+      PERFORM set_config('awa.claim_keyed', '', true);
+      SELECT m.next_lane_seq INTO v_mark FROM claim_marks m
+      WHERE m.queue = p_queue AND m.priority = v_prios[v_k] AND m.shard = v_shards[v_k]
+      ORDER BY m.next_lane_seq DESC LIMIT 1;
+      RETURN QUERY
+      WITH keyed AS MATERIALIZED (
+        SELECT r.slot, r.generation, r.job_id, r.kind, r.queue, r.priority, r.shard, r.lane_seq, r.args, r.metadata,
+               r.tags, r.errors, r.attempt, r.run_lease, r.max_attempts, r.run_at, r.created_at, r.progress, r.unique_key,
+               r.unique_states
+        FROM ready r
+        WHERE r.queue = p_queue AND r.priority = v_prios[v_k] AND r.shard = v_shards[v_k]
+          AND r.lane_seq >= v_cursor AND r.lane_seq < v_mark
+          AND (r.slot BETWEEN v_lo1 AND v_hi1 OR r.slot BETWEEN v_lo2 AND v_hi2)
+          AND r.unique_key IS NOT NULL AND (r.unique_states & 6) = 4
+          AND NOT EXISTS (SELECT 1 FROM ready_tombstones t
+                          WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard AND t.lane_seq = r.lane_seq
+                            AND (t.slot BETWEEN v_lo1 AND v_hi1 OR t.slot BETWEEN v_lo2 AND v_hi2))
+          AND NOT EXISTS (SELECT 1 FROM claims c WHERE c.job_id = r.job_id AND c.lane_seq = r.lane_seq
+                            AND (c.slot BETWEEN v_lo1 AND v_hi1 OR c.slot BETWEEN v_lo2 AND v_hi2))
+      ),
+      took AS (
+        INSERT INTO unique_claims AS u (unique_key, job_id)
+        SELECT DISTINCT ON (k.unique_key) k.unique_key, k.job_id FROM keyed k ORDER BY k.unique_key, k.lane_seq
+        ON CONFLICT (unique_key) DO UPDATE SET job_id = u.job_id
+        RETURNING u.unique_key, u.job_id AS holder
+      ),
+      settled AS MATERIALIZED (
+        SELECT k.*, t.holder FROM keyed k JOIN took t ON t.unique_key = k.unique_key
+      ),
+      ins AS (
+        INSERT INTO claims (slot, generation, job_id, run_lease, attempt, queue, priority, shard, lane_seq, claimed_at, deadline_at)
+        SELECT s.slot, s.generation, s.job_id, s.run_lease + 1, s.attempt + 1, s.queue, s.priority, s.shard, s.lane_seq,
+               v_now, v_deadline
+        FROM settled s WHERE s.holder = s.job_id
+      ),
+      tomb AS (
+        INSERT INTO ready_tombstones (slot, generation, job_id, queue, priority, shard, lane_seq)
+        SELECT s.slot, s.generation, s.job_id, s.queue, s.priority, s.shard, s.lane_seq FROM settled s WHERE s.holder <> s.job_id
+      ),
+      ended AS (
+        INSERT INTO terminal (slot, generation, job_id, run_lease, state, attempt, finalized_at, errors, progress, wide,
+                              kind, queue, priority, args, metadata, tags, max_attempts, run_at, created_at, unique_key, unique_states)
+        SELECT s.slot, s.generation, s.job_id, s.run_lease, 'cancelled', s.attempt, v_now,
+               append_error(s.errors, jsonb_build_object('error', 'cancelled: superseded by duplicate ' || s.holder,
+                                                         'attempt', s.attempt, 'at', v_now)),
+               s.progress, true, s.kind, s.queue, s.priority, s.args, s.metadata, s.tags, s.max_attempts, s.run_at,
+               s.created_at, s.unique_key, s.unique_states
+        FROM settled s WHERE s.holder <> s.job_id
+      )
+      SELECT s.job_id, s.run_lease + 1, s.attempt + 1, s.max_attempts, s.kind, s.queue, s.priority, s.args, s.metadata,
+             s.tags, s.errors, s.run_at, s.created_at, v_now, v_deadline, s.progress
+      FROM settled s WHERE s.holder = s.job_id
+      ORDER BY s.lane_seq;
+      GET DIAGNOSTICS v_n = ROW_COUNT;
+      v_got := v_got + v_n;
       v_left := v_left - v_n;
+      -- Superseded rows used part of the pick's limit: pick again from this lane (a superseded
+      -- head must not make the call look empty; the simulation goes on down the lane).
+      EXIT WHEN v_left <= 0;
+      END LOOP; -- 0024
+      EXIT WHEN v_got = 0 AND v_pass = 2; -- 0024: v_got for v_n
+      CONTINUE WHEN v_got = 0; -- 0024: v_got for v_n
       -- pass 2 serves only the first lane it waited for, so the wait stays bounded
       EXIT WHEN v_pass = 2;
     END LOOP;

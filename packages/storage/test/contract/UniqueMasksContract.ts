@@ -2,8 +2,9 @@
  * Unique state masks and re-entry (capabilities.md §4; issue 14 property 3): the cases every
  * `QueueStorage` layer passes, run on Postgres by `PgQueueStorage.masks.test.ts` and on the
  * simulation by `SimQueueStorage.masks.test.ts`. A job holds its key exactly while its state is in
- * its mask; a job that re-enters its mask (retry, rescue, snooze, promotion) while a newer job
- * holds the key is cancelled with `superseded by duplicate <id>`.
+ * its mask; a job that re-enters its mask (retry, rescue, snooze, promotion, or a claim when the
+ * mask holds `running` but not `available`) while another job holds the key is cancelled with
+ * `superseded by duplicate <id>`.
  */
 import { randomUUID } from "node:crypto"
 import type { JobState, NewJob } from "@awa/core"
@@ -166,5 +167,117 @@ export const masksSuite = (it: Vitest.MethodsNonLive<QueueStorage>, { advance }:
       const [b] = yield* storage.enqueueMany([keyed(q, mask, { runAt: yield* later(dueIn) })])
       assert.strictEqual(b!.state, "scheduled")
     })
+  )
+  it.effect(
+    "mask with running but not available: the key is taken at claim; a duplicate reaching the head is superseded and the claim goes on down the lane",
+    () =>
+      Effect.gen(function* () {
+        const storage = yield* QueueStorage
+        const q = freshQueue("mask-claim")
+        const mask: Array<JobState> = ["scheduled", "running"]
+        // available is not in the mask: no key at enqueue, both are accepted
+        const [a] = yield* storage.enqueueMany([keyed(q, mask)])
+        const [b] = yield* storage.enqueueMany([keyed(q, mask)])
+        const [c] = yield* storage.enqueueMany([{ kind: "mask_job", queue: q, args: { n: 3 } }])
+        const [ca] = yield* storage.claim(claimOf(q, 1))
+        assert.strictEqual(ca!.jobId, a!.id)
+        // a runs holding its key: a scheduled duplicate (scheduled is in the mask) is refused
+        const refused = yield* Effect.flip(
+          storage.enqueueMany([keyed(q, mask, { runAt: yield* later(60_000) })])
+        )
+        assert.strictEqual(refused._tag, "UniqueConflict")
+        if (refused._tag === "UniqueConflict") assert.strictEqual(refused.existingJobId, a!.id)
+        // b reaches the head while a holds the key: superseded, and claim(1) returns the next job
+        const next = yield* storage.claim(claimOf(q, 1))
+        assert.deepStrictEqual(
+          next.map((x) => x.jobId),
+          [c!.id]
+        )
+        const vb = yield* storage.getJob(b!.id)
+        assert.strictEqual(vb.state, "cancelled")
+        assert.strictEqual(vb.attempt, 0)
+        assert.strictEqual(vb.errors.at(-1)!.error, `cancelled: superseded by duplicate ${a!.id}`)
+        assert.deepStrictEqual(yield* storage.claim(claimOf(q, 1)), [])
+        // a completes (completed is not in the mask): the key is free, the next duplicate runs
+        yield* storage.finalizeMany([
+          { jobId: ca!.jobId, runLease: ca!.runLease, outcome: { _tag: "Complete" } }
+        ])
+        const [d] = yield* storage.enqueueMany([keyed(q, mask)])
+        const [cd] = yield* storage.claim(claimOf(q, 1))
+        assert.strictEqual(cd!.jobId, d!.id)
+      })
+  )
+
+  it.effect(
+    "mask with running but not available: of two duplicates in one claim, the first in lane order runs",
+    () =>
+      Effect.gen(function* () {
+        const storage = yield* QueueStorage
+        const q = freshQueue("mask-claim-batch")
+        const mask: Array<JobState> = ["running"]
+        const [a] = yield* storage.enqueueMany([keyed(q, mask)])
+        const [b] = yield* storage.enqueueMany([keyed(q, mask)])
+        const [c] = yield* storage.enqueueMany([{ kind: "mask_job", queue: q, args: { n: 4 } }])
+        // (Postgres returns the rows that take their key at claim after the call's other rows)
+        const claimed = yield* storage.claim(claimOf(q, 10))
+        assert.sameMembers(
+          claimed.map((x) => x.jobId),
+          [a!.id, c!.id]
+        )
+        const vb = yield* storage.getJob(b!.id)
+        assert.strictEqual(vb.state, "cancelled")
+        assert.strictEqual(vb.errors.at(-1)!.error, `cancelled: superseded by duplicate ${a!.id}`)
+      })
+  )
+
+  it.effect(
+    "mask with running but not available: concurrent claimers of two queues' jobs with one key run one, supersede the other",
+    () =>
+      Effect.gen(function* () {
+        const storage = yield* QueueStorage
+        const qa = freshQueue("mask-claim-a")
+        const qb = freshQueue("mask-claim-b")
+        // byQueue is off: the same kind and args give both queues' jobs one key
+        const args = { key: `${qa}+${qb}` }
+        const job = (queue: string): NewJob => ({
+          kind: "mask_job",
+          queue,
+          args,
+          unique: { byArgs: true, states: ["running"] }
+        })
+        const [a] = yield* storage.enqueueMany([job(qa)])
+        const [b] = yield* storage.enqueueMany([job(qb)])
+        const [ra, rb] = yield* Effect.all([storage.claim(claimOf(qa, 1)), storage.claim(claimOf(qb, 1))], {
+          concurrency: 2
+        })
+        const ran = [...ra!, ...rb!].map((x) => x.jobId)
+        assert.strictEqual(ran.length, 1)
+        const winner = ran[0]!
+        const loser = winner === a!.id ? b!.id : a!.id
+        const vl = yield* storage.getJob(loser)
+        assert.strictEqual(vl.state, "cancelled")
+        assert.strictEqual(vl.errors.at(-1)!.error, `cancelled: superseded by duplicate ${winner}`)
+        assert.strictEqual((yield* storage.getJob(winner)).state, "running")
+      })
+  )
+  it.effect(
+    "one claim hands a key from a job leaving its mask (available only) to the next entering it (running only)",
+    () =>
+      Effect.gen(function* () {
+        const storage = yield* QueueStorage
+        const q = freshQueue("mask-claim-handover")
+        const [a] = yield* storage.enqueueMany([keyed(q, ["available"])])
+        // running is not in b's mask's initial state: accepted beside a, no key yet
+        const [b] = yield* storage.enqueueMany([keyed(q, ["running"])])
+        const claimed = yield* storage.claim(claimOf(q, 10))
+        assert.sameMembers(
+          claimed.map((x) => x.jobId),
+          [a!.id, b!.id]
+        )
+        // a released the key as it left available, b took it as it entered running
+        const conflict = yield* Effect.flip(storage.enqueueMany([keyed(q, ["available"])]))
+        assert.strictEqual(conflict._tag, "UniqueConflict")
+        if (conflict._tag === "UniqueConflict") assert.strictEqual(conflict.existingJobId, b!.id)
+      })
   )
 }
