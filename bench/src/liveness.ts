@@ -29,6 +29,7 @@ const busyJobs = Number(arg("busy", "200000"))
 const heldJobs = Number(arg("held", "1000"))
 const busyPerTick = Number(arg("busy-per-tick", "2000"))
 const slowPerTick = Number(arg("slow-per-tick", "200"))
+const drainBatch = Number(arg("drain-batch", "1000"))
 const retention = { completedMs: 86_400_000, failedMs: 259_200_000, cancelledMs: 259_200_000 }
 
 const job = (queue: string, n: number) => ({ kind: "liveness", queue, args: { n } })
@@ -124,21 +125,38 @@ const program = Effect.gen(function* () {
     // afterwards: resume and drain every held-up queue, checking lane order
     yield* storage.resumeQueue("paused")
     const t2 = now()
+    // where the drain's time goes, per call kind (ms)
+    const spent = { promote: 0, claim: 0, finalize: 0, rotate: 0, prune: 0 }
+    const timed = <A, E, R>(kind: keyof typeof spent, effect: Effect.Effect<A, E, R>) =>
+      Effect.gen(function* () {
+        const t = now()
+        const out = yield* effect
+        spent[kind] += now() - t
+        return out
+      })
+    let claimCalls = 0
     for (const q of ["paused", "unserved", "backlog"] as const) {
       for (let idle = 0; idle < 3; ) {
-        yield* storage.promoteDue(4096)
-        const b = yield* storage.claim({ queue: q, max: 1000, deadlineMs: 0, agingIntervalMs: 0 })
+        yield* timed("promote", storage.promoteDue(4096))
+        const b = yield* timed(
+          "claim",
+          storage.claim({ queue: q, max: drainBatch, deadlineMs: 0, agingIntervalMs: 0 })
+        )
+        claimCalls++
         if (b.length === 0) {
           idle++
           continue
         }
         idle = 0
         claimedOrder[q]!.push(...b.map((c) => c.jobId))
-        yield* storage.finalizeMany(
-          b.map((c) => ({ jobId: c.jobId, runLease: c.runLease, outcome: { _tag: "Complete" as const } }))
+        yield* timed(
+          "finalize",
+          storage.finalizeMany(
+            b.map((c) => ({ jobId: c.jobId, runLease: c.runLease, outcome: { _tag: "Complete" as const } }))
+          )
         )
-        if ((yield* storage.rotateWhenDue({})) === "Rotated") rotations++
-        while ((yield* storage.prune(retention))._tag === "Pruned") prunes++
+        if ((yield* timed("rotate", storage.rotateWhenDue({}))) === "Rotated") rotations++
+        while ((yield* timed("prune", storage.prune(retention)))._tag === "Pruned") prunes++
       }
     }
     const drainMs = now() - t2
@@ -161,6 +179,9 @@ const program = Effect.gen(function* () {
           slowestPruneMs: round(slowestPruneMs, 1),
           busyJobsInHistory: hist!.n,
           drainSeconds: round(drainMs / 1000, 1),
+          drainJobsPerSecond: Math.round(((2 * heldJobs + backlogJobs) * 1000) / drainMs),
+          drainClaimCalls: claimCalls,
+          drainSecondsBy: Object.fromEntries(Object.entries(spent).map(([k, v]) => [k, round(v / 1000, 1)])),
           exactlyOnceInLaneOrder: {
             paused: inOrder("paused"),
             unserved: inOrder("unserved"),

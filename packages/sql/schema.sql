@@ -3308,6 +3308,7 @@ DECLARE
   v_have int;
   v_stop bigint;
   v_ring record;
+  v_last bigint; -- 0026: the batch's last position
 BEGIN
   FOR v_lane IN
     WITH RECURSIVE l AS (
@@ -3334,15 +3335,26 @@ BEGIN
       WHERE r.queue = v_lane.queue AND r.priority = v_lane.priority AND r.shard = v_lane.shard
         AND r.lane_seq >= v_cursor AND r.lane_seq < v_barrier
         AND NOT EXISTS (SELECT 1 FROM ready_tombstones t WHERE t.queue = r.queue AND t.priority = r.priority
-                          AND t.shard = r.shard AND t.lane_seq = r.lane_seq)
+                          AND t.shard = r.shard AND t.lane_seq = r.lane_seq
+                          -- 0026: implied by the equality; bounds a hash join's build side to the window
+                          AND t.lane_seq >= v_cursor AND t.lane_seq < v_barrier)
       LIMIT greatest(1, p_limit / 2)) x;
     CONTINUE WHEN v_have >= greatest(1, p_limit / 2);
+    -- 0026: the batch's last position first (one ordered scan of the primary key over at most the
+    -- batch); the tombstone check and the move below are bounded by it. The lane's parked rows
+    -- cannot change meanwhile: we hold its claim lock (park ahead and cancel take it) and ACCESS
+    -- SHARE on every ready child since the count above (prune's exclusive phase, which may park,
+    -- needs ACCESS EXCLUSIVE).
+    SELECT q.lane_seq INTO v_last FROM parked q
+    WHERE q.queue = v_lane.queue AND q.priority = v_lane.priority AND q.shard = v_lane.shard
+    ORDER BY q.lane_seq OFFSET p_limit - v_moved - 1 LIMIT 1; -- 0026 (NULL: fewer rows than the batch)
     -- A row parked ahead keeps a tombstone ("moved") in its old slot until that slot is truncated;
     -- tombstones match by lane position, whatever the slot, so a copy brought back before then
     -- would count as tombstoned and be skipped (and passed by the cursor). Bring back only the
     -- parked rows below the first one whose tombstone is still there.
     SELECT t.lane_seq INTO v_stop FROM ready_tombstones t
     WHERE t.queue = v_lane.queue AND t.priority = v_lane.priority AND t.shard = v_lane.shard AND t.lane_seq >= v_barrier
+      AND t.lane_seq <= coalesce(v_last, 9223372036854775807) -- 0026: only the batch's range matters
       AND EXISTS (SELECT 1 FROM parked p WHERE p.queue = t.queue AND p.priority = t.priority AND p.shard = t.shard
                                            AND p.lane_seq = t.lane_seq)
     ORDER BY t.lane_seq LIMIT 1;
@@ -3351,10 +3363,8 @@ BEGIN
     WITH moved AS (
       DELETE FROM parked p
       WHERE p.queue = v_lane.queue AND p.priority = v_lane.priority AND p.shard = v_lane.shard
-        AND p.lane_seq IN (SELECT q.lane_seq FROM parked q
-                           WHERE q.queue = v_lane.queue AND q.priority = v_lane.priority AND q.shard = v_lane.shard
-                             AND q.lane_seq < coalesce(v_stop, 9223372036854775807)
-                           ORDER BY q.lane_seq LIMIT p_limit - v_moved)
+        AND p.lane_seq < coalesce(v_stop, 9223372036854775807) -- 0026
+        AND p.lane_seq <= coalesce(v_last, 9223372036854775807) -- 0026: the batch, as a key range
       RETURNING p.*
     )
     INSERT INTO ready (slot, generation, job_id, kind, queue, priority, shard, lane_seq, args, metadata, tags,
