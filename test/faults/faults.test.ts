@@ -172,7 +172,7 @@ describe("faults: worker processes", () => {
             20
           )
           const rounds = 4
-          const killed = { pool: 0, listen: 0, leader: 0 }
+          const killed = { pool: 0, listen: 0, leader: 0, heartbeat: 0 }
           const recoveries: Array<number> = []
           const takeovers: Array<number> = []
           const leaders: Array<string> = []
@@ -183,12 +183,20 @@ describe("faults: worker processes", () => {
               WHERE datname = current_database() AND application_name LIKE 'awa-fault-w%' AND query ILIKE 'LISTEN%'`,
             (rows) => rows[0]!.n
           )
+          // the heartbeat threads' own connections (`Heartbeats.layerThread`, the default)
+          const heartbeating = Effect.map(
+            sql<{ n: number }>`
+              SELECT count(DISTINCT application_name)::int AS n FROM pg_stat_activity
+              WHERE datname = current_database() AND application_name LIKE 'awa-fault-w% heartbeat'`,
+            (rows) => rows[0]!.n
+          )
           for (let round = 0; round < rounds; round++) {
-            // every worker listens again and one holds the leader lock before the next blow
+            // every worker listens and heartbeats again and one holds the leader lock before the
+            // next blow
             const ready = yield* eventually(
               Effect.map(
-                Effect.all([listening, leaderLockHolders]),
-                ([n, holders]) => n === workers.length && holders.length === 1
+                Effect.all([listening, heartbeating, leaderLockHolders]),
+                ([n, h, holders]) => n === workers.length && h === workers.length && holders.length === 1
               ),
               10_000,
               20
@@ -199,7 +207,7 @@ describe("faults: worker processes", () => {
             const before = yield* executions
             const leaderEventsBefore = workers.map((w) => w.events.length)
             const at = Date.now()
-            const victims = yield* sql<{ kind: "pool" | "listen" | "leader" }>`
+            const victims = yield* sql<{ kind: "pool" | "listen" | "leader" | "heartbeat" }>`
               WITH k AS (SELECT hashtextextended('awa:leader:awa', 0) AS key)
               SELECT CASE
                        WHEN EXISTS (SELECT 1 FROM pg_locks l, k
@@ -207,6 +215,7 @@ describe("faults: worker processes", () => {
                                       AND l.classid = ((k.key >> 32) & 4294967295)::oid
                                       AND l.objid = (k.key & 4294967295)::oid) THEN 'leader'
                        WHEN a.query ILIKE 'LISTEN%' THEN 'listen'
+                       WHEN a.application_name LIKE '% heartbeat' THEN 'heartbeat'
                        ELSE 'pool' END AS kind,
                      pg_terminate_backend(a.pid) AS terminated
               FROM pg_stat_activity a
@@ -256,8 +265,8 @@ describe("faults: worker processes", () => {
             recoveryMs: Math.max(...recoveries),
             wallMs: Date.now() - started,
             notes:
-              `terminated per round ≈ ${Math.round((killed.pool + killed.listen + killed.leader) / rounds)} ` +
-              `(pool ${killed.pool}, LISTEN ${killed.listen}, leader lock ${killed.leader} in total); ` +
+              `terminated per round ≈ ${Math.round((killed.pool + killed.listen + killed.leader + killed.heartbeat) / rounds)} ` +
+              `(pool ${killed.pool}, LISTEN ${killed.listen}, leader lock ${killed.leader}, heartbeat thread ${killed.heartbeat} in total); ` +
               `pickup resumed within ${Math.max(...recoveries)} ms, leadership retaken within ${Math.max(...takeovers)} ms ` +
               `(leader before each round: ${leaders.join(", ")}; jobs unfinished: ${pending.join(", ")}); ` +
               `${rescued} jobs rescued, ${stale} stale finalizations rejected`
@@ -271,6 +280,11 @@ describe("faults: worker processes", () => {
           assert.isAbove(pending.at(-1)!, 0, "the last round still hit a drain")
           assert.strictEqual(killed.leader, rounds, "the leader's lock connection was terminated every round")
           assert.isAtLeast(killed.listen, rounds * workers.length, "every LISTEN connection was terminated")
+          assert.strictEqual(
+            killed.heartbeat,
+            rounds * workers.length,
+            "every heartbeat thread's connection was terminated every round"
+          )
           assert.strictEqual(listeners, workers.length, "every worker listens again")
           for (const w of workers) assert.isUndefined(w.exit, `${w.name} exited\n${describeWorker(w)}`)
         })
