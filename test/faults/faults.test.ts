@@ -449,15 +449,17 @@ describe("faults: worker processes", () => {
           }
           // When each is first seen promoted (no longer `scheduled`), polled from here: the
           // property is the new leader's promotion, not the workers' pickup after it, which a
-          // loaded machine stretches (4.0 s from due to started under two CPU hogs).
+          // loaded machine stretches (4.0 s from due to started under two CPU hogs). `now()` is
+          // the poll's snapshot: a job seen promoted was promoted before it, however long the
+          // view then takes to read.
           const promotedAt = new Map<bigint, number>()
           yield* Effect.forkScoped(
             Effect.gen(function* () {
               while (promotedAt.size < due.size) {
-                const rows = yield* sql<{ job_id: bigint }>`
-                  SELECT job_id FROM awa.jobs WHERE queue = 'due' AND state <> 'scheduled'`
-                const seen = Date.now()
-                for (const r of rows) if (!promotedAt.has(r.job_id)) promotedAt.set(r.job_id, seen)
+                const rows = yield* sql<{ job_id: bigint; seen: Date }>`
+                  SELECT job_id, now() AS seen FROM awa.jobs WHERE queue = 'due' AND state <> 'scheduled'`
+                for (const r of rows)
+                  if (!promotedAt.has(r.job_id)) promotedAt.set(r.job_id, r.seen.getTime())
                 yield* Effect.sleep(25)
               }
             }).pipe(Effect.catchCause((cause) => Effect.logWarning("promotion watch failed", cause)))
