@@ -20,6 +20,7 @@ import {
   executions,
   firstExecutionAfter,
   leaderLockHolders,
+  release,
   report,
   spawnWorker,
   startWorkers,
@@ -136,7 +137,9 @@ describe("faults: worker processes", () => {
             const run = r.job.runs.find((x) => x.attempt === r.attempt)
             if (run !== undefined)
               assert.strictEqual(run.pid, victim.pid, "only the victim's attempts are rescued")
-            // rescue within staleness + one sweep (+ slack for a loaded CI machine)
+            // A latency is the property: rescue within the staleness (1.5 s) and one sweep (200 ms)
+            // of the kill. The 1.5 s beyond is for the leader's sweep and statement on a loaded
+            // machine; a leader that did not sweep would still miss it.
             assert.isAtMost(r.at - killedAt, heartbeatStaleness + maintenance.rescueInterval + 1500)
           }
           assert.isAbove(rescues.length, 0, "the victim held attempts when it was killed")
@@ -172,7 +175,7 @@ describe("faults: worker processes", () => {
             20
           )
           const rounds = 4
-          const killed = { pool: 0, listen: 0, leader: 0 }
+          const killed = { pool: 0, listen: 0, leader: 0, heartbeat: 0 }
           const recoveries: Array<number> = []
           const takeovers: Array<number> = []
           const leaders: Array<string> = []
@@ -183,12 +186,20 @@ describe("faults: worker processes", () => {
               WHERE datname = current_database() AND application_name LIKE 'awa-fault-w%' AND query ILIKE 'LISTEN%'`,
             (rows) => rows[0]!.n
           )
+          // the heartbeat threads' own connections (`Heartbeats.layerThread`, the default)
+          const heartbeating = Effect.map(
+            sql<{ n: number }>`
+              SELECT count(DISTINCT application_name)::int AS n FROM pg_stat_activity
+              WHERE datname = current_database() AND application_name LIKE 'awa-fault-w% heartbeat'`,
+            (rows) => rows[0]!.n
+          )
           for (let round = 0; round < rounds; round++) {
-            // every worker listens again and one holds the leader lock before the next blow
+            // every worker listens and heartbeats again and one holds the leader lock before the
+            // next blow
             const ready = yield* eventually(
               Effect.map(
-                Effect.all([listening, leaderLockHolders]),
-                ([n, holders]) => n === workers.length && holders.length === 1
+                Effect.all([listening, heartbeating, leaderLockHolders]),
+                ([n, h, holders]) => n === workers.length && h === workers.length && holders.length === 1
               ),
               10_000,
               20
@@ -199,7 +210,7 @@ describe("faults: worker processes", () => {
             const before = yield* executions
             const leaderEventsBefore = workers.map((w) => w.events.length)
             const at = Date.now()
-            const victims = yield* sql<{ kind: "pool" | "listen" | "leader" }>`
+            const victims = yield* sql<{ kind: "pool" | "listen" | "leader" | "heartbeat" }>`
               WITH k AS (SELECT hashtextextended('awa:leader:awa', 0) AS key)
               SELECT CASE
                        WHEN EXISTS (SELECT 1 FROM pg_locks l, k
@@ -207,6 +218,7 @@ describe("faults: worker processes", () => {
                                       AND l.classid = ((k.key >> 32) & 4294967295)::oid
                                       AND l.objid = (k.key & 4294967295)::oid) THEN 'leader'
                        WHEN a.query ILIKE 'LISTEN%' THEN 'listen'
+                       WHEN a.application_name LIKE '% heartbeat' THEN 'heartbeat'
                        ELSE 'pool' END AS kind,
                      pg_terminate_backend(a.pid) AS terminated
               FROM pg_stat_activity a
@@ -256,8 +268,8 @@ describe("faults: worker processes", () => {
             recoveryMs: Math.max(...recoveries),
             wallMs: Date.now() - started,
             notes:
-              `terminated per round ≈ ${Math.round((killed.pool + killed.listen + killed.leader) / rounds)} ` +
-              `(pool ${killed.pool}, LISTEN ${killed.listen}, leader lock ${killed.leader} in total); ` +
+              `terminated per round ≈ ${Math.round((killed.pool + killed.listen + killed.leader + killed.heartbeat) / rounds)} ` +
+              `(pool ${killed.pool}, LISTEN ${killed.listen}, leader lock ${killed.leader}, heartbeat thread ${killed.heartbeat} in total); ` +
               `pickup resumed within ${Math.max(...recoveries)} ms, leadership retaken within ${Math.max(...takeovers)} ms ` +
               `(leader before each round: ${leaders.join(", ")}; jobs unfinished: ${pending.join(", ")}); ` +
               `${rescued} jobs rescued, ${stale} stale finalizations rejected`
@@ -271,6 +283,11 @@ describe("faults: worker processes", () => {
           assert.isAbove(pending.at(-1)!, 0, "the last round still hit a drain")
           assert.strictEqual(killed.leader, rounds, "the leader's lock connection was terminated every round")
           assert.isAtLeast(killed.listen, rounds * workers.length, "every LISTEN connection was terminated")
+          assert.strictEqual(
+            killed.heartbeat,
+            rounds * workers.length,
+            "every heartbeat thread's connection was terminated every round"
+          )
           assert.strictEqual(listeners, workers.length, "every worker listens again")
           for (const w of workers) assert.isUndefined(w.exit, `${w.name} exited\n${describeWorker(w)}`)
         })
@@ -345,6 +362,8 @@ describe("faults: worker processes", () => {
           assert.strictEqual(figures.duplicates, 0, "no job ran twice")
           assert.isAbove(pendingAtStop, 0, "the server went down mid-drain")
           assert.isNotNull(recoveryMs, "pickup resumed")
+          // A latency is the property: pickup resumes within seconds of the server accepting
+          // connections, through pools that reconnect on demand. 5 s is the bound the docs state.
           assert.isAtMost(recoveryMs!, 5000, "pickup resumed within seconds")
           for (const w of workers) assert.isUndefined(w.exit, `${w.name} exited\n${describeWorker(w)}`)
         }).pipe(Effect.provide(suiteLayer(url, { migrateOnStart: true })))
@@ -386,20 +405,6 @@ describe("faults: worker processes", () => {
             Array.from({ length: now }, (_, i) => ({ ms: i % 10 === 0 ? 1000 : (i * 37) % 51 })),
             { queue: "work" }
           )).map((j) => j.id)
-          // scheduled for after the kill, on a queue without backlog: only a living leader's
-          // promotion makes them runnable, and their pickup lag measures it
-          const due = new Set<bigint>()
-          for (let s = 1; s <= 4; s++) {
-            const delayed = yield* client.insertMany(
-              Work,
-              Array.from({ length: 50 }, () => ({ ms: 10 })),
-              { queue: "due", delay: s * 1000 }
-            )
-            for (const j of delayed) {
-              ids.push(j.id)
-              due.add(j.id)
-            }
-          }
           // kill it while it holds at least three attempts
           const sql = yield* SqlClient.SqlClient
           yield* eventually(
@@ -427,6 +432,38 @@ describe("faults: worker processes", () => {
                 .map((e) => e.t)
             )
           )
+          // Scheduled once the new leader is known (a condition, not a guess at how long the kill
+          // and takeover take), on a queue without backlog: only its promotion makes them
+          // runnable, and their pickup lag measures it.
+          const due = new Set<bigint>()
+          for (let s = 1; s <= 4; s++) {
+            const delayed = yield* client.insertMany(
+              Work,
+              Array.from({ length: 50 }, () => ({ ms: 10 })),
+              { queue: "due", delay: s * 1000 }
+            )
+            for (const j of delayed) {
+              ids.push(j.id)
+              due.add(j.id)
+            }
+          }
+          // When each is first seen promoted (no longer `scheduled`), polled from here: the
+          // property is the new leader's promotion, not the workers' pickup after it, which a
+          // loaded machine stretches (4.0 s from due to started under two CPU hogs). `now()` is
+          // the poll's snapshot: a job seen promoted was promoted before it, however long the
+          // view then takes to read.
+          const promotedAt = new Map<bigint, number>()
+          yield* Effect.forkScoped(
+            Effect.gen(function* () {
+              while (promotedAt.size < due.size) {
+                const rows = yield* sql<{ job_id: bigint; seen: Date }>`
+                  SELECT job_id, now() AS seen FROM awa.jobs WHERE queue = 'due' AND state <> 'scheduled'`
+                for (const r of rows)
+                  if (!promotedAt.has(r.job_id)) promotedAt.set(r.job_id, r.seen.getTime())
+                yield* Effect.sleep(25)
+              }
+            }).pipe(Effect.catchCause((cause) => Effect.logWarning("promotion watch failed", cause)))
+          )
           const drained = yield* eventually(
             Effect.map(unfinished, (n) => n === 0),
             60_000,
@@ -434,33 +471,53 @@ describe("faults: worker processes", () => {
           )
           const all = yield* accounts
           const rescued = all.filter((a) => a.errors.some((e) => e.error.startsWith("heartbeat stale")))
-          // promotion lag of the jobs that came due after the new leader took over
-          const lags = all
-            .filter((a) => due.has(a.jobId) && a.runAt.getTime() > takeoverAt && a.runs.length > 0)
-            .map((a) => a.runs.at(-1)!.at.getTime() - a.runAt.getTime())
+          // promotion lag (due to seen promoted) and pickup lag (due to started) of the jobs that
+          // came due after the new leader took over
+          const dueJobs = all.filter((a) => due.has(a.jobId) && a.runAt.getTime() > takeoverAt)
+          const lags = dueJobs
+            .filter((a) => promotedAt.has(a.jobId))
+            .map((a) => promotedAt.get(a.jobId)! - a.runAt.getTime())
           const maxLag = Math.max(0, ...lags)
+          const maxPickup = Math.max(
+            0,
+            ...dueJobs
+              .filter((a) => a.runs.length > 0)
+              .map((a) => a.runs.at(-1)!.at.getTime() - a.runAt.getTime())
+          )
           const { figures, lostJobs } = tally("leader process killed (kill -9)", ids, all, {
             recoveryMs: takeoverAt - killedAt,
             wallMs: Date.now() - started,
             notes:
               `new leader after ${takeoverAt - killedAt} ms (election interval ${maintenance.electionInterval} ms); ` +
               `${rescued.length} of the old leader's attempts rescued by the new one; ` +
-              `${lags.length} jobs promoted by the new leader, worst pickup ${maxLag} ms after due`
+              `${lags.length} jobs promoted by the new leader, the last ${maxLag} ms after due (picked up ≤ ${maxPickup} ms after due)`
           })
           yield* report("leader", figures)
           assert.isTrue(tookOver, `no survivor took leadership\n${dump(workers)}`)
           assert.isTrue(drained, `not drained\n${dump(workers)}`)
           assert.deepStrictEqual(lostJobs, [], "lost jobs")
           assert.strictEqual(figures.completed, ids.length)
+          // The property is a latency: a survivor takes the lock within its next election tick
+          // (500 ms) once Postgres has released it. The 1 s beyond is for a loaded machine
+          // noticing the dead backend and scheduling the survivor's tick.
           assert.isAtMost(
             takeoverAt - killedAt,
             maintenance.electionInterval + 1000,
             "takeover within the election interval"
           )
           assert.isAbove(rescued.length, 0, "the old leader's attempts were rescued")
-          assert.isAbove(lags.length, 50, "jobs came due after the takeover")
-          // promotion every 50 ms; the rest of the bound is a loaded 2-core machine running the
-          // other test files beside this one (1.3-1.6 s seen there)
+          assert.strictEqual(
+            lags.length,
+            due.size,
+            "every scheduled job came due after the takeover and was promoted"
+          )
+          assert.isTrue(
+            dueJobs.every((a) => a.state === "completed" && a.runs.length === 1),
+            "every scheduled job ran once"
+          )
+          // A latency is the property here, so a bound stays: one promotion tick (50 ms), the
+          // promote statement, and this test's 25 ms poll. 2.5 s is 50 promotion intervals: a
+          // leader that stopped promoting fails it, a loaded machine's delays do not.
           assert.isAtMost(maxLag, 2500, "promotion keeps up under the new leader")
           for (const a of rescued) assert.strictEqual(a.state, "completed")
           assert.strictEqual(survivors.filter(isLeader).length, 1, "exactly one leader")
@@ -475,21 +532,35 @@ describe("faults: worker processes", () => {
       onFreshDatabase((url) =>
         Effect.gen(function* () {
           const started = Date.now()
-          // Staleness 4 s, heartbeats every 500 ms: a 2 s event-loop stall delays a heartbeat by at
-          // most 2 s + one interval + a round trip (≈ 2.6 s), which leaves 1.4 s of margin before
-          // the co-located attempts would look dead.
+          // Staleness 4 s, heartbeats every 500 ms. Heartbeats come from each worker's thread (the
+          // default), so the 2 s event-loop stall of phase 1 does not delay them at all; with
+          // `watchdog: { thread: false }` it would delay one by at most 2 s + one interval + a
+          // round trip (≈ 2.6 s), still short of 4 s.
           const hb = { heartbeatInterval: 500, heartbeatStaleness: 4000 }
+          // Deadlines only on queues whose handlers are meant to exceed them (hang, ignore
+          // interruption or the AbortSignal), and long enough (5 s) that their second attempts,
+          // which record their start and return, finish well inside on a loaded machine: with
+          // 1 s (Effect) and 3 s (promise) a slow fault_log insert under CPU load was cut off as
+          // "hard deadline exceeded". Handlers that only record and throw have no deadline at all.
+          const deadlineMs = 5000
           // `long` takes 8 attempts per process: both Effect workers hold long attempts throughout
           const queues = {
             long: { maxConcurrency: 8 },
             steady: { maxConcurrency: 20 },
-            deadline: { maxConcurrency: 10, deadline: 1000 }
+            deadline: { maxConcurrency: 10, deadline: deadlineMs }
           }
           const workers = yield* startWorkers(url, [
             workerConfig("e1", queues, hb),
             workerConfig("e2", queues, hb),
             {
-              ...workerConfig("p1", { promise: { maxConcurrency: 10, deadline: 3000 } }, hb),
+              ...workerConfig(
+                "p1",
+                {
+                  promise: { maxConcurrency: 10 },
+                  promise_deadline: { maxConcurrency: 10, deadline: deadlineMs }
+                },
+                hb
+              ),
               facade: "promise"
             }
           ])
@@ -499,12 +570,13 @@ describe("faults: worker processes", () => {
             for (const j of jobs) ids.push(j.id)
             return jobs.map((j) => j.id)
           }
-          // Long, well-behaved attempts on both Effect workers, alive through both phases: they must
-          // never be rescued, whatever their neighbours do.
+          // Long, well-behaved attempts on both Effect workers, alive through both phases (they run
+          // until released, after everything else has finished): they must never be rescued,
+          // whatever their neighbours do.
           const steady = add(
             yield* client.insertMany(
-              Work,
-              Array.from({ length: 16 }, () => ({ ms: 11_000 })),
+              Jobs.Held,
+              Array.from({ length: 16 }, () => ({ maxMs: 240_000 })),
               { queue: "long" }
             )
           )
@@ -529,6 +601,7 @@ describe("faults: worker processes", () => {
           const q = { queue: "steady" }
           const qd = { queue: "deadline" }
           const qp = { queue: "promise" }
+          const qpd = { queue: "promise_deadline" }
           add(yield* client.insertMany(Jobs.Throws, n3, { ...q, maxAttempts: 2 }))
           add(yield* client.insertMany(Jobs.ThrowsOutside, n3, { ...q, maxAttempts: 2 }))
           add(yield* client.insertMany(Jobs.Fails, n3, { ...q, maxAttempts: 2 }))
@@ -543,14 +616,13 @@ describe("faults: worker processes", () => {
           )
           add(yield* client.insertMany(Jobs.HangOnce, n3, qd))
           add(yield* client.insertMany(Jobs.HangAlways, n3.slice(0, 2), { ...qd, maxAttempts: 3 }))
-          // ignores interruption for 8 s: much longer than the staleness
+          // ignores interruption for 8 s: longer than the deadline (5 s) and the staleness (4 s)
           add(yield* client.insertMany(Jobs.Uninterruptible, [{ ms: 8000 }], qd))
           add(yield* client.insertMany(Jobs.PromiseRejects, n3, { ...qp, maxAttempts: 2 }))
           add(yield* client.insertMany(Jobs.PromiseThrowsSync, n3, { ...qp, maxAttempts: 2 }))
           add(yield* client.insertMany(Jobs.PromiseTerminal, n3, qp))
-          // past the promise queue's 3 s deadline (which is roomy so that a loaded machine does not cut
-          // short the promise handlers that only record and throw)
-          add(yield* client.insertMany(Jobs.PromiseIgnoresAbort, [{ ms: 6000 }, { ms: 6000 }], qp))
+          // past its queue's 5 s deadline
+          add(yield* client.insertMany(Jobs.PromiseIgnoresAbort, [{ ms: 8000 }, { ms: 8000 }], qpd))
           const pOk = add(
             yield* client.insertMany(
               Jobs.PromiseOk,
@@ -559,11 +631,20 @@ describe("faults: worker processes", () => {
             )
           )
 
-          const drained = yield* eventually(
-            Effect.map(unfinished, (n) => n === 0),
-            60_000,
+          // everything but the long attempts ends; then they are released
+          const rest = yield* eventually(
+            Effect.map(unfinished, (n) => n === steady.length),
+            120_000,
             200
           )
+          yield* release(steady)
+          const drained =
+            rest &&
+            (yield* eventually(
+              Effect.map(unfinished, (n) => n === 0),
+              60_000,
+              200
+            ))
           const all = yield* accounts
           const byId = new Map(all.map((a) => [a.jobId, a]))
           const { figures, lostJobs } = tally("misbehaving handlers", ids, all, {
@@ -571,8 +652,8 @@ describe("faults: worker processes", () => {
             wallMs: Date.now() - started,
             notes:
               "throw/typed failure/defect/rejection/sync throw: failed after maxAttempts with the reason; terminal: after 1; " +
-              "hang past deadline: retried; always hanging: failed after 3 deadline errors; uninterruptible (8 s) and " +
-              "AbortSignal-ignoring attempts: retried; 2 s event-loop stall: nobody rescued (staleness 4 s; " +
+              "hang past deadline (5 s): retried; always hanging: failed after 3 deadline errors; uninterruptible (8 s) and " +
+              "AbortSignal-ignoring attempts (8 s): retried; 2 s event-loop stall: nobody rescued (staleness 4 s; " +
               `stall warnings logged: ${JSON.stringify(workers.flatMap((w) => w.stalls))} ms)`
           })
           yield* report("handlers", figures)
@@ -602,6 +683,7 @@ describe("faults: worker processes", () => {
             },
             uninterruptible: { state: "completed", errors: ["hard deadline exceeded"] },
             block_loop: { state: "completed", errors: [] },
+            held: { state: "completed", errors: [] },
             work: { state: "completed", errors: [] },
             p_rejects: { state: "failed", errors: ["promise rejected", "promise rejected"] },
             p_throws_sync: {
@@ -887,24 +969,26 @@ describe("faults: worker processes", () => {
           const sql = yield* SqlClient.SqlClient
           const client = yield* AwaClient.AwaClient
           const storage = client.storage
-          // A never leads and heartbeats rarely: after it thaws, nothing tells it in time that its
-          // attempt was closed, so it really sends its late completion.
+          // A never leads and never heartbeats within the scenario (an attempt is heartbeated once
+          // held half an interval, 5 min here): after it thaws, nothing tells it that its attempt
+          // was closed, so it really sends its late completion. With a 10 s interval the first
+          // round after the thaw was due at once, and the heartbeat thread (its own connection)
+          // found the attempt closed and interrupted it before the completion went out.
           const [a] = yield* startWorkers(url, [
             {
               name: "a",
               options: {
                 queues: { stale: { maxConcurrency: 1 } },
-                heartbeatInterval: 10_000,
-                heartbeatStaleness: 20_000,
+                heartbeatInterval: 600_000,
+                heartbeatStaleness: 1_200_000,
                 maintenance: false
               }
             }
           ])
-          // Attempt 2 runs for 8 s: the thawed worker's late write (and its handler's end) must land
-          // while attempt 2 still runs. With 3 s a slow thaw on a loaded machine (its pool
-          // reconnecting after the freeze) let attempt 2 finish first, and the test failed
-          // although nothing was wrong.
-          const [job] = yield* client.insertMany(Jobs.StaleWriter, [{ firstMs: 3000, ms: 8000 }], {
+          // Attempt 2 runs until the suite releases it, after the thawed worker's late write (and
+          // its handler's end) was seen, however slowly the thaw goes: with a fixed 3 s a slow
+          // thaw on a loaded machine let attempt 2 finish first.
+          const [job] = yield* client.insertMany(Jobs.StaleWriter, [{ firstMs: 3000, maxMs: 240_000 }], {
             queue: "stale"
           })
           const jobId = job!.id
@@ -940,7 +1024,7 @@ describe("faults: worker processes", () => {
           // A thaws: its handler finishes attempt 1 and it submits the completion
           a!.child.kill("SIGCONT")
           const lateWrite = yield* Effect.promise(() =>
-            waitForEvent(a!, (e) => e.event === "stale" && e.jobId === String(jobId), 10_000)
+            waitForEvent(a!, (e) => e.event === "stale" && e.jobId === String(jobId), 60_000)
           )
           assert.deepStrictEqual([lateWrite.runLease, lateWrite.outcome], ["1", "Complete"])
           const during = yield* storage.getJob(jobId)
@@ -965,6 +1049,9 @@ describe("faults: worker processes", () => {
             ["running", 2n, 2, 1, null]
           )
 
+          // A's handler has ended (its `end` is written before its completion is sent): attempt 2
+          // may finish now
+          yield* release([jobId])
           const drained = yield* eventually(
             Effect.map(unfinished, (n) => n === 0),
             30_000,

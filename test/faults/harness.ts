@@ -167,6 +167,18 @@ export const suiteLayer = (url: string, options: { readonly migrateOnStart?: boo
 /** Creates `fault_log` in the database the current `SqlClient` points at. */
 export const createFaultLog = Effect.flatMap(SqlClient.SqlClient, (sql) => sql.unsafe(faultLogDdl).unprepared)
 
+/** Releases `Held` jobs (and `StaleWriter`'s later attempts): their handlers complete. */
+export const release = (jobIds: ReadonlyArray<bigint>) =>
+  Effect.flatMap(SqlClient.SqlClient, (sql) =>
+    Effect.forEach(
+      jobIds,
+      (jobId) => sql`
+        INSERT INTO fault_log (job_id, run_lease, attempt, kind, worker, pid, event)
+        VALUES (${jobId}, 0, 0, 'release', 'suite', ${process.pid}, 'release')`,
+      { discard: true }
+    )
+  )
+
 /** Executions recorded so far. */
 export const executions = Effect.flatMap(
   SqlClient.SqlClient,

@@ -32,6 +32,13 @@ const quick = () => 100
 /** Sleeps `ms`, then completes. */
 export const Work = Job.define({ kind: "work", args: Schema.Struct({ ms: Schema.Number }), backoff: quick })
 
+/**
+ * Runs until the suite releases it (`release` rows in `fault_log`, see the harness), then
+ * completes: an attempt that is alive for as long as a scenario needs, whatever the machine's
+ * speed. `maxMs` only ends it if the suite never does (a failed run).
+ */
+export const Held = Job.define({ kind: "held", args: Schema.Struct({ maxMs: Schema.Number }) })
+
 // --- misbehaving handlers (scenario 5), Effect API --------------------------------------------
 
 const N = Schema.Struct({ n: Schema.Number })
@@ -111,10 +118,13 @@ export const Injected = Job.define({ kind: injection.kind, args: Schema.Struct({
 
 // --- stale writers (scenario 7) --------------------------------------------------------------
 
-/** Attempt 1 sleeps `firstMs`, later attempts `ms`; both record `start` and `end`. */
+/**
+ * Attempt 1 sleeps `firstMs`; later attempts run until the suite releases the job (at most
+ * `maxMs`). Both record `start` and `end`.
+ */
 export const StaleWriter = Job.define({
   kind: "stale_writer",
-  args: Schema.Struct({ firstMs: Schema.Number, ms: Schema.Number })
+  args: Schema.Struct({ firstMs: Schema.Number, maxMs: Schema.Number })
 })
 
 // --- worker configuration --------------------------------------------------------------------

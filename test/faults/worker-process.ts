@@ -49,6 +49,20 @@ const record = (job: { id: bigint; runLease: bigint; attempt: number; kind: stri
       VALUES (${job.id}, ${job.runLease}, ${job.attempt}, ${job.kind}, ${config.name}, ${process.pid}, ${event})`
   ).pipe(Effect.retry({ schedule: Schedule.spaced("100 millis"), times: 600 }), Effect.asVoid)
 
+/** Waits until the suite released the job (a `release` row in `fault_log`), or `maxMs`. */
+const untilReleased = (jobId: bigint, maxMs: number) =>
+  Effect.flatMap(SqlClient.SqlClient, (sql) =>
+    sql<{
+      n: number
+    }>`SELECT count(*)::int AS n FROM fault_log WHERE job_id = ${jobId} AND event = 'release'`.pipe(
+      Effect.map((rows) => rows[0]!.n > 0),
+      Effect.catchCause(() => Effect.succeed(false)),
+      Effect.repeat({ until: (released) => released, schedule: Schedule.spaced("100 millis") }),
+      Effect.timeoutOption(maxMs),
+      Effect.asVoid
+    )
+  )
+
 const busyWait = (ms: number) =>
   Effect.sync(() => {
     const until = Date.now() + ms
@@ -65,6 +79,7 @@ const logged = <A, I>(
 
 const effectHandlers = [
   logged(Jobs.Work, ({ ms }) => Effect.sleep(ms)),
+  logged(Jobs.Held, ({ maxMs }, ctx) => untilReleased(ctx.job.id, maxMs)),
   logged(Jobs.Throws, () =>
     Effect.sync(() => {
       throw new Error("handler threw")
@@ -107,8 +122,10 @@ const effectHandlers = [
       : Effect.void
   ),
   logged(Jobs.Injected, () => Effect.void),
-  logged(Jobs.StaleWriter, ({ firstMs, ms }, ctx) =>
-    Effect.sleep(ctx.job.attempt === 1 ? firstMs : ms).pipe(Effect.andThen(record(ctx.job, "end")))
+  logged(Jobs.StaleWriter, ({ firstMs, maxMs }, ctx) =>
+    (ctx.job.attempt === 1 ? Effect.sleep(firstMs) : untilReleased(ctx.job.id, maxMs)).pipe(
+      Effect.andThen(record(ctx.job, "end"))
+    )
   )
 ]
 

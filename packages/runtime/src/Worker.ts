@@ -94,8 +94,9 @@ export interface WatchdogOptions {
   /**
    * Heartbeats from a thread of their own (used when the storage layers provide `Heartbeats`, as
    * `Awa.layerPg` does), so a handler blocking the event loop longer than `heartbeatStaleness`
-   * does not get this process's attempts rescued. Default false for now: the thread's single
-   * connection recovers more slowly than the pool when connections are terminated (ADR 0019).
+   * does not get this process's attempts rescued. Default true. The worker starts claiming once
+   * the thread is connected (about a second of CPU to load it; ADR 0019). `false`: heartbeats on
+   * the event loop and the application's pool.
    */
   readonly thread?: boolean | undefined
   /** Event-loop delay that logs a stall warning. Default 1 s. */
@@ -457,7 +458,7 @@ export const resolveConfig = <R>(options: WorkerOptions<R>) =>
       shutdownTimeoutMs,
       stallWarningMs,
       maxStallMs,
-      heartbeatThread: options.watchdog?.thread ?? false,
+      heartbeatThread: options.watchdog?.thread ?? true,
       maxProgressBytes,
       cron
     }

@@ -9,7 +9,7 @@
  * overwrites a newer one: each attempt's progress has a generation, a write carries the newest
  * known when it starts, and it acknowledges only that generation.
  */
-import { Clock, Effect, Semaphore } from "effect"
+import { Clock, Duration, Effect, Schedule, Semaphore } from "effect"
 import type { SqlError } from "effect/sql"
 import type { AttemptToken, HeartbeatItem, QueueStorage } from "./QueueStorage.ts"
 
@@ -27,6 +27,25 @@ interface Entry extends TrackedAttempt {
 }
 
 export const keyOf = (token: AttemptToken) => `${token.jobId}:${token.runLease}`
+
+/**
+ * When rounds run: every `intervalMs` measured start to start. A round that takes longer (a slow
+ * server, a reconnect) is followed by the next one at once, not an interval after it ends: with
+ * `spaced` a 1.2 s round at a 300 ms interval left 1.5 s between an attempt's claim and its first
+ * heartbeat, and the attempt was rescued (fault suite, scenario 2; ADR 0019).
+ */
+export const roundSchedule = (intervalMs: number) => Schedule.fixed(Duration.millis(intervalMs))
+
+/**
+ * A failed round (typically its connection was terminated or the server restarted) is tried
+ * again at once: after 10 ms, doubling to at most 100 ms, for up to one interval; the next round
+ * takes over after that. A lost connection is replaced on the first retry, so the heartbeat that
+ * failed lands as soon as a connection is back rather than a whole interval later.
+ */
+export const retryRound = (intervalMs: number) =>
+  Schedule.min([Schedule.exponential(Duration.millis(10)), Schedule.spaced(Duration.millis(100))]).pipe(
+    Schedule.upTo({ duration: Duration.millis(intervalMs) })
+  )
 
 /** Attempts per heartbeat call (bounds the advisory locks one call holds). */
 const chunkSize = 500

@@ -18,7 +18,7 @@
  */
 import { parentPort, workerData } from "node:worker_threads"
 import { PgClient } from "@effect/sql-pg"
-import { Cause, Deferred, Effect, Layer, Queue, Redacted, Schedule } from "effect"
+import { Cause, Deferred, Effect, Layer, Queue, Redacted } from "effect"
 import { SqlClient } from "effect/sql"
 import * as HeartbeatCore from "./HeartbeatCore.ts"
 import * as PgQueueStorage from "./PgQueueStorage.ts"
@@ -92,12 +92,6 @@ const clientLayer = (c: ThreadConnection) =>
     maxConnections: 1
   })
 
-/** About 2 s of quick retries while the connection is being replaced. */
-const retryLostConnection = Schedule.min([
-  Schedule.exponential("20 millis"),
-  Schedule.spaced("500 millis")
-]).pipe(Schedule.upTo({ times: 8 }))
-
 const firstLine = (cause: Cause.Cause<unknown>) => Cause.pretty(cause).split("\n")[0] ?? "unknown error"
 
 const run = (port: NonNullable<typeof parentPort>, data: ThreadData) => {
@@ -155,16 +149,16 @@ const run = (port: NonNullable<typeof parentPort>, data: ThreadData) => {
         return
       }
       stalled = false
-      // a lost connection (terminated backend, restart) is replaced by the pool: try again soon
-      // rather than a whole interval later, which may already be past the staleness
-      const closed = yield* core.beat.pipe(Effect.retry(retryLostConnection))
+      // a lost connection (terminated backend, restart) is replaced on the first retry: the
+      // heartbeat that failed lands as soon as it is back, not a whole interval later
+      const closed = yield* core.beat.pipe(Effect.retry(HeartbeatCore.retryRound(data.intervalMs)))
       if (closed.length > 0) send({ t: "closed", tokens: closed.map((c) => [c.jobId, c.runLease] as const) })
     })
     yield* round.pipe(
       Effect.catchCause((cause) =>
         Effect.sync(() => send({ t: "warn", message: `heartbeat failed: ${firstLine(cause)}` }))
       ),
-      Effect.repeat(Schedule.spaced(data.intervalMs)),
+      Effect.repeat(HeartbeatCore.roundSchedule(data.intervalMs)),
       Effect.forkChild
     )
     send({ t: "ready" })

@@ -13,8 +13,13 @@
  *   simulation layer, `watchdog: { thread: false }`, or a `PgClient` whose connection settings
  *   cannot be handed to a thread, such as a custom `stream`).
  *
- * **Guarantees** `track` reaches the thread before it returns (one message per call: batch the
- * attempts of a claim), so a handler that blocks right after its claim is already covered.
+ * **Guarantees** `start` returns once the thread is connected (or could not start, or after
+ * 60 s), so a worker claims nothing before its heartbeats are off the event loop. `track`
+ * reaches the thread before it returns (one message per call: batch the attempts of a claim), so
+ * a handler that blocks right after its claim is already covered. Rounds start every interval
+ * (a slow one is followed by the next at once), and a failed round is retried after 10 ms,
+ * backing off to 100 ms, for up to an interval: a terminated connection is replaced on the
+ * first retry (`HeartbeatCore.roundSchedule`, `retryRound`).
  * `untrack` and progress are batched onto the next tick. Closing the session's scope stops the
  * thread (it finishes its current write and closes its connection; terminated after 5 s).
  *
@@ -25,18 +30,7 @@
 import { Worker as NodeWorker } from "node:worker_threads"
 import { Migrations } from "@awa/sql"
 import { PgClient } from "@effect/sql-pg"
-import {
-  Context,
-  Deferred,
-  Duration,
-  Effect,
-  Layer,
-  Queue,
-  Redacted,
-  Schedule,
-  type Scope,
-  Stream
-} from "effect"
+import { Context, Deferred, Duration, Effect, Layer, Queue, Redacted, type Scope, Stream } from "effect"
 import { SqlError, UnknownError } from "effect/sql/SqlError"
 import * as HeartbeatCore from "./HeartbeatCore.ts"
 import type { FromThread, ThreadConnection, ThreadData, ToThread } from "./HeartbeatThread.ts"
@@ -89,9 +83,10 @@ export const makeLoop = (options: HeartbeatOptions) =>
     const core = HeartbeatCore.make(yield* QueueStorage, options.intervalMs)
     const closed = yield* Queue.unbounded<AttemptToken>()
     yield* core.beat.pipe(
+      Effect.retry(HeartbeatCore.retryRound(options.intervalMs)),
       Effect.flatMap((tokens) => Queue.offerAll(closed, tokens)),
       Effect.catchCause((cause) => Effect.logWarning("heartbeat failed", cause)),
-      Effect.repeat(Schedule.spaced(options.intervalMs)),
+      Effect.repeat(HeartbeatCore.roundSchedule(options.intervalMs)),
       Effect.annotateLogs({ module: "Heartbeats", fiber: "heartbeat" }),
       Effect.forkScoped
     )
@@ -188,6 +183,9 @@ export const layerThread = (options: { readonly schema?: string | undefined } = 
       })
     })
   )
+
+/** How long a session waits for its thread before it starts with heartbeats on the event loop. */
+const threadStartTimeoutMs = 60_000
 
 const startThread = (
   options: HeartbeatOptions,
@@ -299,6 +297,7 @@ const startThread = (
         current = spawned
         postTrack(held.values())
         const started = yield* Effect.exit(Deferred.await(spawned.ready))
+        Deferred.doneUnsafe(firstStart, Effect.void)
         if (started._tag === "Failure") {
           yield* Effect.logWarning(
             "heartbeat thread could not start; heartbeats stay on the event loop",
@@ -315,7 +314,18 @@ const startThread = (
         yield* Effect.sleep(1000)
       }
     })
+    const firstStart = Deferred.makeUnsafe<void>()
     yield* Effect.forkScoped(supervise)
+    // The session is handed out once the thread is up (or could not start), so the worker claims
+    // nothing before its heartbeats are off the event loop. Loading Effect again in the thread's
+    // isolate costs about a second of CPU; while three processes did that beside their first
+    // claims on a loaded 2-core machine, the event loop and pool fell so far behind that attempts
+    // went 1.5 s without a heartbeat and were rescued (fault suite, scenario 2; ADR 0019).
+    const up = yield* Deferred.await(firstStart).pipe(Effect.timeoutOption(threadStartTimeoutMs))
+    if (up._tag === "None")
+      yield* Effect.logWarning(
+        `heartbeat thread not ready after ${threadStartTimeoutMs} ms; heartbeats run on the event loop until it is`
+      )
     // While no thread is ready: the held attempts' heartbeats on the event loop (no progress:
     // finalization and flushes still write it).
     const bridge = Effect.gen(function* () {
@@ -330,8 +340,9 @@ const startThread = (
       }
     })
     yield* bridge.pipe(
+      Effect.retry(HeartbeatCore.retryRound(options.intervalMs)),
       Effect.catchCause((cause) => Effect.logWarning("heartbeat failed", cause)),
-      Effect.repeat(Schedule.spaced(options.intervalMs)),
+      Effect.repeat(HeartbeatCore.roundSchedule(options.intervalMs)),
       Effect.annotateLogs({ module: "Heartbeats", fiber: "bridge" }),
       Effect.forkScoped
     )
