@@ -2018,20 +2018,34 @@ DECLARE
   v_hi1 int;
   v_lo2 int;
   v_hi2 int;
+  v_now_lo1 int; -- 0026
+  v_now_hi1 int; -- 0026
+  v_now_lo2 int; -- 0026
+  v_now_hi2 int; -- 0026
 BEGIN
   -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
   IF current_setting('transaction_isolation') <> 'read committed' THEN
     RAISE EXCEPTION 'finalize needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
       USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
   END IF;
-  -- One statement; the locks are taken row by row in the sorted subquery's order.
-  SELECT array_agg(a.job_id) INTO v_ids
-  FROM (SELECT a.job_id, pg_advisory_xact_lock(attempt_key(a.job_id, a.run_lease)) AS locked
-        FROM (SELECT DISTINCT i.job_id, i.run_lease FROM jsonb_to_recordset(p_items) AS i(job_id bigint, run_lease bigint)
-              ORDER BY i.job_id, i.run_lease) a) a;
-  -- After the locks: the batch's claims can no longer be carried (prune tries these locks), so
-  -- each is in a slot of these ranges, or gone with its pruned slot (stale either way).
-  SELECT s.lo1, s.hi1, s.lo2, s.hi2 INTO v_lo1, v_hi1, v_lo2, v_hi2 FROM queue_slot_ranges() s;
+  SELECT array_agg(DISTINCT i.job_id) INTO v_ids FROM jsonb_to_recordset(p_items) AS i(job_id bigint); -- 0026
+  -- 0026: the batch's claims rows, locked FOR NO KEY UPDATE in (job_id, run_lease) order, where
+  -- each attempt took an advisory lock (one shared lock-table entry each until commit; a row lock
+  -- lives in the tuple header: a lock-only xmax, no dead tuple). Prune tries the same rows (FOR
+  -- UPDATE NOWAIT) before it carries or truncates, heartbeat locks them as we do, so once we hold
+  -- them they stay in these slots. A prune that committed between our range read and our lock
+  -- statement may have carried some, and it changed the ranges: read them again, lock in the new
+  -- ranges, until they hold still. After the loop each claim is in a slot of these ranges, or
+  -- gone with its pruned slot (stale either way).
+  LOOP -- 0026
+    SELECT s.lo1, s.hi1, s.lo2, s.hi2 INTO v_lo1, v_hi1, v_lo2, v_hi2 FROM queue_slot_ranges() s;
+    PERFORM 1 FROM claims c -- 0026
+    WHERE c.job_id = ANY (v_ids) AND (c.slot BETWEEN v_lo1 AND v_hi1 OR c.slot BETWEEN v_lo2 AND v_hi2)
+    ORDER BY c.job_id, c.run_lease
+    FOR NO KEY UPDATE OF c;
+    SELECT s.lo1, s.hi1, s.lo2, s.hi2 INTO v_now_lo1, v_now_hi1, v_now_lo2, v_now_hi2 FROM queue_slot_ranges() s; -- 0026
+    EXIT WHEN v_now_lo1 = v_lo1 AND v_now_hi1 = v_hi1 AND v_now_lo2 = v_lo2 AND v_now_hi2 = v_hi2; -- 0026
+  END LOOP;
 
   RETURN QUERY
   WITH items AS MATERIALIZED (
@@ -2081,7 +2095,7 @@ BEGIN
       WHERE a.job_id = c.job_id AND a.run_lease = c.run_lease LIMIT 1
     ) a ON true
     WHERE NOT EXISTS (SELECT 1 FROM batch_closures x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease)
-      -- a stale rescue yields to a heartbeat that committed after its scan (we hold the attempt lock)
+      -- a stale rescue yields to a heartbeat that committed after its scan (we hold the attempt's claims row, 0026)
       AND (i.stale_before IS NULL OR a.heartbeat_at IS NULL OR a.heartbeat_at < i.stale_before)
     ORDER BY i.job_id, i.run_lease, i.o
   ),
@@ -2202,20 +2216,20 @@ CREATE OR REPLACE FUNCTION awa.heartbeat(p_items jsonb)
  SET jit TO 'off'
 AS $function$
 #variable_conflict use_column
-DECLARE
-  v_attempt record;
 BEGIN
   -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
   IF current_setting('transaction_isolation') <> 'read committed' THEN
     RAISE EXCEPTION 'heartbeat needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
       USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
   END IF;
-  FOR v_attempt IN
-    SELECT DISTINCT i.job_id, i.run_lease FROM jsonb_to_recordset(p_items) AS i(job_id bigint, run_lease bigint)
-    ORDER BY i.job_id, i.run_lease
-  LOOP
-    PERFORM pg_advisory_xact_lock(attempt_key(v_attempt.job_id, v_attempt.run_lease));
-  END LOOP;
+  -- 0026: the attempts' claims rows, locked FOR NO KEY UPDATE in (job_id, run_lease) order as
+  -- finalize locks them (where each attempt took an advisory lock): a heartbeat and a finalize of
+  -- the same attempt take turns, so no attempt_state row outlives its attempt. A carried claim is
+  -- found wherever it is (no slot restriction); prune cannot carry one we hold.
+  PERFORM 1 FROM claims c -- 0026
+  WHERE (c.job_id, c.run_lease) IN (SELECT i.job_id, i.run_lease FROM jsonb_to_recordset(p_items) AS i(job_id bigint, run_lease bigint))
+  ORDER BY c.job_id, c.run_lease
+  FOR NO KEY UPDATE OF c;
   RETURN QUERY
   WITH items AS (
     SELECT DISTINCT ON (x.job_id, x.run_lease) x.job_id, x.run_lease, x.progress,
@@ -2551,16 +2565,20 @@ BEGIN
     RETURN QUERY SELECT 'Blocked:unclaimed', v_old, 0;
     RETURN;
   END IF;
-  FOR v_attempt IN
-    SELECT c.job_id, c.run_lease FROM claims c
+  -- 0026: the open attempts' claims rows, tried FOR UPDATE NOWAIT, where each attempt's advisory
+  -- lock was tried (one lock-table entry per open attempt; 100k open attempts failed): a
+  -- finalizer or heartbeat holding one makes us back off; holding them, none can write for these
+  -- attempts until we commit. A row lock taken in the block is released if it fails
+  -- (sub-transaction), kept if it succeeds.
+  BEGIN -- 0026
+    PERFORM 1 FROM claims c
     WHERE c.slot = v_slot AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.slot = v_slot AND z.job_id = c.job_id AND z.run_lease = c.run_lease)
     ORDER BY c.job_id, c.run_lease
-  LOOP
-    IF NOT pg_try_advisory_xact_lock(attempt_key(v_attempt.job_id, v_attempt.run_lease)) THEN
-      RETURN QUERY SELECT 'Blocked:locked_attempt', v_old, 0;
-      RETURN;
-    END IF;
-  END LOOP;
+    FOR UPDATE OF c NOWAIT;
+  EXCEPTION WHEN lock_not_available THEN -- 0026
+    RETURN QUERY SELECT 'Blocked:locked_attempt', v_old, 0;
+    RETURN;
+  END;
 
   v_children := format('%1$I.ready_%2$s, %1$I.ready_tombstones_%2$s, %1$I.claims_%2$s, %1$I.claim_marks_%2$s, %1$I.closures_%2$s, %1$I.terminal_%2$s',
                        'awa', v_slot);
@@ -2822,16 +2840,20 @@ BEGIN
     RETURN QUERY SELECT 'Blocked:young_attempts', v_old, 0, 0, 0;
     RETURN;
   END IF;
-  FOR v_attempt IN
-    SELECT c.job_id, c.run_lease FROM claims c
+  -- 0026: the open attempts' claims rows, tried FOR UPDATE NOWAIT, where each attempt's advisory
+  -- lock was tried (one lock-table entry per open attempt; 100k open attempts failed): a
+  -- finalizer or heartbeat holding one makes us back off; holding them, none can write for these
+  -- attempts until we commit. A row lock taken in the block is released if it fails
+  -- (sub-transaction), kept if it succeeds.
+  BEGIN -- 0026
+    PERFORM 1 FROM claims c
     WHERE c.slot = v_slot AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.slot = v_slot AND z.job_id = c.job_id AND z.run_lease = c.run_lease)
     ORDER BY c.job_id, c.run_lease
-  LOOP
-    IF NOT pg_try_advisory_xact_lock(attempt_key(v_attempt.job_id, v_attempt.run_lease)) THEN
-      RETURN QUERY SELECT 'Blocked:locked_attempt', v_old, 0, 0, 0;
-      RETURN;
-    END IF;
-  END LOOP;
+    FOR UPDATE OF c NOWAIT;
+  EXCEPTION WHEN lock_not_available THEN -- 0026
+    RETURN QUERY SELECT 'Blocked:locked_attempt', v_old, 0, 0, 0;
+    RETURN;
+  END;
 
   v_children := format('%1$I.ready_%2$s, %1$I.ready_tombstones_%2$s, %1$I.claims_%2$s, %1$I.claim_marks_%2$s, %1$I.closures_%2$s, %1$I.terminal_%2$s',
                        'awa', v_slot);
