@@ -6,9 +6,10 @@
  *   DATABASE_URL=postgres://…/postgres node bench/src/lockCounts.ts
  *
  * Each call runs once before it is measured, so its plans are cached as in a worker's session
- * (the first call of a session also locks what planning opened). Columns: all entries of the
- * backend; those outside the fast path (what takes room in the shared lock table, 64 ×
- * max_connections entries on a stock server); advisory locks among them.
+ * (the first call of a session also locks what planning opened). Columns: all `pg_locks` rows of
+ * the backend; those outside the fast path (what takes room in the shared lock table, 64 ×
+ * max_connections entries on a stock server); the distinct objects among those (pg_locks shows one
+ * row per mode, the shared table holds one entry per object and backend); advisory locks.
  *
  * Output: one table on stdout; no thresholds.
  */
@@ -23,6 +24,7 @@ import { acquireServer, createDatabase, databaseName, dropDatabase, table, withC
 interface Count {
   readonly all: number
   readonly shared: number
+  readonly objects: number
   readonly advisory: number
 }
 
@@ -30,6 +32,8 @@ const countLocks = Effect.flatMap(SqlClient.SqlClient, (sql) =>
   Effect.map(
     sql<Count>`
       SELECT count(*)::int AS all, count(*) FILTER (WHERE NOT fastpath)::int AS shared,
+             count(DISTINCT concat_ws('/', locktype, database, relation, page, tuple, virtualxid, transactionid::text, classid, objid, objsubid))
+               FILTER (WHERE NOT fastpath)::int AS objects,
              count(*) FILTER (WHERE locktype = 'advisory')::int AS advisory
       FROM pg_locks WHERE pid = pg_backend_pid()`,
     (rows) => rows[0]!
@@ -63,7 +67,6 @@ const calls = Effect.gen(function* () {
   yield* fill("claim", 2000)
   yield* fill("fin", 4 * 512 + 40)
   yield* fill("hb", 1000)
-  yield* fill("drain", 1000)
   const rows: Array<readonly [string, Count]> = []
   const none = Effect.void
   rows.push(["claim(1)", yield* measure(none, () => storage.claim(claimOf("claim", 1)))])
@@ -93,13 +96,13 @@ const calls = Effect.gen(function* () {
       ? [
           "drain_queue_batch(500)",
           yield* measure(
-            none,
-            () => sql`SELECT awa.drain_queue_batch('drain', 'locks', 500, 9223372036854775807)`
+            fill("drain", 500),
+            () => sql`SELECT awa.drain_queue_batch('drain', 'locks', 500, 1000000000)`
           )
         ]
       : [
-          "drain_queue (1,000 jobs)",
-          yield* measure(none, () => sql`SELECT awa.drain_queue('drain', 'locks')`)
+          "drain_queue (500 jobs)",
+          yield* measure(fill("drain", 500), () => sql`SELECT awa.drain_queue('drain', 'locks')`)
         ]
   )
   return rows
@@ -135,8 +138,8 @@ const program = Effect.gen(function* () {
   )
   yield* Console.log(
     table(
-      ["call (plan cached)", "entries", "shared (not fast-path)", "advisory"],
-      rows.map(([call, c]) => [call, c.all, c.shared, c.advisory])
+      ["call (plan cached)", "pg_locks rows", "not fast-path", "distinct objects", "advisory"],
+      rows.map(([call, c]) => [call, c.all, c.shared, c.objects, c.advisory])
     )
   )
 }).pipe(Effect.scoped)

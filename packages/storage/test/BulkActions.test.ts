@@ -100,12 +100,12 @@ layer(StorageLive, { excludeTestServices: true, timeout: "600 seconds" })("bulk 
   )
 
   it.effect(
-    "retryDlqBulk and purgeDlqBulk work through 25,000 entries, more than the lock table holds",
+    "retryDlqBulk and purgeDlqBulk work through 60,000 entries, more than the lock table holds",
     () =>
       Effect.gen(function* () {
         const storage = yield* QueueStorage
         const q = fresh("dlq")
-        const total = 25_000
+        const total = 60_000
         assert.isAbove(total, yield* lockTable, "more entries than lock-table entries")
         yield* storage.configureQueue(q, { dlq: true })
         yield* storage.enqueueMany(
