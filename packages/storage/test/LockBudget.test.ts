@@ -79,7 +79,9 @@ describe("lock budget", () => {
       const total = held.reduce((a, b) => a + b, 0)
       yield* Deferred.succeed(allReported, undefined)
       yield* Effect.forEach(sessions, (s) => Fiber.join(s))
-      yield* Effect.logInfo(`lock budget: ${workers} sessions held ${total} shared lock-table entries at once`)
+      yield* Effect.logInfo(
+        `lock budget: ${workers} sessions held ${total} shared lock-table entries at once`
+      )
       assert.isBelow(
         total,
         stockLockTable / 2,
