@@ -71,7 +71,6 @@ describe("a drain in batches racing claims and cancels", () => {
         const [drained] = yield* Effect.all([drainer, claimer, canceller], { concurrency: "unbounded" })
 
         const byClaim = new Set(yield* Ref.get(claimed))
-        console.log("RACE", drained, (yield* Ref.get(cancelled)).length, byClaim.size)
         const byCancel = new Set(yield* Ref.get(cancelled))
         yield* Effect.gen(function* () {
           const sql = yield* SqlClient.SqlClient
