@@ -87,7 +87,7 @@ const calls = Effect.gen(function* () {
     "jobs view, one job_id",
     yield* measure(none, () => sql`SELECT * FROM awa.jobs WHERE job_id = ${held[0]!.jobId}`)
   ])
-  // (migration 0025; a schema before it has only drain_queue, one transaction for the whole queue)
+  // (migration 0027; a schema before it has only drain_queue, one transaction for the whole queue)
   const [batched] = yield* sql<{
     yes: boolean
   }>`SELECT to_regproc('awa.drain_queue_batch') IS NOT NULL AS yes`

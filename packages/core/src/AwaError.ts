@@ -98,7 +98,7 @@ export class ProgressTooLarge extends Schema.TaggedError<ProgressTooLarge>()("Pr
 /**
  * A storage operation whose guards need READ COMMITTED (claim, finalize, prune, cancel, retry,
  * DLQ and bulk actions, …) was called inside a REPEATABLE READ or SERIALIZABLE transaction
- * (SQLSTATE AWI01, migration 0025). Enqueue is never refused: outside READ COMMITTED it defers
+ * (SQLSTATE AWI01, migration 0027). Enqueue is never refused: outside READ COMMITTED it defers
  * the job to the next promotion instead (0018).
  */
 export class ReadCommittedRequired extends Schema.TaggedError<ReadCommittedRequired>()(

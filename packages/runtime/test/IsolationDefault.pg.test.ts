@@ -1,7 +1,7 @@
 /**
  * A worker and its leader on a database whose sessions default to REPEATABLE READ or SERIALIZABLE
  * (`ALTER DATABASE … SET default_transaction_isolation`), as some applications configure theirs
- * (issue 13 item 3, review C1, migration 0025). The storage functions refuse other levels; the
+ * (issue 13 item 3, review C1, migration 0027). The storage functions refuse other levels; the
  * storage layer runs its calls at READ COMMITTED anyway (ReadCommitted.ts), so claims,
  * completions, heartbeats, promotion, rotation and prune all work, and a job inserted in the
  * application's own transaction (at the database's level) is claimed after promotion.

@@ -10789,14 +10789,14 @@ $$;
 `
   },
   {
-    file: "0026_row_locks_for_attempts.sql",
-    text: `-- 0026: finalize, heartbeat and prune lock claims rows, not one advisory lock per attempt
+    file: "0028_row_locks_for_attempts.sql",
+    text: `-- 0028: finalize, heartbeat and prune lock claims rows, not one advisory lock per attempt
 -- (issue 13 item 4, review M4; docs/adr/0021-server-defaults.md decision 8). Ported from branch
 -- sqlhard's 0022 onto the present definitions:
---   finalize                      as 0025 (= 0023's text: DLQ/re-entry, progress, 'release', plus
---                                 0025's READ COMMITTED check)
---   heartbeat                     as 0025 (= 0007's text plus the check)
---   prune_queue (4 and 8 args)    as 0025 (= 0021's text plus the check)
+--   finalize                      as 0027 (= 0023's text: DLQ/re-entry, progress, 'release', plus
+--                                 0027's READ COMMITTED check)
+--   heartbeat                     as 0027 (= 0007's text plus the check)
+--   prune_queue (4 and 8 args)    as 0027 (= 0021's text plus the check)
 -- Every place that took the per-attempt advisory lock (attempt_key) takes the claims row lock
 -- instead, or the exclusion breaks: finalize and heartbeat (waiting, FOR NO KEY UPDATE, in
 -- (job_id, run_lease) order), prune (trying, FOR UPDATE NOWAIT). rescue needs no change: its
@@ -10822,7 +10822,7 @@ $$;
 -- tries again at the next tick. Writes: none besides the lock-only xmax.
 
 -- ---------------------------------------------------------------------------------------------
--- finalize: as 0025, row locks instead of per-attempt advisory locks.
+-- finalize: as 0027, row locks instead of per-attempt advisory locks.
 CREATE OR REPLACE FUNCTION :AWA_SCHEMA.finalize(p_items jsonb)
  RETURNS TABLE(ord integer, applied boolean, state text)
  LANGUAGE plpgsql
@@ -10840,18 +10840,18 @@ DECLARE
   v_hi1 int;
   v_lo2 int;
   v_hi2 int;
-  v_now_lo1 int; -- 0026
-  v_now_hi1 int; -- 0026
-  v_now_lo2 int; -- 0026
-  v_now_hi2 int; -- 0026
+  v_now_lo1 int; -- 0028
+  v_now_hi1 int; -- 0028
+  v_now_lo2 int; -- 0028
+  v_now_hi2 int; -- 0028
 BEGIN
-  -- READ COMMITTED only (0025, docs/adr/0021-server-defaults.md)
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
   IF current_setting('transaction_isolation') <> 'read committed' THEN
     RAISE EXCEPTION 'finalize needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
       USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
   END IF;
-  SELECT array_agg(DISTINCT i.job_id) INTO v_ids FROM jsonb_to_recordset(p_items) AS i(job_id bigint); -- 0026
-  -- 0026: the batch's claims rows, locked FOR NO KEY UPDATE in (job_id, run_lease) order, where
+  SELECT array_agg(DISTINCT i.job_id) INTO v_ids FROM jsonb_to_recordset(p_items) AS i(job_id bigint); -- 0028
+  -- 0028: the batch's claims rows, locked FOR NO KEY UPDATE in (job_id, run_lease) order, where
   -- each attempt took an advisory lock (one shared lock-table entry each until commit; a row lock
   -- lives in the tuple header: a lock-only xmax, no dead tuple). Prune tries the same rows (FOR
   -- UPDATE NOWAIT) before it carries or truncates, heartbeat locks them as we do, so once we hold
@@ -10859,14 +10859,14 @@ BEGIN
   -- statement may have carried some, and it changed the ranges: read them again, lock in the new
   -- ranges, until they hold still. After the loop each claim is in a slot of these ranges, or
   -- gone with its pruned slot (stale either way).
-  LOOP -- 0026
+  LOOP -- 0028
     SELECT s.lo1, s.hi1, s.lo2, s.hi2 INTO v_lo1, v_hi1, v_lo2, v_hi2 FROM queue_slot_ranges() s;
-    PERFORM 1 FROM claims c -- 0026
+    PERFORM 1 FROM claims c -- 0028
     WHERE c.job_id = ANY (v_ids) AND (c.slot BETWEEN v_lo1 AND v_hi1 OR c.slot BETWEEN v_lo2 AND v_hi2)
     ORDER BY c.job_id, c.run_lease
     FOR NO KEY UPDATE OF c;
-    SELECT s.lo1, s.hi1, s.lo2, s.hi2 INTO v_now_lo1, v_now_hi1, v_now_lo2, v_now_hi2 FROM queue_slot_ranges() s; -- 0026
-    EXIT WHEN v_now_lo1 = v_lo1 AND v_now_hi1 = v_hi1 AND v_now_lo2 = v_lo2 AND v_now_hi2 = v_hi2; -- 0026
+    SELECT s.lo1, s.hi1, s.lo2, s.hi2 INTO v_now_lo1, v_now_hi1, v_now_lo2, v_now_hi2 FROM queue_slot_ranges() s; -- 0028
+    EXIT WHEN v_now_lo1 = v_lo1 AND v_now_hi1 = v_hi1 AND v_now_lo2 = v_lo2 AND v_now_hi2 = v_hi2; -- 0028
   END LOOP;
 
   RETURN QUERY
@@ -10917,7 +10917,7 @@ BEGIN
       WHERE a.job_id = c.job_id AND a.run_lease = c.run_lease LIMIT 1
     ) a ON true
     WHERE NOT EXISTS (SELECT 1 FROM batch_closures x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease)
-      -- a stale rescue yields to a heartbeat that committed after its scan (we hold the attempt's claims row, 0026)
+      -- a stale rescue yields to a heartbeat that committed after its scan (we hold the attempt's claims row, 0028)
       AND (i.stale_before IS NULL OR a.heartbeat_at IS NULL OR a.heartbeat_at < i.stale_before)
     ORDER BY i.job_id, i.run_lease, i.o
   ),
@@ -11029,7 +11029,7 @@ END
 $function$;
 
 -- ---------------------------------------------------------------------------------------------
--- heartbeat: as 0025, row locks instead of per-attempt advisory locks.
+-- heartbeat: as 0027, row locks instead of per-attempt advisory locks.
 CREATE OR REPLACE FUNCTION :AWA_SCHEMA.heartbeat(p_items jsonb)
  RETURNS TABLE(job_id bigint, run_lease bigint)
  LANGUAGE plpgsql
@@ -11040,16 +11040,16 @@ CREATE OR REPLACE FUNCTION :AWA_SCHEMA.heartbeat(p_items jsonb)
 AS $function$
 #variable_conflict use_column
 BEGIN
-  -- READ COMMITTED only (0025, docs/adr/0021-server-defaults.md)
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
   IF current_setting('transaction_isolation') <> 'read committed' THEN
     RAISE EXCEPTION 'heartbeat needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
       USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
   END IF;
-  -- 0026: the attempts' claims rows, locked FOR NO KEY UPDATE in (job_id, run_lease) order as
+  -- 0028: the attempts' claims rows, locked FOR NO KEY UPDATE in (job_id, run_lease) order as
   -- finalize locks them (where each attempt took an advisory lock): a heartbeat and a finalize of
   -- the same attempt take turns, so no attempt_state row outlives its attempt. A carried claim is
   -- found wherever it is (no slot restriction); prune cannot carry one we hold.
-  PERFORM 1 FROM claims c -- 0026
+  PERFORM 1 FROM claims c -- 0028
   WHERE (c.job_id, c.run_lease) IN (SELECT i.job_id, i.run_lease FROM jsonb_to_recordset(p_items) AS i(job_id bigint, run_lease bigint))
   ORDER BY c.job_id, c.run_lease
   FOR NO KEY UPDATE OF c;
@@ -11072,7 +11072,7 @@ END
 $function$;
 
 -- ---------------------------------------------------------------------------------------------
--- prune_queue(4 args): as 0025, its slot's open claims rows tried instead of advisory locks.
+-- prune_queue(4 args): as 0027, its slot's open claims rows tried instead of advisory locks.
 CREATE OR REPLACE FUNCTION :AWA_SCHEMA.prune_queue(p_lock_timeout_ms integer, p_completed_ms bigint, p_failed_ms bigint, p_cancelled_ms bigint)
  RETURNS TABLE(outcome text, generation bigint, carried integer)
  LANGUAGE plpgsql
@@ -11102,7 +11102,7 @@ DECLARE
   v_saved_timeout text := current_setting('lock_timeout');
   v_saved_nestloop text := current_setting('enable_nestloop');
 BEGIN
-  -- READ COMMITTED only (0025, docs/adr/0021-server-defaults.md)
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
   IF current_setting('transaction_isolation') <> 'read committed' THEN
     RAISE EXCEPTION 'prune_queue needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
       USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
@@ -11125,17 +11125,17 @@ BEGIN
     RETURN QUERY SELECT 'Blocked:unclaimed', v_old, 0;
     RETURN;
   END IF;
-  -- 0026: the open attempts' claims rows, tried FOR UPDATE NOWAIT, where each attempt's advisory
+  -- 0028: the open attempts' claims rows, tried FOR UPDATE NOWAIT, where each attempt's advisory
   -- lock was tried (one lock-table entry per open attempt; 100k open attempts failed): a
   -- finalizer or heartbeat holding one makes us back off; holding them, none can write for these
   -- attempts until we commit. A row lock taken in the block is released if it fails
   -- (sub-transaction), kept if it succeeds.
-  BEGIN -- 0026
+  BEGIN -- 0028
     PERFORM 1 FROM claims c
     WHERE c.slot = v_slot AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.slot = v_slot AND z.job_id = c.job_id AND z.run_lease = c.run_lease)
     ORDER BY c.job_id, c.run_lease
     FOR UPDATE OF c NOWAIT;
-  EXCEPTION WHEN lock_not_available THEN -- 0026
+  EXCEPTION WHEN lock_not_available THEN -- 0028
     RETURN QUERY SELECT 'Blocked:locked_attempt', v_old, 0;
     RETURN;
   END;
@@ -11291,7 +11291,7 @@ END
 $function$;
 
 -- ---------------------------------------------------------------------------------------------
--- prune_queue(8 args): as 0025, its slot's open claims rows tried instead of advisory locks.
+-- prune_queue(8 args): as 0027, its slot's open claims rows tried instead of advisory locks.
 CREATE OR REPLACE FUNCTION :AWA_SCHEMA.prune_queue(p_lock_timeout_ms integer, p_completed_ms bigint, p_failed_ms bigint, p_cancelled_ms bigint, p_carry_after_ms bigint, p_force_timeout_ms integer, p_carry_rows integer, p_end_idle_ms bigint)
  RETURNS TABLE(outcome text, generation bigint, carried integer, moved integer, parked integer)
  LANGUAGE plpgsql
@@ -11327,7 +11327,7 @@ DECLARE
   v_saved_timeout text := current_setting('lock_timeout');
   v_saved_nestloop text := current_setting('enable_nestloop');
 BEGIN
-  -- READ COMMITTED only (0025, docs/adr/0021-server-defaults.md)
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
   IF current_setting('transaction_isolation') <> 'read committed' THEN
     RAISE EXCEPTION 'prune_queue needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
       USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
@@ -11355,17 +11355,17 @@ BEGIN
     RETURN QUERY SELECT 'Blocked:young_attempts', v_old, 0, 0, 0;
     RETURN;
   END IF;
-  -- 0026: the open attempts' claims rows, tried FOR UPDATE NOWAIT, where each attempt's advisory
+  -- 0028: the open attempts' claims rows, tried FOR UPDATE NOWAIT, where each attempt's advisory
   -- lock was tried (one lock-table entry per open attempt; 100k open attempts failed): a
   -- finalizer or heartbeat holding one makes us back off; holding them, none can write for these
   -- attempts until we commit. A row lock taken in the block is released if it fails
   -- (sub-transaction), kept if it succeeds.
-  BEGIN -- 0026
+  BEGIN -- 0028
     PERFORM 1 FROM claims c
     WHERE c.slot = v_slot AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.slot = v_slot AND z.job_id = c.job_id AND z.run_lease = c.run_lease)
     ORDER BY c.job_id, c.run_lease
     FOR UPDATE OF c NOWAIT;
-  EXCEPTION WHEN lock_not_available THEN -- 0026
+  EXCEPTION WHEN lock_not_available THEN -- 0028
     RETURN QUERY SELECT 'Blocked:locked_attempt', v_old, 0, 0, 0;
     RETURN;
   END;

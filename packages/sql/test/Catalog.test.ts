@@ -10,7 +10,7 @@
  *   contain the schema, it still runs;
  * - no function is executable by PUBLIC;
  * - every PL/pgSQL function refuses to run outside READ COMMITTED (SQLSTATE AWI01, migration
- *   0025), except the few listed in `isolationAgnostic`, each with the reason it is safe.
+ *   0027), except the few listed in `isolationAgnostic`, each with the reason it is safe.
  *
  * Checked for the default schema and for a schema with another name (the migrations spell it
  * `:AWA_SCHEMA`). Each rule also has a negative control: a function that breaks it is reported.
@@ -67,7 +67,7 @@ const functionsOf = (schema: string) =>
 const qualified = (schema: string, sig: string) => (sig.startsWith(`${schema}.`) ? sig : `${schema}.${sig}`)
 
 /**
- * The check as the first statement of the body (migration 0025): the first thing after the
+ * The check as the first statement of the body (migration 0027): the first thing after the
  * body's first BEGIN line is the isolation test, and it raises AWI01. Anywhere else in the body
  * it could run after a write.
  */

@@ -347,7 +347,7 @@ export const makePg = Effect.fnUntraced(function* (options: PgCronStorageOptions
   const sql = yield* SqlClient.SqlClient
   const schema = yield* Migrations.checkSchemaName(options.schema ?? Migrations.defaultSchema)
   const s = sql(schema)
-  // fire and trigger need READ COMMITTED (migration 0025)
+  // fire and trigger need READ COMMITTED (migration 0027)
   const rc = ReadCommitted.make(sql)
   const check = (job: NewJob) =>
     Effect.flatMap(Clock.currentTimeMillis, (nowMillis) =>

@@ -88,7 +88,7 @@ const clientLayer = (c: ThreadConnection) =>
     ...(c.connectTimeoutMs === undefined ? {} : { connectTimeout: c.connectTimeoutMs }),
     ...(c.keepAliveMs === undefined ? {} : { keepAlive: c.keepAliveMs }),
     // our own connection: it starts at READ COMMITTED whatever the database's default, so its
-    // heartbeats need no retry in a transaction of their own (ReadCommitted.ts, migration 0025)
+    // heartbeats need no retry in a transaction of their own (ReadCommitted.ts, migration 0027)
     startupParameters: { ...c.startupParameters, ...ReadCommitted.readCommittedStartup },
     ...(c.startupOptions === undefined ? {} : { startupOptions: c.startupOptions }),
     applicationName: c.applicationName,

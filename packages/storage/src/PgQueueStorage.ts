@@ -118,7 +118,7 @@ export interface PgQueueStorageOptions {
 }
 
 // Jobs (or DLQ entries) per transaction of a bulk action: a few hundred row writes and no per-job
-// lock, so the shared lock table never fills, whatever the size of the queue (migration 0025).
+// lock, so the shared lock table never fills, whatever the size of the queue (migration 0027).
 const bulkBatch = 500
 
 // SQLSTATE the operator retries (retry_job, retry_from_dlq) raise for a unique conflict (DETAIL =
@@ -354,7 +354,7 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
   const sql = yield* SqlClient.SqlClient
   const schema = yield* Migrations.checkSchemaName(options.schema ?? Migrations.defaultSchema)
   const s = sql(schema)
-  // calls whose SQL functions need READ COMMITTED (migration 0025)
+  // calls whose SQL functions need READ COMMITTED (migration 0027)
   const rc = ReadCommitted.make(sql)
   const chunkSize = options.enqueueChunkSize ?? 5000
   const lockTimeoutMs = options.pruneLockTimeoutMs ?? 10
@@ -892,7 +892,7 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
     })
 
   // Bulk DLQ actions in batches of `bulkBatch` entries, each its own transaction (unless the
-  // caller's transaction holds them all): no lock is held across batches (migration 0025). The
+  // caller's transaction holds them all): no lock is held across batches (migration 0027). The
   // cursor (last id looked at) passes entries a batch left in the DLQ (a unique conflict).
   const dlqBulk = (
     action: "retry" | "purge",
@@ -931,7 +931,7 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
     )
 
   // In batches of `bulkBatch` jobs, each its own transaction (unless the caller's transaction holds
-  // them all): no per-job lock, and the queue's lanes are locked one batch at a time (0025). Only
+  // them all): no per-job lock, and the queue's lanes are locked one batch at a time (0027). Only
   // jobs that exist when the drain starts: a producer cannot keep it going.
   const drainQueue = (queue: string, reason: string) =>
     Effect.gen(function* () {

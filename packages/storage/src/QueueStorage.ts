@@ -386,7 +386,7 @@ export class QueueStorage extends Context.Service<
     /**
      * Retries every entry matching the filter; an empty filter needs `all: true`. Returns how many.
      * In batches of 500, each its own transaction (inside the caller's transaction: all in it); an
-     * entry whose unique key another job holds stays in the DLQ (migration 0025).
+     * entry whose unique key another job holds stays in the DLQ (migration 0027).
      */
     readonly retryDlqBulk: (
       filter: DlqFilter,
@@ -394,7 +394,7 @@ export class QueueStorage extends Context.Service<
     ) => Effect.Effect<number, UnsafeBulkFilter | ValidationError | ReadCommittedRequired | SqlError.SqlError>
     /**
      * Purges every entry matching the filter; an empty filter needs `all: true`. Returns how many.
-     * In batches of 500, each its own transaction (migration 0025).
+     * In batches of 500, each its own transaction (migration 0027).
      */
     readonly purgeDlqBulk: (
       filter: DlqFilter,
@@ -409,7 +409,7 @@ export class QueueStorage extends Context.Service<
      * Cancels every job of the queue that is not running yet (available, parked, scheduled,
      * retryable) and existed when the call started. In batches of 500, each its own transaction
      * (inside the caller's transaction: all in it), with no lane locked between batches: not
-     * atomic, a claim may take a job between two batches (migration 0025).
+     * atomic, a claim may take a job between two batches (migration 0027).
      */
     readonly drainQueue: (
       queue: string,

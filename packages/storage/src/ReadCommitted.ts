@@ -1,6 +1,6 @@
 /**
  * Running storage calls at READ COMMITTED whatever the pool's `default_transaction_isolation`
- * (migration 0025, docs/adr/0021-server-defaults.md decision 5).
+ * (migration 0027, docs/adr/0021-server-defaults.md decision 5).
  *
  * **Guarantee** A call made outside a transaction runs at READ COMMITTED: first as a plain
  * statement (the pool's default, READ COMMITTED on a stock server: no extra round trip); if the

@@ -1,5 +1,5 @@
 /**
- * A drain in batches (migration 0025) racing the other writers of its rows: claims (and the
+ * A drain in batches (migration 0027) racing the other writers of its rows: claims (and the
  * unpark that promoteDue runs) and single cancels, each on its own connection. No per-job lock
  * orders them any more: the lane's claim lock does (drain, claim, unpark, and cancel_job's
  * re-check of the cursor), and the row lock of a DELETE on `parked` / `deferred`. Every job must
@@ -45,10 +45,7 @@ describe("a drain in batches racing claims and cancels", () => {
         const drainer = Effect.gen(function* () {
           const storage = yield* QueueStorage
           return yield* storage.drainQueue(q, "drained")
-        }).pipe(
-          Effect.ensuring(Deferred.succeed(done, undefined)),
-          Effect.provide(eagerStorage(url, 1))
-        )
+        }).pipe(Effect.ensuring(Deferred.succeed(done, undefined)), Effect.provide(eagerStorage(url, 1)))
         const claimer = Effect.gen(function* () {
           const storage = yield* QueueStorage
           while (!(yield* Deferred.isDone(done))) {

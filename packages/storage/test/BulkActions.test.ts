@@ -1,5 +1,5 @@
 /**
- * Operator bulk actions in bounded batches (migration 0025, issue 13 item 4, review M3): drainQueue
+ * Operator bulk actions in bounded batches (migration 0027, issue 13 item 4, review M3): drainQueue
  * and the DLQ bulk retry/purge take no per-job lock and commit every 500 jobs. Before, they took one
  * advisory lock per job in one transaction: "out of shared memory" (for every session of the
  * server) once the jobs outnumbered the shared lock table, 64 × max_connections entries (19,200

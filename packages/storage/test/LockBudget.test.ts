@@ -1,11 +1,11 @@
 /**
- * The shared lock table of a stock server (issue 13 item 4, review M4, migration 0026): 64 entries
+ * The shared lock table of a stock server (issue 13 item 4, review M4, migration 0028): 64 entries
  * per connection slot, 6,400 with the default 100 connections, shared by every session. Twenty
  * workers each holding a full finalize(512) transaction open at once must fit in it with room to
  * spare. The test server may have more connection slots (the embedded one has 300, so a larger
  * table), so the test does not wait for "out of shared memory": it counts what the twenty
  * sessions hold at the same moment (`pg_locks`, fast-path entries excluded: they live in each
- * backend, not in the shared table) against the stock size. Before 0026 each held ~590 (512
+ * backend, not in the shared table) against the stock size. Before 0028 each held ~590 (512
  * per-attempt advisory locks), ~11,700 in all.
  */
 import { TestDatabase } from "@awa/testing"

@@ -268,7 +268,7 @@ describe("PgQueueStorage: DLQ retry, batches and rescue under races (issue 14, p
           yield* Deferred.await(started)
           yield* holding(
             url,
-            // the attempt's claims row: its lock since migration 0026 (finalize, heartbeat)
+            // the attempt's claims row: its lock since migration 0028 (finalize, heartbeat)
             {
               statement: `SELECT 1 FROM awa.claims WHERE job_id = ${c!.jobId} AND run_lease = ${c!.runLease} FOR NO KEY UPDATE`
             },

@@ -24,7 +24,9 @@ describe("unpark", () => {
         yield* sql`ALTER TABLE awa.parked SET (autovacuum_enabled = false)`
         yield* storage.pauseQueue(q)
         for (let i = 0; i < 3; i++)
-          yield* storage.enqueueMany(Array.from({ length: 1000 }, (_, n) => ({ kind: "k", queue: q, args: { n } })))
+          yield* storage.enqueueMany(
+            Array.from({ length: 1000 }, (_, n) => ({ kind: "k", queue: q, args: { n } }))
+          )
         assert.strictEqual(yield* storage.rotate, "Rotated")
         assert.strictEqual((yield* storage.prune(keepNothing))._tag, "Pruned")
         const parked = Effect.map(

@@ -1,5 +1,5 @@
 /**
- * Operations that need READ COMMITTED (issue 13 item 3, review C1/A2, migration 0025,
+ * Operations that need READ COMMITTED (issue 13 item 3, review C1/A2, migration 0027,
  * docs/adr/0021-server-defaults.md decision 5). Their SQL functions refuse other levels (AWI01);
  * inside the caller's REPEATABLE READ / SERIALIZABLE transaction the storage layer answers the
  * typed `ReadCommittedRequired`, and nothing was done. Enqueue is not among them: it is diverted
