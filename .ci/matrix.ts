@@ -55,8 +55,10 @@ const legs: ReadonlyArray<Leg> = [
 /**
  * The suites each leg runs (vitest file filters): what must hold on every server a user runs —
  * the storage contract on Postgres (and its unique-mask cases), enqueue under every isolation
- * level, duplicates as answers, the catalog rules (JIT off, search_path, no PUBLIC execute), and
- * the worker end to end (every outcome kind, the DLQ). The full suite (ring properties under
+ * level, duplicates as answers, the catalog rules (JIT off, search_path, no PUBLIC execute, the
+ * READ COMMITTED guard), the refusals and the worker on a database defaulting to REPEATABLE READ
+ * or SERIALIZABLE, the lock budget of twenty full finalize batches, and the worker end to end
+ * (every outcome kind, the DLQ). The full suite (ring properties under
  * churn and a pinned horizon, prune and liveness, cron, tracing, the multi-process fault
  * scenarios, the docs' examples) runs once, on the default server: with full durability on 2
  * cores it would take a leg over 20 minutes, and CI has 90 for everything.
@@ -65,10 +67,13 @@ const suites = [
   "packages/storage/test/PgQueueStorage.test.ts",
   "packages/storage/test/PgQueueStorage.masks.test.ts",
   "packages/storage/test/Isolation.test.ts",
+  "packages/storage/test/ReadCommitted.test.ts",
+  "packages/storage/test/LockBudget.test.ts",
   "packages/storage/test/Duplicates.test.ts",
   "packages/sql/test/Catalog.test.ts",
   "packages/runtime/test/Worker.pg.test.ts",
-  "packages/runtime/test/Dlq.pg.test.ts"
+  "packages/runtime/test/Dlq.pg.test.ts",
+  "packages/runtime/test/IsolationDefault.pg.test.ts"
 ]
 
 const arg = (name: string) => {

@@ -618,6 +618,11 @@ AS $function$
 DECLARE
   v_job_id bigint;
 BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'cancel_by_unique_key needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
   SELECT u.job_id INTO v_job_id FROM unique_claims u WHERE u.unique_key = decode(p_key, 'hex');
   IF v_job_id IS NULL THEN
     RETURN NULL;
@@ -645,6 +650,11 @@ DECLARE
   v_try int;
   v_state text;
 BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'cancel_job needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
   PERFORM pg_advisory_xact_lock(lock_ns('job'), hashint8(p_job_id));
   FOR v_try IN 1 .. 100 LOOP
     SELECT * INTO v_job FROM jobs j WHERE j.job_id = p_job_id;
@@ -760,6 +770,11 @@ DECLARE
   v_keyed boolean; -- 0024: the last pick left out rows whose key is taken at claim
   v_mark bigint; -- 0024: the lane's cursor after that pick
 BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'claim needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
   IF p_max <= 0 THEN
     RETURN;
   END IF;
@@ -1003,6 +1018,11 @@ AS $function$
 DECLARE
   v_count int;
 BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'cleanup_dlq needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
   WITH old AS (
     SELECT d.job_id FROM dlq d
     LEFT JOIN queue_meta m ON m.queue = d.queue
@@ -1031,6 +1051,11 @@ DECLARE
   v_job_id bigint;
   v_state text;
 BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'cron_fire needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
   SELECT c.paused, c.last_fire_at INTO v_schedule FROM cron_schedules c WHERE c.name = p_name FOR UPDATE;
   IF NOT FOUND THEN
     RETURN QUERY SELECT 'not_found'::text, NULL::bigint;
@@ -1128,6 +1153,11 @@ DECLARE
   v_job_id bigint;
   v_state text;
 BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'cron_trigger needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
   PERFORM 1 FROM cron_schedules c WHERE c.name = p_name FOR UPDATE;
   IF NOT FOUND THEN
     RETURN;
@@ -1198,27 +1228,25 @@ CREATE OR REPLACE FUNCTION awa.dlq_bulk(p_action text, p_queue text, p_kind text
 AS $function$
 #variable_conflict use_column
 DECLARE
-  v_id bigint;
+  v_after bigint := 0;
+  v_n int;
+  v_last bigint;
   v_count int := 0;
 BEGIN
-  IF p_action = 'purge' THEN
-    WITH gone AS (
-      DELETE FROM dlq d WHERE d.job_id IN (SELECT m.job_id FROM dlq_matching(p_queue, p_kind, p_tag, p_since, p_until, p_before) m)
-      RETURNING d.job_id, d.unique_key
-    ),
-    -- a purged job is gone for good: a key it still held (mask with 'failed') is released
-    released AS (DELETE FROM unique_claims u USING gone g WHERE u.unique_key = g.unique_key AND u.job_id = g.job_id)
-    SELECT count(*) INTO v_count FROM gone;
-    RETURN v_count;
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'dlq_bulk needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
   END IF;
-  FOR v_id IN SELECT m.job_id FROM dlq_matching(p_queue, p_kind, p_tag, p_since, p_until, p_before) m ORDER BY m.job_id LOOP
-    BEGIN
-      IF retry_from_dlq(v_id, NULL, NULL, NULL) IS NOT NULL THEN
-        v_count := v_count + 1;
-      END IF;
-    EXCEPTION WHEN SQLSTATE 'AWU01' THEN
-      NULL; -- stays in the DLQ
-    END;
+  LOOP -- 0027: batches, no per-entry lock or sub-transaction
+    IF p_action = 'purge' THEN
+      SELECT b.purged, b.last_job_id INTO v_n, v_last FROM dlq_purge_batch(p_queue, p_kind, p_tag, p_since, p_until, p_before, v_after, 500) b;
+    ELSE
+      SELECT b.retried, b.last_job_id INTO v_n, v_last FROM dlq_retry_batch(p_queue, p_kind, p_tag, p_since, p_until, p_before, v_after, 500) b;
+    END IF;
+    EXIT WHEN v_last IS NULL;
+    v_count := v_count + v_n;
+    v_after := v_last;
   END LOOP;
   RETURN v_count;
 END
@@ -1252,7 +1280,145 @@ AS $function$
 $function$
 -- execute besides the owner: owner only
 
+CREATE OR REPLACE FUNCTION awa.dlq_purge_batch(p_queue text, p_kind text, p_tag text, p_since timestamp with time zone, p_until timestamp with time zone, p_before bigint, p_after_job_id bigint, p_limit integer, OUT purged integer, OUT last_job_id bigint)
+ RETURNS record
+ LANGUAGE plpgsql
+ SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
+AS $function$
+#variable_conflict use_column
+BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'dlq_purge_batch needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  WITH picked AS (
+    SELECT m.job_id FROM dlq m
+    WHERE (p_queue IS NULL OR m.queue = p_queue) AND (p_kind IS NULL OR m.kind = p_kind)
+      AND (p_tag IS NULL OR p_tag = ANY (m.tags)) AND (p_since IS NULL OR m.dlq_at >= p_since)
+      AND (p_until IS NULL OR m.dlq_at < p_until) AND (p_before IS NULL OR m.job_id < p_before)
+      AND m.job_id > coalesce(p_after_job_id, 0)
+    ORDER BY m.job_id LIMIT p_limit
+    FOR UPDATE SKIP LOCKED
+  ),
+  gone AS (DELETE FROM dlq d USING picked p WHERE d.job_id = p.job_id RETURNING d.job_id, d.unique_key),
+  -- a purged job is gone for good: a key it still held (mask with 'failed') is released
+  released AS (DELETE FROM unique_claims u USING gone g WHERE u.unique_key = g.unique_key AND u.job_id = g.job_id)
+  SELECT count(*)::int, max(g.job_id) INTO purged, last_job_id FROM gone g;
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.dlq_retry_batch(p_queue text, p_kind text, p_tag text, p_since timestamp with time zone, p_until timestamp with time zone, p_before bigint, p_after_job_id bigint, p_limit integer, OUT retried integer, OUT last_job_id bigint)
+ RETURNS record
+ LANGUAGE plpgsql
+ SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
+AS $function$
+#variable_conflict use_column
+DECLARE
+  v_now timestamptz := now();
+  v_ids bigint[];
+  v_lane record;
+  v_slot int;
+  v_generation bigint;
+  v_pos bigint[];
+  v_queues text[];
+BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'dlq_retry_batch needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  retried := 0;
+  SELECT array_agg(d.job_id ORDER BY d.job_id), max(d.job_id) INTO v_ids, last_job_id
+  FROM (
+    SELECT m.job_id FROM dlq m
+    WHERE (p_queue IS NULL OR m.queue = p_queue) AND (p_kind IS NULL OR m.kind = p_kind)
+      AND (p_tag IS NULL OR p_tag = ANY (m.tags)) AND (p_since IS NULL OR m.dlq_at >= p_since)
+      AND (p_until IS NULL OR m.dlq_at < p_until) AND (p_before IS NULL OR m.job_id < p_before)
+      AND m.job_id > coalesce(p_after_job_id, 0)
+    ORDER BY m.job_id LIMIT p_limit
+    FOR UPDATE SKIP LOCKED
+  ) d;
+  IF v_ids IS NULL THEN
+    RETURN;
+  END IF;
+
+  -- the target lanes' enqueue locks, sorted, before the unique keys (enqueue's order)
+  FOR v_lane IN
+    SELECT DISTINCT d.queue COLLATE "C" AS queue, d.priority FROM dlq d WHERE d.job_id = ANY (v_ids) ORDER BY 1, 2
+  LOOP
+    PERFORM pg_advisory_xact_lock(lock_ns('enqueue'), lane_key(v_lane.queue, v_lane.priority, 0));
+    INSERT INTO lanes (queue, priority, shard) VALUES (v_lane.queue, v_lane.priority, 0) ON CONFLICT DO NOTHING;
+  END LOOP;
+
+  -- Keys the retried jobs must hold ('available' in their mask); an entry whose key another job
+  -- holds stays in the DLQ (retry_from_dlq raises AWU01 for it; a bulk retry passes it over).
+  INSERT INTO unique_claims (unique_key, job_id)
+  SELECT d.unique_key, d.job_id FROM dlq d
+  WHERE d.job_id = ANY (v_ids) AND d.unique_key IS NOT NULL AND (d.unique_states & state_bit('available')) <> 0
+  ORDER BY d.job_id
+  ON CONFLICT (unique_key) DO NOTHING;
+  SELECT array_agg(d.job_id ORDER BY d.job_id) INTO v_ids FROM dlq d
+  WHERE d.job_id = ANY (v_ids)
+    AND (d.unique_key IS NULL OR (d.unique_states & state_bit('available')) = 0
+         OR EXISTS (SELECT 1 FROM unique_claims u WHERE u.unique_key = d.unique_key AND u.job_id = d.job_id));
+  IF v_ids IS NULL THEN
+    RETURN;
+  END IF;
+
+  SELECT o_generation, o_slot INTO v_generation, v_slot FROM enqueue_ready_slot();
+  SELECT array_agg(v ORDER BY v) INTO v_pos FROM (SELECT nextval('lane_seq') AS v FROM generate_series(1, cardinality(v_ids))) s;
+  WITH gone AS (
+    DELETE FROM dlq d WHERE d.job_id = ANY (v_ids) RETURNING d.*
+  ),
+  ranked AS (
+    SELECT g.*, row_number() OVER (ORDER BY g.job_id) AS rank FROM gone g
+  ),
+  ins AS (
+    INSERT INTO ready (slot, generation, job_id, kind, queue, priority, shard, lane_seq, args, metadata, tags,
+                       errors, progress, attempt, run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
+    SELECT v_slot, v_generation, r.job_id, r.kind, r.queue, r.priority, 0, v_pos[r.rank], r.args, r.metadata, r.tags,
+           r.errors, r.progress, 0, r.original_run_lease, r.max_attempts, v_now, r.created_at, r.unique_key, r.unique_states
+    FROM ranked r
+    RETURNING queue
+  )
+  SELECT count(*)::int, array_agg(DISTINCT ins.queue) INTO retried, v_queues FROM ins;
+  PERFORM pg_notify('awa_wake_awa', q) FROM unnest(v_queues) AS q;
+END
+$function$
+-- execute besides the owner: owner only
+
 CREATE OR REPLACE FUNCTION awa.drain_queue(p_queue text, p_reason text)
+ RETURNS integer
+ LANGUAGE plpgsql
+ SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
+AS $function$
+DECLARE
+  v_max bigint;
+  v_n int;
+  v_count int := 0;
+BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'drain_queue needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  SELECT s.last_value INTO v_max FROM job_id_seq s; -- 0027
+  LOOP
+    v_n := drain_queue_batch(p_queue, p_reason, 500, v_max); -- 0027
+    v_count := v_count + v_n;
+    EXIT WHEN v_n = 0;
+  END LOOP;
+  RETURN v_count;
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.drain_queue_batch(p_queue text, p_reason text, p_limit integer, p_max_job_id bigint)
  RETURNS integer
  LANGUAGE plpgsql
  SET search_path TO 'awa', 'pg_catalog'
@@ -1260,17 +1426,142 @@ CREATE OR REPLACE FUNCTION awa.drain_queue(p_queue text, p_reason text)
 AS $function$
 #variable_conflict use_column
 DECLARE
-  v_id bigint;
-  v_count int := 0;
+  v_now timestamptz := now();
+  v_left int := p_limit;
+  v_n int;
+  v_ring record;
+  v_lane record;
+  v_cursor bigint;
+  v_last bigint;
+  v_lo1 int;
+  v_hi1 int;
+  v_lo2 int;
+  v_hi2 int;
 BEGIN
-  FOR v_id IN
-    SELECT j.job_id FROM jobs j WHERE j.queue = p_queue AND j.state IN ('available', 'scheduled', 'retryable') ORDER BY j.job_id
-  LOOP
-    IF cancel_job(v_id, p_reason) = 'cancelled' THEN
-      v_count := v_count + 1;
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'drain_queue_batch needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  IF p_limit <= 0 THEN
+    RETURN 0;
+  END IF;
+
+  -- Deferred jobs (no index by queue: a scan of deferred per call, which holds only what is
+  -- scheduled or retrying). FOR UPDATE waits for a promote or cancel holding a row; the DELETE
+  -- then finds it gone and the next statements see where it went.
+  SELECT o_generation AS generation, o_slot AS slot INTO v_ring FROM lock_current_slot('terminal');
+  WITH picked AS (
+    SELECT d.job_id FROM deferred d
+    WHERE d.queue = p_queue AND d.job_id <= p_max_job_id
+    ORDER BY d.job_id LIMIT v_left
+    FOR UPDATE
+  ),
+  gone AS (
+    DELETE FROM deferred d USING picked p WHERE d.job_id = p.job_id RETURNING d.*
+  ),
+  term AS (
+    INSERT INTO terminal (slot, generation, job_id, run_lease, state, attempt, finalized_at, errors, progress, wide,
+                          kind, queue, priority, args, metadata, tags, max_attempts, run_at, created_at, unique_key, unique_states)
+    SELECT v_ring.slot, v_ring.generation, g.job_id, g.run_lease, 'cancelled', g.attempt, v_now,
+           append_error(g.errors, jsonb_build_object('error', 'cancelled: ' || p_reason, 'attempt', g.attempt, 'at', v_now)),
+           g.progress, true, g.kind, g.queue, g.priority, g.args, g.metadata, g.tags, g.max_attempts, g.run_at,
+           g.created_at, g.unique_key, g.unique_states
+    FROM gone g
+  ),
+  released AS (
+    DELETE FROM unique_claims u USING gone g
+    WHERE u.unique_key = g.unique_key AND u.job_id = g.job_id AND (g.unique_states & state_bit('cancelled')) = 0
+  )
+  SELECT count(*) INTO v_n FROM gone;
+  v_left := v_left - v_n;
+
+  -- Available jobs, lane by lane under the lane's claim lock (sorted: two drains take them in the
+  -- same order).
+  FOR v_lane IN SELECT l.priority, l.shard FROM lanes l WHERE l.queue = p_queue ORDER BY l.priority, l.shard LOOP
+    EXIT WHEN v_left <= 0;
+    PERFORM pg_advisory_xact_lock(lock_ns('claim'), lane_key(p_queue, v_lane.priority, v_lane.shard));
+
+    -- Parked rows (0021): out of the ring, at or past the lane's barrier. Under the claim lock
+    -- neither unpark nor prune's park moves them meanwhile (cancel_job deletes them the same way).
+    SELECT o_generation AS generation, o_slot AS slot INTO v_ring FROM lock_current_slot('terminal');
+    WITH gone AS (
+      DELETE FROM parked p
+      WHERE p.queue = p_queue AND p.priority = v_lane.priority AND p.shard = v_lane.shard
+        AND p.lane_seq IN (SELECT q.lane_seq FROM parked q
+                           WHERE q.queue = p_queue AND q.priority = v_lane.priority AND q.shard = v_lane.shard
+                             AND q.job_id <= p_max_job_id
+                           ORDER BY q.lane_seq LIMIT v_left)
+      RETURNING p.*
+    ),
+    term AS (
+      INSERT INTO terminal (slot, generation, job_id, run_lease, state, attempt, finalized_at, errors, progress, wide,
+                            kind, queue, priority, args, metadata, tags, max_attempts, run_at, created_at, unique_key, unique_states)
+      SELECT v_ring.slot, v_ring.generation, g.job_id, g.run_lease, 'cancelled', g.attempt, v_now,
+             append_error(g.errors, jsonb_build_object('error', 'cancelled: ' || p_reason, 'attempt', g.attempt, 'at', v_now)),
+             g.progress, true, g.kind, g.queue, g.priority, g.args, g.metadata, g.tags, g.max_attempts, g.run_at,
+             g.created_at, g.unique_key, g.unique_states
+      FROM gone g
+    ),
+    released AS (
+      DELETE FROM unique_claims u USING gone g
+      WHERE u.unique_key = g.unique_key AND u.job_id = g.job_id AND (g.unique_states & state_bit('cancelled')) = 0
+    )
+    SELECT count(*) INTO v_n FROM gone;
+    v_left := v_left - v_n;
+    EXIT WHEN v_left <= 0;
+
+    -- Ready rows from the cursor, in a new statement after the lock (the previous claimer's mark
+    -- is seen), up to the barrier of the parked rows still left (as claim's pick), tombstoned.
+    v_cursor := lane_cursor(p_queue, v_lane.priority, v_lane.shard);
+    IF v_lo1 IS NULL THEN
+      SELECT s.lo1, s.hi1, s.lo2, s.hi2 INTO v_lo1, v_hi1, v_lo2, v_hi2 FROM queue_slot_ranges() s;
+    END IF;
+    WITH picked AS MATERIALIZED (
+      SELECT r.* FROM ready r
+      WHERE r.queue = p_queue AND r.priority = v_lane.priority AND r.shard = v_lane.shard AND r.lane_seq >= v_cursor
+        AND (r.slot BETWEEN v_lo1 AND v_hi1 OR r.slot BETWEEN v_lo2 AND v_hi2)
+        AND r.job_id <= p_max_job_id
+        -- (t.lane_seq >= the cursor too: on fresh children without statistics the planner may scan
+        -- the lane's tombstones once per row instead of probing, and those below the cursor, a
+        -- drain's earlier batches, are most of them)
+        AND NOT EXISTS (SELECT 1 FROM ready_tombstones t
+                        WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard AND t.lane_seq = r.lane_seq
+                          AND t.lane_seq >= v_cursor)
+        AND r.lane_seq < coalesce((SELECT p.lane_seq FROM parked p
+                                   WHERE p.queue = p_queue AND p.priority = v_lane.priority AND p.shard = v_lane.shard
+                                   ORDER BY p.lane_seq LIMIT 1), 9223372036854775807)
+      ORDER BY r.lane_seq LIMIT v_left
+    ),
+    tomb AS (
+      INSERT INTO ready_tombstones (slot, generation, job_id, queue, priority, shard, lane_seq)
+      SELECT p.slot, p.generation, p.job_id, p.queue, p.priority, p.shard, p.lane_seq FROM picked p
+    ),
+    term AS (
+      INSERT INTO terminal (slot, generation, job_id, run_lease, state, attempt, finalized_at, errors, progress, wide,
+                            kind, queue, priority, args, metadata, tags, max_attempts, run_at, created_at, unique_key, unique_states)
+      SELECT p.slot, p.generation, p.job_id, p.run_lease, 'cancelled', p.attempt, v_now,
+             append_error(p.errors, jsonb_build_object('error', 'cancelled: ' || p_reason, 'attempt', p.attempt, 'at', v_now)),
+             p.progress, true, p.kind, p.queue, p.priority, p.args, p.metadata, p.tags, p.max_attempts, p.run_at,
+             p.created_at, p.unique_key, p.unique_states
+      FROM picked p
+    ),
+    released AS (
+      DELETE FROM unique_claims u USING picked p
+      WHERE u.unique_key = p.unique_key AND u.job_id = p.job_id AND (p.unique_states & state_bit('cancelled')) = 0
+    )
+    SELECT count(*), max(p.lane_seq) INTO v_n, v_last FROM picked p;
+    v_left := v_left - v_n;
+    IF v_n > 0 THEN
+      -- A claim mark past the last row taken, as claim writes one: every position from the cursor
+      -- up to it is now tombstoned or claimed, so the lane's next batch (and claim) starts after it
+      -- instead of stepping over ever more tombstones. It stays below the barrier.
+      SELECT o_generation AS generation, o_slot AS slot INTO v_ring FROM lock_current_slot('claim_marks');
+      INSERT INTO claim_marks (slot, generation, queue, priority, shard, next_lane_seq)
+      VALUES (v_ring.slot, v_ring.generation, p_queue, v_lane.priority, v_lane.shard, v_last + 1);
     END IF;
   END LOOP;
-  RETURN v_count;
+  RETURN p_limit - v_left;
 END
 $function$
 -- execute besides the owner: owner only
@@ -1676,6 +1967,11 @@ CREATE OR REPLACE FUNCTION awa.enqueue_ready_slot(OUT o_generation bigint, OUT o
  SET jit TO 'off'
 AS $function$
 BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'enqueue_ready_slot needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
   LOOP
     SELECT r.generation, r.slot INTO o_generation, o_slot FROM ring_rotations r
     WHERE r.ring = 'queue' ORDER BY r.generation DESC LIMIT 1;
@@ -1722,15 +2018,34 @@ DECLARE
   v_hi1 int;
   v_lo2 int;
   v_hi2 int;
+  v_now_lo1 int; -- 0028
+  v_now_hi1 int; -- 0028
+  v_now_lo2 int; -- 0028
+  v_now_hi2 int; -- 0028
 BEGIN
-  -- One statement; the locks are taken row by row in the sorted subquery's order.
-  SELECT array_agg(a.job_id) INTO v_ids
-  FROM (SELECT a.job_id, pg_advisory_xact_lock(attempt_key(a.job_id, a.run_lease)) AS locked
-        FROM (SELECT DISTINCT i.job_id, i.run_lease FROM jsonb_to_recordset(p_items) AS i(job_id bigint, run_lease bigint)
-              ORDER BY i.job_id, i.run_lease) a) a;
-  -- After the locks: the batch's claims can no longer be carried (prune tries these locks), so
-  -- each is in a slot of these ranges, or gone with its pruned slot (stale either way).
-  SELECT s.lo1, s.hi1, s.lo2, s.hi2 INTO v_lo1, v_hi1, v_lo2, v_hi2 FROM queue_slot_ranges() s;
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'finalize needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  SELECT array_agg(DISTINCT i.job_id) INTO v_ids FROM jsonb_to_recordset(p_items) AS i(job_id bigint); -- 0028
+  -- 0028: the batch's claims rows, locked FOR NO KEY UPDATE in (job_id, run_lease) order, where
+  -- each attempt took an advisory lock (one shared lock-table entry each until commit; a row lock
+  -- lives in the tuple header: a lock-only xmax, no dead tuple). Prune tries the same rows (FOR
+  -- UPDATE NOWAIT) before it carries or truncates, heartbeat locks them as we do, so once we hold
+  -- them they stay in these slots. A prune that committed between our range read and our lock
+  -- statement may have carried some, and it changed the ranges: read them again, lock in the new
+  -- ranges, until they hold still. After the loop each claim is in a slot of these ranges, or
+  -- gone with its pruned slot (stale either way).
+  LOOP -- 0028
+    SELECT s.lo1, s.hi1, s.lo2, s.hi2 INTO v_lo1, v_hi1, v_lo2, v_hi2 FROM queue_slot_ranges() s;
+    PERFORM 1 FROM claims c -- 0028
+    WHERE c.job_id = ANY (v_ids) AND (c.slot BETWEEN v_lo1 AND v_hi1 OR c.slot BETWEEN v_lo2 AND v_hi2)
+    ORDER BY c.job_id, c.run_lease
+    FOR NO KEY UPDATE OF c;
+    SELECT s.lo1, s.hi1, s.lo2, s.hi2 INTO v_now_lo1, v_now_hi1, v_now_lo2, v_now_hi2 FROM queue_slot_ranges() s; -- 0028
+    EXIT WHEN v_now_lo1 = v_lo1 AND v_now_hi1 = v_hi1 AND v_now_lo2 = v_lo2 AND v_now_hi2 = v_hi2; -- 0028
+  END LOOP;
 
   RETURN QUERY
   WITH items AS MATERIALIZED (
@@ -1780,7 +2095,7 @@ BEGIN
       WHERE a.job_id = c.job_id AND a.run_lease = c.run_lease LIMIT 1
     ) a ON true
     WHERE NOT EXISTS (SELECT 1 FROM batch_closures x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease)
-      -- a stale rescue yields to a heartbeat that committed after its scan (we hold the attempt lock)
+      -- a stale rescue yields to a heartbeat that committed after its scan (we hold the attempt's claims row, 0028)
       AND (i.stale_before IS NULL OR a.heartbeat_at IS NULL OR a.heartbeat_at < i.stale_before)
     ORDER BY i.job_id, i.run_lease, i.o
   ),
@@ -1901,15 +2216,20 @@ CREATE OR REPLACE FUNCTION awa.heartbeat(p_items jsonb)
  SET jit TO 'off'
 AS $function$
 #variable_conflict use_column
-DECLARE
-  v_attempt record;
 BEGIN
-  FOR v_attempt IN
-    SELECT DISTINCT i.job_id, i.run_lease FROM jsonb_to_recordset(p_items) AS i(job_id bigint, run_lease bigint)
-    ORDER BY i.job_id, i.run_lease
-  LOOP
-    PERFORM pg_advisory_xact_lock(attempt_key(v_attempt.job_id, v_attempt.run_lease));
-  END LOOP;
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'heartbeat needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  -- 0028: the attempts' claims rows, locked FOR NO KEY UPDATE in (job_id, run_lease) order as
+  -- finalize locks them (where each attempt took an advisory lock): a heartbeat and a finalize of
+  -- the same attempt take turns, so no attempt_state row outlives its attempt. A carried claim is
+  -- found wherever it is (no slot restriction); prune cannot carry one we hold.
+  PERFORM 1 FROM claims c -- 0028
+  WHERE (c.job_id, c.run_lease) IN (SELECT i.job_id, i.run_lease FROM jsonb_to_recordset(p_items) AS i(job_id bigint, run_lease bigint))
+  ORDER BY c.job_id, c.run_lease
+  FOR NO KEY UPDATE OF c;
   RETURN QUERY
   WITH items AS (
     SELECT DISTINCT ON (x.job_id, x.run_lease) x.job_id, x.run_lease, x.progress,
@@ -1977,6 +2297,11 @@ CREATE OR REPLACE FUNCTION awa.lock_current_slot(p_table text, OUT o_generation 
  SET jit TO 'off'
 AS $function$
 BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'lock_current_slot needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
   LOOP
     SELECT r.generation, r.slot INTO o_generation, o_slot FROM ring_rotations r
     WHERE r.ring = 'queue' ORDER BY r.generation DESC LIMIT 1;
@@ -2017,6 +2342,11 @@ DECLARE
   v_busy_q text[] := '{}';
   v_busy_p int[] := '{}';
 BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'promote needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
   -- Lanes of the first p_limit due rows, enqueue locks tried. When every one of them is busy (a
   -- producer holds the lane in an open transaction), look further, past those lanes, instead of
   -- promoting nothing while other lanes' rows are due (review m5). Tried locks never wait, so the
@@ -2135,6 +2465,11 @@ DECLARE
   v_keys jsonb;
   v_saved_timeout text := current_setting('lock_timeout');
 BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'prune_history needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
   IF NOT pg_try_advisory_xact_lock(lock_ns('ring'), hashtext('history')) THEN
     RETURN QUERY SELECT 'Blocked:busy', NULL::bigint, 0;
     RETURN;
@@ -2207,6 +2542,11 @@ DECLARE
   v_saved_timeout text := current_setting('lock_timeout');
   v_saved_nestloop text := current_setting('enable_nestloop');
 BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'prune_queue needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
   IF NOT pg_try_advisory_xact_lock(lock_ns('ring'), hashtext('queue')) THEN
     RETURN QUERY SELECT 'Blocked:busy', NULL::bigint, 0;
     RETURN;
@@ -2225,16 +2565,20 @@ BEGIN
     RETURN QUERY SELECT 'Blocked:unclaimed', v_old, 0;
     RETURN;
   END IF;
-  FOR v_attempt IN
-    SELECT c.job_id, c.run_lease FROM claims c
+  -- 0028: the open attempts' claims rows, tried FOR UPDATE NOWAIT, where each attempt's advisory
+  -- lock was tried (one lock-table entry per open attempt; 100k open attempts failed): a
+  -- finalizer or heartbeat holding one makes us back off; holding them, none can write for these
+  -- attempts until we commit. A row lock taken in the block is released if it fails
+  -- (sub-transaction), kept if it succeeds.
+  BEGIN -- 0028
+    PERFORM 1 FROM claims c
     WHERE c.slot = v_slot AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.slot = v_slot AND z.job_id = c.job_id AND z.run_lease = c.run_lease)
     ORDER BY c.job_id, c.run_lease
-  LOOP
-    IF NOT pg_try_advisory_xact_lock(attempt_key(v_attempt.job_id, v_attempt.run_lease)) THEN
-      RETURN QUERY SELECT 'Blocked:locked_attempt', v_old, 0;
-      RETURN;
-    END IF;
-  END LOOP;
+    FOR UPDATE OF c NOWAIT;
+  EXCEPTION WHEN lock_not_available THEN -- 0028
+    RETURN QUERY SELECT 'Blocked:locked_attempt', v_old, 0;
+    RETURN;
+  END;
 
   v_children := format('%1$I.ready_%2$s, %1$I.ready_tombstones_%2$s, %1$I.claims_%2$s, %1$I.claim_marks_%2$s, %1$I.closures_%2$s, %1$I.terminal_%2$s',
                        'awa', v_slot);
@@ -2400,6 +2744,11 @@ DECLARE
   v_old bigint;
   v_slot int;
 BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'prune_queue needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
   IF p_carry_after_ms > 0 THEN
     IF NOT pg_try_advisory_xact_lock(lock_ns('ring'), hashtext('queue')) THEN
       RETURN QUERY SELECT 'Blocked:busy', NULL::bigint, 0;
@@ -2463,6 +2812,11 @@ DECLARE
   v_saved_timeout text := current_setting('lock_timeout');
   v_saved_nestloop text := current_setting('enable_nestloop');
 BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'prune_queue needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
   IF NOT pg_try_advisory_xact_lock(lock_ns('ring'), hashtext('queue')) THEN
     RETURN QUERY SELECT 'Blocked:busy', NULL::bigint, 0, 0, 0;
     RETURN;
@@ -2486,16 +2840,20 @@ BEGIN
     RETURN QUERY SELECT 'Blocked:young_attempts', v_old, 0, 0, 0;
     RETURN;
   END IF;
-  FOR v_attempt IN
-    SELECT c.job_id, c.run_lease FROM claims c
+  -- 0028: the open attempts' claims rows, tried FOR UPDATE NOWAIT, where each attempt's advisory
+  -- lock was tried (one lock-table entry per open attempt; 100k open attempts failed): a
+  -- finalizer or heartbeat holding one makes us back off; holding them, none can write for these
+  -- attempts until we commit. A row lock taken in the block is released if it fails
+  -- (sub-transaction), kept if it succeeds.
+  BEGIN -- 0028
+    PERFORM 1 FROM claims c
     WHERE c.slot = v_slot AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.slot = v_slot AND z.job_id = c.job_id AND z.run_lease = c.run_lease)
     ORDER BY c.job_id, c.run_lease
-  LOOP
-    IF NOT pg_try_advisory_xact_lock(attempt_key(v_attempt.job_id, v_attempt.run_lease)) THEN
-      RETURN QUERY SELECT 'Blocked:locked_attempt', v_old, 0, 0, 0;
-      RETURN;
-    END IF;
-  END LOOP;
+    FOR UPDATE OF c NOWAIT;
+  EXCEPTION WHEN lock_not_available THEN -- 0028
+    RETURN QUERY SELECT 'Blocked:locked_attempt', v_old, 0, 0, 0;
+    RETURN;
+  END;
 
   v_children := format('%1$I.ready_%2$s, %1$I.ready_tombstones_%2$s, %1$I.claims_%2$s, %1$I.claim_marks_%2$s, %1$I.closures_%2$s, %1$I.terminal_%2$s',
                        'awa', v_slot);
@@ -2841,6 +3199,11 @@ DECLARE
   v_row record;
   v_n int := 0;
 BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'release_pending_keys needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
   FOR v_row IN
     SELECT k.id, k.keys FROM pending_key_releases k ORDER BY k.id LIMIT p_batch FOR UPDATE SKIP LOCKED
   LOOP
@@ -2865,6 +3228,11 @@ DECLARE
   v_items jsonb;
   v_row record;
 BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'rescue needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
   IF p_kind = 'stale' THEN
     WITH cand AS (
       SELECT c.job_id, c.run_lease, c.attempt FROM claims c
@@ -2936,6 +3304,11 @@ DECLARE
   v_holder bigint;
   v_ring record;
 BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'retry_from_dlq needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
   PERFORM pg_advisory_xact_lock(lock_ns('job'), hashint8(p_job_id));
   DELETE FROM dlq d WHERE d.job_id = p_job_id RETURNING d.* INTO v_row;
   IF NOT FOUND THEN
@@ -2991,6 +3364,11 @@ DECLARE
   v_ring record;
   v_holder bigint;
 BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'retry_job needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
   PERFORM pg_advisory_xact_lock(lock_ns('job'), hashint8(p_job_id));
   SELECT * INTO v_job FROM jobs j WHERE j.job_id = p_job_id;
   IF NOT FOUND THEN
@@ -3039,6 +3417,11 @@ CREATE OR REPLACE FUNCTION awa.retry_job_or_dlq(p_job_id bigint)
  SET jit TO 'off'
 AS $function$
 BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'retry_job_or_dlq needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
   PERFORM pg_advisory_xact_lock(lock_ns('job'), hashint8(p_job_id));
   -- a new statement after the lock: a move to the DLQ that committed before it is seen
   IF EXISTS (SELECT 1 FROM dlq d WHERE d.job_id = p_job_id) THEN
@@ -3091,6 +3474,11 @@ DECLARE
   v_next int;
   v_rotated_at timestamptz;
 BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'rotate needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
   IF NOT pg_try_advisory_xact_lock(lock_ns('ring'), hashtext(p_ring)) THEN
     RETURN 'SkippedLocked';
   END IF;
@@ -3143,6 +3531,11 @@ DECLARE
   v_cur record;
   v_rows bigint;
 BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'rotate_queue_when_due needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
   SELECT r.generation, r.slot, r.rotated_at INTO v_cur FROM ring_rotations r
   WHERE r.ring = 'queue' ORDER BY r.generation DESC LIMIT 1;
   IF v_cur.rotated_at > now() - p_max_age_ms * interval '1 millisecond' THEN
@@ -3225,6 +3618,11 @@ DECLARE
   v_prunes int;
   v_copies int;
 BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'trim_ledgers needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
   FOREACH v_ring IN ARRAY ARRAY['queue', 'history'] LOOP
     IF NOT pg_try_advisory_xact_lock(lock_ns('ring'), hashtext(v_ring)) THEN
       RETURN QUERY SELECT v_ring, 'Busy', 0, 0, 0;
@@ -3310,6 +3708,11 @@ DECLARE
   v_ring record;
   v_last bigint; -- 0026: the batch's last position
 BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'unpark needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
   FOR v_lane IN
     WITH RECURSIVE l AS (
       (SELECT p.queue, p.priority, p.shard FROM parked p ORDER BY p.queue, p.priority, p.shard LIMIT 1)

@@ -94,3 +94,21 @@ export class ProgressTooLarge extends Schema.TaggedError<ProgressTooLarge>()("Pr
     return `progress of ${this.bytes} bytes exceeds maxProgressBytes (${this.maxBytes}); it was not recorded`
   }
 }
+
+/**
+ * A storage operation whose guards need READ COMMITTED (claim, finalize, prune, cancel, retry,
+ * DLQ and bulk actions, …) was called inside a REPEATABLE READ or SERIALIZABLE transaction
+ * (SQLSTATE AWI01, migration 0027). Enqueue is never refused: outside READ COMMITTED it defers
+ * the job to the next promotion instead (0018).
+ */
+export class ReadCommittedRequired extends Schema.TaggedError<ReadCommittedRequired>()(
+  "ReadCommittedRequired",
+  {
+    operation: Schema.String,
+    isolation: Schema.String
+  }
+) {
+  override get message(): string {
+    return `${this.operation} needs READ COMMITTED; it was called inside a ${this.isolation} transaction`
+  }
+}

@@ -7,7 +7,14 @@
  * `ValidationError` on `args`. The producer's span context is stored as `awa:traceparent`, unless
  * the caller's metadata carries its own (it wins; a malformed one is a `ValidationError`).
  */
-import { checkNewJob, Job, Traceparent, UniqueKey, ValidationError } from "@awa/core"
+import {
+  checkNewJob,
+  Job,
+  type ReadCommittedRequired,
+  Traceparent,
+  UniqueKey,
+  ValidationError
+} from "@awa/core"
 import type { EnqueuedJob, EnqueueError, JobView, ListFilter, QueueStateCount } from "@awa/storage"
 import { QueueStorage } from "@awa/storage"
 import { Clock, Context, Duration, Effect, Layer, type Option, Schema } from "effect"
@@ -42,7 +49,7 @@ export class AwaClient extends Context.Service<
       job: Job.JobDefinition<A, I>,
       args: A,
       options?: Job.InsertOptions & { readonly reason?: string | undefined }
-    ) => Effect.Effect<Option.Option<bigint>, ValidationError | SqlError.SqlError>
+    ) => Effect.Effect<Option.Option<bigint>, ValidationError | ReadCommittedRequired | SqlError.SqlError>
     readonly storage: QueueStorage["Service"]
   }
 >()("@awa/runtime/AwaClient") {}

@@ -38,7 +38,7 @@
  * `nextRun` can return an earlier instant when started inside the repeated hour; `nextTick`
  * corrects for that.
  */
-import { AwaConfigError, checkNewJob, Job } from "@awa/core"
+import { AwaConfigError, checkNewJob, Job, type ReadCommittedRequired } from "@awa/core"
 import { CronStorage, type EnqueuedJob, type EnqueueError } from "@awa/storage"
 import { Cron as Croner } from "croner"
 import { Clock, Effect, Schema } from "effect"
@@ -478,8 +478,11 @@ export const resume = (name: string) =>
 /** Enqueues the schedule's job now, paused or not, without moving the schedule. */
 export const trigger = (
   name: string
-): Effect.Effect<EnqueuedJob, CronStorage.CronNotFound | EnqueueError, CronStorage.CronStorage> =>
-  Effect.flatMap(CronStorage.CronStorage, (storage) => storage.trigger(name))
+): Effect.Effect<
+  EnqueuedJob,
+  CronStorage.CronNotFound | ReadCommittedRequired | EnqueueError,
+  CronStorage.CronStorage
+> => Effect.flatMap(CronStorage.CronStorage, (storage) => storage.trigger(name))
 
 /** Deletes a stored schedule (a worker still declaring it re-creates it when it starts). */
 export const remove = (name: string) =>

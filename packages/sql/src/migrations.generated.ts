@@ -8246,5 +8246,3419 @@ BEGIN
 END
 $$;
 `
+  },
+  {
+    file: "0027_read_committed_and_bulk_batches.sql",
+    text: `-- 0027: READ COMMITTED where the protocol needs it; operator bulk actions in bounded batches
+-- (issue 13 items 3 and 4; docs/adr/0021-server-defaults.md decisions 5 and 6; storage review C1/A2,
+-- M3, m3). Ported from branch sqlhard's 0021 onto the definitions of 0019-0026.
+--
+-- 1. READ COMMITTED guard. These functions' guards read after a lock in a new statement, which
+--    sees the previous holder's commit only under READ COMMITTED (under REPEATABLE READ or
+--    SERIALIZABLE every statement sees the transaction's first snapshot: a prune on such a session
+--    truncated a committed, never-claimed job, review A2; a cancel tombstoned a running one):
+--      cancel_by_unique_key, cancel_job, claim, cleanup_dlq, cron_fire, cron_trigger,
+--      enqueue_ready_slot, finalize, heartbeat, lock_current_slot, promote, prune_history,
+--      prune_queue (all three overloads), release_pending_keys, rescue, retry_from_dlq, retry_job,
+--      retry_job_or_dlq, rotate, rotate_queue_when_due, trim_ledgers, unpark,
+--    and the bulk functions below (drain_queue_batch, drain_queue, dlq_retry_batch,
+--    dlq_purge_batch, dlq_bulk). Each refuses to run outside READ COMMITTED: SQLSTATE AWI01, as
+--    its first statement (nothing was done), mapped to the typed \`ReadCommittedRequired\` in
+--    TypeScript (packages/storage/src/ReadCommitted.ts runs storage calls at READ COMMITTED
+--    whatever the pool's default). \`SET transaction_isolation\` cannot be a function option (it
+--    must precede the transaction's first query), so it is a check.
+--    Not guarded, with reasons in packages/sql/test/Catalog.test.ts: the enqueue functions (they
+--    run in the caller's transaction and divert to \`deferred\` outside READ COMMITTED, 0018),
+--    reads called only from guarded functions (lane_cursor, queue_slot_ranges, slot_has_unclaimed,
+--    end_idle_blockers), and the cron schedule writes (one statement each).
+--    The guarded functions' text is GENERATED (scripts/gen-read-committed-guard.ts): each one's
+--    definition as it stands after the migrations before this one (the comment above each names
+--    the last migration that defines a function of that name; for prune_queue's overloads, the
+--    last that defines any of them), with the check inserted after its first BEGIN and marked
+--    "(0027". Nothing else in those bodies or their SET clauses changes. After a rebase on a
+--    migration that redefines one of them: npm run gen:read-committed-guard.
+-- 2. Bulk actions in batches: drain_queue_batch, dlq_retry_batch, dlq_purge_batch take at most
+--    p_limit jobs per call; PgQueueStorage calls them in a loop, each call its own transaction.
+--    drain_queue (cancel_job per job) and dlq_bulk (retry_from_dlq per entry, each in a
+--    sub-transaction) took one per-job advisory lock per job in one transaction: "out of shared
+--    memory" for every session of the server past ~10-15k jobs, and the queue's lanes locked for
+--    the whole run (review M3; with cancel_job's lane-then-job order, a deadlock, m3). The batches
+--    take no per-job lock:
+--    - drain_queue_batch: deferred rows of the queue by DELETE after FOR UPDATE in job-id order
+--      (promote skips locked rows; cancel_job deletes the same row: the row lock serialises them);
+--      then lane by lane, in (priority, shard) order, under the lane's claim lock (the lock claim,
+--      cancel_job, unpark and prune's carry take): first the lane's parked rows (0021) by DELETE,
+--      then its ready rows from the cursor up to the lane's barrier (its smallest parked position
+--      still left, as claim's pick), tombstoned, with a claim mark past the last one so the next
+--      batch and claim start after them. cancel_job re-checks \`lane_seq >= cursor\` under the same
+--      claim lock, so it cannot tombstone a row a drain took. Only jobs with an id at most
+--      p_max_job_id (the sequence's value when the drain started): a producer cannot keep it going.
+--    - dlq_retry_batch: entries FOR UPDATE SKIP LOCKED after p_after_job_id, in id order; the
+--      target lanes' enqueue locks (sorted) before the unique keys, as enqueue orders them; an
+--      entry whose key is held by another job stays in the DLQ and the cursor passes it.
+--    - dlq_purge_batch: entries FOR UPDATE SKIP LOCKED after p_after_job_id; keys released.
+--    drain_queue and dlq_bulk stay for callers of the previous version: they loop the batches in
+--    the caller's one transaction (row locks only, but all of them until commit).
+-- Locks per batch call: the lanes touched (sorted), row locks, the relation locks of the tables
+-- its statements read. Writes: ready_tombstones, terminal, claim_marks (drain); ready, lanes,
+-- unique_claims (retry); deletes from deferred, parked, dlq, unique_claims (mutable tables only).
+
+-- >>> generated by scripts/gen-read-committed-guard.ts: do not edit by hand
+-- ---------------------------------------------------------------------------------------------
+-- :AWA_SCHEMA.cancel_by_unique_key(text,text): as 0004, READ COMMITTED only.
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.cancel_by_unique_key(p_key text, p_reason text)
+ RETURNS bigint
+ LANGUAGE plpgsql
+ SET search_path TO ':AWA_SCHEMA', 'pg_catalog'
+ SET jit TO 'off'
+AS $function$
+#variable_conflict use_column
+DECLARE
+  v_job_id bigint;
+BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'cancel_by_unique_key needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  SELECT u.job_id INTO v_job_id FROM unique_claims u WHERE u.unique_key = decode(p_key, 'hex');
+  IF v_job_id IS NULL THEN
+    RETURN NULL;
+  END IF;
+  IF cancel_job(v_job_id, p_reason) = 'cancelled' THEN
+    RETURN v_job_id;
+  END IF;
+  RETURN NULL;
+END
+$function$;
+
+-- ---------------------------------------------------------------------------------------------
+-- :AWA_SCHEMA.cancel_job(bigint,text): as 0021, READ COMMITTED only.
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.cancel_job(p_job_id bigint, p_reason text)
+ RETURNS text
+ LANGUAGE plpgsql
+ SET search_path TO ':AWA_SCHEMA', 'pg_catalog'
+ SET jit TO 'off'
+AS $function$
+#variable_conflict use_column
+DECLARE
+  v_now timestamptz := now();
+  v_job record;
+  v_row record;
+  v_ring record;
+  v_try int;
+  v_state text;
+BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'cancel_job needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  PERFORM pg_advisory_xact_lock(lock_ns('job'), hashint8(p_job_id));
+  FOR v_try IN 1 .. 100 LOOP
+    SELECT * INTO v_job FROM jobs j WHERE j.job_id = p_job_id;
+    IF NOT FOUND THEN
+      RETURN NULL;
+    END IF;
+    IF v_job.state IN ('completed', 'failed', 'cancelled') THEN
+      RETURN 'terminal:' || v_job.state;
+    END IF;
+
+    IF v_job.state IN ('scheduled', 'retryable') THEN
+      DELETE FROM deferred d WHERE d.job_id = p_job_id RETURNING d.* INTO v_row;
+      IF FOUND THEN
+        SELECT o_generation AS generation, o_slot AS slot INTO v_ring FROM lock_current_slot('terminal');
+        INSERT INTO terminal (slot, generation, job_id, run_lease, state, attempt, finalized_at, errors, progress, wide,
+                              kind, queue, priority, args, metadata, tags, max_attempts, run_at, created_at, unique_key, unique_states)
+        VALUES (v_ring.slot, v_ring.generation, p_job_id, v_row.run_lease, 'cancelled', v_row.attempt, v_now,
+                append_error(v_row.errors, jsonb_build_object('error', 'cancelled: ' || p_reason, 'attempt', v_row.attempt, 'at', v_now)),
+                v_row.progress, true, v_row.kind, v_row.queue, v_row.priority, v_row.args, v_row.metadata, v_row.tags,
+                v_row.max_attempts, v_row.run_at, v_row.created_at, v_row.unique_key, v_row.unique_states);
+        DELETE FROM unique_claims u WHERE u.unique_key = v_row.unique_key AND u.job_id = p_job_id
+          AND (v_row.unique_states & state_bit('cancelled')) = 0;
+        RETURN 'cancelled';
+      END IF;
+
+    ELSIF v_job.state = 'running' THEN
+      SELECT f.state INTO v_state
+      FROM finalize(jsonb_build_array(jsonb_build_object('job_id', p_job_id, 'run_lease', v_job.run_lease,
+                                                         'outcome', 'cancel', 'message', p_reason))) f
+      WHERE f.applied;
+      IF FOUND THEN
+        PERFORM pg_notify('awa_cancel_:AWA_SCHEMA', p_job_id || ':' || v_job.run_lease);
+        RETURN v_state;
+      END IF;
+
+    ELSIF v_job.state = 'available' THEN
+      -- Parked (0021): out of the ring. The lane's claim lock keeps unpark away while we delete it.
+      SELECT p.queue, p.priority, p.shard INTO v_row FROM parked p WHERE p.job_id = p_job_id;
+      IF FOUND THEN
+        PERFORM pg_advisory_xact_lock(lock_ns('claim'), lane_key(v_row.queue, v_row.priority, v_row.shard));
+        DELETE FROM parked p WHERE p.job_id = p_job_id RETURNING p.* INTO v_row;
+        IF FOUND THEN
+          SELECT o_generation AS generation, o_slot AS slot INTO v_ring FROM lock_current_slot('terminal');
+          INSERT INTO terminal (slot, generation, job_id, run_lease, state, attempt, finalized_at, errors, progress, wide,
+                                kind, queue, priority, args, metadata, tags, max_attempts, run_at, created_at, unique_key, unique_states)
+          VALUES (v_ring.slot, v_ring.generation, p_job_id, v_row.run_lease, 'cancelled', v_row.attempt, v_now,
+                  append_error(v_row.errors, jsonb_build_object('error', 'cancelled: ' || p_reason, 'attempt', v_row.attempt, 'at', v_now)),
+                  v_row.progress, true, v_row.kind, v_row.queue, v_row.priority, v_row.args, v_row.metadata, v_row.tags,
+                  v_row.max_attempts, v_row.run_at, v_row.created_at, v_row.unique_key, v_row.unique_states);
+          DELETE FROM unique_claims u WHERE u.unique_key = v_row.unique_key AND u.job_id = p_job_id
+            AND (v_row.unique_states & state_bit('cancelled')) = 0;
+          RETURN 'cancelled';
+        END IF;
+        CONTINUE; -- brought back into the ring meanwhile: look again
+      END IF;
+      SELECT r.* INTO v_row FROM ready r
+      WHERE r.job_id = p_job_id AND r.run_lease = v_job.run_lease
+        AND NOT EXISTS (SELECT 1 FROM claims c WHERE c.job_id = r.job_id AND c.lane_seq = r.lane_seq)
+      ORDER BY r.lane_seq DESC LIMIT 1;
+      IF FOUND THEN
+        PERFORM pg_advisory_xact_lock(lock_ns('claim'), lane_key(v_row.queue, v_row.priority, v_row.shard));
+        -- new statement after the claim lock: sees any claim that committed before we got it
+        IF v_row.lane_seq >= lane_cursor(v_row.queue, v_row.priority, v_row.shard) THEN
+          INSERT INTO ready_tombstones (slot, generation, job_id, queue, priority, shard, lane_seq)
+          VALUES (v_row.slot, v_row.generation, p_job_id, v_row.queue, v_row.priority, v_row.shard, v_row.lane_seq);
+          INSERT INTO terminal (slot, generation, job_id, run_lease, state, attempt, finalized_at, errors, progress, wide,
+                                kind, queue, priority, args, metadata, tags, max_attempts, run_at, created_at, unique_key, unique_states)
+          VALUES (v_row.slot, v_row.generation, p_job_id, v_row.run_lease, 'cancelled', v_row.attempt, v_now,
+                  append_error(v_row.errors, jsonb_build_object('error', 'cancelled: ' || p_reason, 'attempt', v_row.attempt, 'at', v_now)),
+                  v_row.progress, true, v_row.kind, v_row.queue, v_row.priority, v_row.args, v_row.metadata, v_row.tags,
+                  v_row.max_attempts, v_row.run_at, v_row.created_at, v_row.unique_key, v_row.unique_states);
+          DELETE FROM unique_claims u WHERE u.unique_key = v_row.unique_key AND u.job_id = p_job_id
+            AND (v_row.unique_states & state_bit('cancelled')) = 0;
+          RETURN 'cancelled';
+        END IF;
+      END IF;
+    END IF;
+    -- The job moved on between our read and our write (promoted, claimed, finished): look again.
+  END LOOP;
+  RAISE EXCEPTION 'cancel_job(%): job kept changing state', p_job_id USING ERRCODE = '40001';
+END
+$function$;
+
+-- ---------------------------------------------------------------------------------------------
+-- :AWA_SCHEMA.claim(text,integer,bigint,bigint): as 0025, READ COMMITTED only.
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.claim(p_queue text, p_max integer, p_deadline_ms bigint, p_aging_ms bigint)
+ RETURNS TABLE(job_id bigint, run_lease bigint, attempt integer, max_attempts integer, kind text, queue text, priority smallint, args jsonb, metadata jsonb, tags text[], errors jsonb, run_at timestamp with time zone, created_at timestamp with time zone, claimed_at timestamp with time zone, deadline_at timestamp with time zone, progress jsonb)
+ LANGUAGE plpgsql
+ SET search_path TO ':AWA_SCHEMA', 'pg_catalog'
+ SET plan_cache_mode TO 'force_generic_plan'
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+AS $function$
+#variable_conflict use_column
+DECLARE
+  v_now timestamptz := now();
+  v_deadline timestamptz := CASE WHEN p_deadline_ms > 0 THEN now() + p_deadline_ms * interval '1 millisecond' END;
+  v_left int := p_max;
+  v_prios smallint[];
+  v_shards smallint[];
+  v_k int;
+  v_cursor bigint;
+  v_n int;
+  v_ordered boolean := false;
+  v_may_wait boolean := true; -- 0025: one wait (100 ms at most) per call for a lane another claimer holds
+  v_locked boolean; -- 0025: this lane's claim lock is ours
+  v_saved_timeout text := current_setting('lock_timeout');
+  -- the queue ring's slots that can hold rows (queue_slot_ranges), read once per call
+  v_lo1 int;
+  v_hi1 int;
+  v_lo2 int;
+  v_hi2 int;
+  v_got int; -- 0024: rows returned for the current lane, over its picks
+  v_keyed boolean; -- 0024: the last pick left out rows whose key is taken at claim
+  v_mark bigint; -- 0024: the lane's cursor after that pick
+BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'claim needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  IF p_max <= 0 THEN
+    RETURN;
+  END IF;
+  -- the queue's lanes; none when it is paused
+  SELECT array_agg(l.priority), array_agg(l.shard) INTO v_prios, v_shards FROM lanes l
+  WHERE l.queue = p_queue AND NOT EXISTS (SELECT 1 FROM queue_meta m WHERE m.queue = p_queue AND m.paused);
+  IF v_prios IS NULL THEN
+    RETURN;
+  END IF;
+  IF cardinality(v_prios) > 1 THEN
+    v_ordered := true;
+    -- Several lanes: those with a claimable head, in claim order. (With one lane the order is
+    -- trivial and the pick below finds out whether it has anything.)
+    WITH cur AS MATERIALIZED (
+      SELECT l.queue, l.priority, l.shard, lane_cursor(l.queue, l.priority, l.shard) AS c
+      FROM lanes l WHERE l.queue = p_queue
+    )
+    SELECT array_agg(o.priority ORDER BY o.n), array_agg(o.shard ORDER BY o.n) INTO v_prios, v_shards
+    FROM (
+      SELECT cur.priority, cur.shard,
+             row_number() OVER (ORDER BY CASE WHEN p_aging_ms > 0
+                                              THEN greatest(1, cur.priority - floor(extract(epoch FROM (v_now - head.run_at)) * 1000 / p_aging_ms))
+                                              ELSE cur.priority END,
+                                         head.run_at, cur.priority, cur.shard) AS n
+      FROM cur
+      CROSS JOIN LATERAL (
+        SELECT r.run_at FROM ready r
+        WHERE r.queue = cur.queue AND r.priority = cur.priority AND r.shard = cur.shard AND r.lane_seq >= cur.c
+          AND NOT EXISTS (SELECT 1 FROM ready_tombstones t
+                          WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard AND t.lane_seq = r.lane_seq)
+        ORDER BY r.lane_seq LIMIT 1
+      ) head
+    ) o;
+    IF v_prios IS NULL THEN
+      RETURN;
+    END IF;
+  END IF;
+
+  -- 0025: one pass over the lanes in rank order. A lane whose claim lock another claimer holds (a
+  -- claim in flight: a few ms) is waited for, up to 100 ms and once per call, instead of skipped:
+  -- skipping it took a worse-ranked lane's jobs while better-ranked ones waited (priority
+  -- inversion under concurrent claimers). A lane still held after the wait, and any busy lane
+  -- after it, is skipped, and the batch fills from the next lanes in order, so a claimer stuck
+  -- behind a slow one never idles a poll interval for it. (0009 to 0024: pass 1 skipped busy
+  -- lanes and claimed the rest at once; pass 2 waited only when pass 1 had claimed nothing.)
+  FOR v_k IN 1 .. cardinality(v_prios) LOOP
+    EXIT WHEN v_left <= 0;
+    -- = lane_key(p_queue, priority, shard), written with immutable operators so it is inlined
+    -- (the SQL function is planned again on every call, as 0012 found for enqueue)
+    v_locked := pg_try_advisory_xact_lock(lock_ns('claim'),
+                                          hashtext(p_queue || chr(31) || v_prios[v_k]::text || chr(31) || v_shards[v_k]::text));
+    IF NOT v_locked THEN
+      -- With one lane the ordering query was skipped: wait for the busy lane only if it has
+      -- a claimable head, as with several lanes (an idle queue still answers empty at once).
+      CONTINUE WHEN NOT v_ordered AND NOT EXISTS (
+        SELECT 1 FROM ready r
+        WHERE r.queue = p_queue AND r.priority = v_prios[v_k] AND r.shard = v_shards[v_k]
+          AND r.lane_seq >= (SELECT coalesce(max(m.next_lane_seq), 0) FROM claim_marks m
+                             WHERE m.queue = p_queue AND m.priority = v_prios[v_k] AND m.shard = v_shards[v_k])
+          AND NOT EXISTS (SELECT 1 FROM ready_tombstones t
+                          WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard AND t.lane_seq = r.lane_seq));
+      CONTINUE WHEN NOT v_may_wait; -- 0025
+      v_may_wait := false; -- 0025
+      BEGIN
+        PERFORM set_config('lock_timeout', '100ms', true);
+        PERFORM pg_advisory_xact_lock(lock_ns('claim'),
+                                      hashtext(p_queue || chr(31) || v_prios[v_k]::text || chr(31) || v_shards[v_k]::text));
+        PERFORM set_config('lock_timeout', v_saved_timeout, true);
+        v_locked := true; -- 0025
+      EXCEPTION WHEN lock_not_available THEN
+        -- still held after 100 ms: on to the next lane (0025; the setting rolls back with the block)
+        v_locked := false;
+      END;
+      CONTINUE WHEN NOT v_locked; -- 0025
+    END IF;
+    v_got := 0; -- 0024
+    LOOP -- 0024: once more after a pick that superseded rows (see Keys at claim below)
+    -- The cursor, in its own statement after the lane lock (see Guard and Mark slot above).
+    -- ORDER BY … LIMIT 1 rather than max(): the same index scans, planned once instead of
+    -- twice (max() is planned as an aggregate and as this query); re-planned after every
+    -- prune, whose TRUNCATE invalidates cached plans.
+    SELECT m.next_lane_seq INTO v_cursor FROM claim_marks m
+    WHERE m.queue = p_queue AND m.priority = v_prios[v_k] AND m.shard = v_shards[v_k]
+    ORDER BY m.next_lane_seq DESC LIMIT 1;
+    v_cursor := coalesce(v_cursor, 0);
+    -- The slots that can hold this lane's rows from the cursor on, read after the cursor
+    -- statement (see Slots above). Once per call: it holds for the rest of the transaction.
+    IF v_lo1 IS NULL THEN
+      SELECT s.lo1, s.hi1, s.lo2, s.hi2 INTO v_lo1, v_hi1, v_lo2, v_hi2 FROM queue_slot_ranges() s;
+    END IF;
+    -- Pick, mark and claim in one statement. The pick is a MATERIALIZED CTE, so its LIMIT
+    -- cannot be merged away, and the rows returned are the picked rows themselves (no second
+    -- lookup of \`ready\`); the claims rows carry the same values.
+    RETURN QUERY
+    WITH picked AS MATERIALIZED (
+      SELECT r.slot, r.generation, r.job_id, r.kind, r.queue, r.priority, r.shard, r.lane_seq, r.args, r.metadata,
+             r.tags, r.errors, r.attempt, r.run_lease, r.max_attempts, r.run_at, r.created_at, r.progress, r.unique_key, r.unique_states -- 0022
+      FROM ready r
+      WHERE r.queue = p_queue AND r.priority = v_prios[v_k] AND r.shard = v_shards[v_k] AND r.lane_seq >= v_cursor
+        -- two ranges of scalar parameters: what partition pruning can use at executor start-up
+        -- (it cannot use \`slot = ANY (array parameter)\`), so the other children are not opened
+        AND (r.slot BETWEEN v_lo1 AND v_hi1 OR r.slot BETWEEN v_lo2 AND v_hi2)
+        -- a tombstone lives in its ready row's slot
+        AND NOT EXISTS (SELECT 1 FROM ready_tombstones t
+                        WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard AND t.lane_seq = r.lane_seq
+                          AND (t.slot BETWEEN v_lo1 AND v_hi1 OR t.slot BETWEEN v_lo2 AND v_hi2))
+        -- Paused, checked again in the pick's own snapshot: the check above ran in an earlier
+        -- statement, and a job enqueued after a pause committed (seen here) must not be claimed.
+        AND NOT EXISTS (SELECT 1 FROM queue_meta m WHERE m.queue = p_queue AND m.paused)
+        -- The lane's barrier (0021): its smallest parked position. Every parked row is at or past
+        -- it, so the pick never takes a row while a smaller one of the lane is parked, and its
+        -- mark never passes a parked row. Same statement, same snapshot as the pick.
+        AND r.lane_seq < coalesce((SELECT p.lane_seq FROM parked p
+                                   WHERE p.queue = p_queue AND p.priority = v_prios[v_k] AND p.shard = v_shards[v_k]
+                                   ORDER BY p.lane_seq LIMIT 1), 9223372036854775807)
+      ORDER BY r.lane_seq LIMIT v_left
+    ),
+    mark AS (
+      INSERT INTO claim_marks (slot, generation, queue, priority, shard, next_lane_seq)
+      SELECT ring.slot, ring.generation, p_queue, v_prios[v_k], v_shards[v_k], last.lane_seq + 1
+      FROM (SELECT max(p.lane_seq) AS lane_seq FROM picked p) last,
+           LATERAL (SELECT g.slot, g.generation FROM ring_rotations g WHERE g.ring = 'queue'
+                    ORDER BY g.generation DESC LIMIT 1) ring
+      WHERE last.lane_seq IS NOT NULL
+    ),
+    ins AS (
+      INSERT INTO claims (slot, generation, job_id, run_lease, attempt, queue, priority, shard, lane_seq, claimed_at, deadline_at)
+      SELECT p.slot, p.generation, p.job_id, p.run_lease + 1, p.attempt + 1, p.queue, p.priority, p.shard, p.lane_seq,
+             v_now, v_deadline
+      FROM picked p
+      WHERE p.unique_key IS NULL OR (p.unique_states & 6) <> 4 -- 0024: not a row whose key is taken at claim
+    ),
+    -- available -> running leaves a mask that holds 'available' but not 'running': the key goes
+    -- (capabilities.md §4). Default masks hold both: the filter finds nothing.
+    rel_unique AS (
+      DELETE FROM unique_claims u USING picked p
+      WHERE p.unique_key IS NOT NULL AND (p.unique_states & 6) = 2
+        AND u.unique_key = p.unique_key AND u.job_id = p.job_id
+    )
+    SELECT p.job_id, p.run_lease + 1, p.attempt + 1, p.max_attempts, p.kind, p.queue, p.priority, p.args, p.metadata,
+           p.tags, p.errors, p.run_at, p.created_at, v_now, v_deadline, p.progress /* 0022 */
+    FROM picked p
+    -- 0024: a row whose mask holds 'running' but not 'available' is left to the statement below;
+    -- set_config (evaluated only for such a row: OR stops at the first true arm) tells the loop.
+    WHERE p.unique_key IS NULL OR (p.unique_states & 6) <> 4
+       OR set_config('awa.claim_keyed', 'on', true) IS NULL -- 0024
+    ORDER BY p.lane_seq;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    v_got := v_got + v_n; -- 0024
+    v_left := v_left - v_n; -- 0024 (was after the two tests below; v_n = 0 there)
+    v_keyed := current_setting('awa.claim_keyed', true) = 'on'; -- 0024
+    EXIT WHEN v_keyed IS NOT TRUE; -- 0024: every default-mask call leaves here
+    -- 0024: Keys at claim (capabilities.md §4, as the simulation). available -> running enters a
+    -- mask that holds 'running' but not 'available': the job takes its key. The pick above marked
+    -- these rows as claimed (its mark passes them) but wrote no claims row for them and did not
+    -- return them; this statement does, in lane order among them, under the same lane lock.
+    -- They are the lane's ready rows from the old cursor up to the new one, in the same slot
+    -- ranges, not tombstoned and with no claims row: no other row can be there (positions of a
+    -- lane commit in order under its enqueue lock, and no row is carried or unparked into the
+    -- lane while we hold its claim lock and ACCESS SHARE on the claim_marks children).
+    -- The first row per key inserts it (keys in key order: two such statements cannot deadlock
+    -- on each other's keys). A row whose key another job holds -- committed before, taken by an
+    -- earlier row here, or inserted by a claim of another lane that the insert waited for -- is
+    -- superseded: cancelled 'superseded by duplicate <holder>', a tombstone and a wide terminal
+    -- row in its ready row's slot (as cancel_job ends an available job), no attempt used.
+    -- DO UPDATE (a no-op write of the holder's key row, on this rare path only) returns the
+    -- holder even when it committed after this statement's snapshot, and keeps it from
+    -- releasing the key until we commit.
+    PERFORM set_config('awa.claim_keyed', '', true);
+    SELECT m.next_lane_seq INTO v_mark FROM claim_marks m
+    WHERE m.queue = p_queue AND m.priority = v_prios[v_k] AND m.shard = v_shards[v_k]
+    ORDER BY m.next_lane_seq DESC LIMIT 1;
+    RETURN QUERY
+    WITH keyed AS MATERIALIZED (
+      SELECT r.slot, r.generation, r.job_id, r.kind, r.queue, r.priority, r.shard, r.lane_seq, r.args, r.metadata,
+             r.tags, r.errors, r.attempt, r.run_lease, r.max_attempts, r.run_at, r.created_at, r.progress, r.unique_key,
+             r.unique_states
+      FROM ready r
+      WHERE r.queue = p_queue AND r.priority = v_prios[v_k] AND r.shard = v_shards[v_k]
+        AND r.lane_seq >= v_cursor AND r.lane_seq < v_mark
+        AND (r.slot BETWEEN v_lo1 AND v_hi1 OR r.slot BETWEEN v_lo2 AND v_hi2)
+        AND r.unique_key IS NOT NULL AND (r.unique_states & 6) = 4
+        AND NOT EXISTS (SELECT 1 FROM ready_tombstones t
+                        WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard AND t.lane_seq = r.lane_seq
+                          AND (t.slot BETWEEN v_lo1 AND v_hi1 OR t.slot BETWEEN v_lo2 AND v_hi2))
+        AND NOT EXISTS (SELECT 1 FROM claims c WHERE c.job_id = r.job_id AND c.lane_seq = r.lane_seq
+                          AND (c.slot BETWEEN v_lo1 AND v_hi1 OR c.slot BETWEEN v_lo2 AND v_hi2))
+    ),
+    took AS (
+      INSERT INTO unique_claims AS u (unique_key, job_id)
+      SELECT DISTINCT ON (k.unique_key) k.unique_key, k.job_id FROM keyed k ORDER BY k.unique_key, k.lane_seq
+      ON CONFLICT (unique_key) DO UPDATE SET job_id = u.job_id
+      RETURNING u.unique_key, u.job_id AS holder
+    ),
+    settled AS MATERIALIZED (
+      SELECT k.*, t.holder FROM keyed k JOIN took t ON t.unique_key = k.unique_key
+    ),
+    ins AS (
+      INSERT INTO claims (slot, generation, job_id, run_lease, attempt, queue, priority, shard, lane_seq, claimed_at, deadline_at)
+      SELECT s.slot, s.generation, s.job_id, s.run_lease + 1, s.attempt + 1, s.queue, s.priority, s.shard, s.lane_seq,
+             v_now, v_deadline
+      FROM settled s WHERE s.holder = s.job_id
+    ),
+    tomb AS (
+      INSERT INTO ready_tombstones (slot, generation, job_id, queue, priority, shard, lane_seq)
+      SELECT s.slot, s.generation, s.job_id, s.queue, s.priority, s.shard, s.lane_seq FROM settled s WHERE s.holder <> s.job_id
+    ),
+    ended AS (
+      INSERT INTO terminal (slot, generation, job_id, run_lease, state, attempt, finalized_at, errors, progress, wide,
+                            kind, queue, priority, args, metadata, tags, max_attempts, run_at, created_at, unique_key, unique_states)
+      SELECT s.slot, s.generation, s.job_id, s.run_lease, 'cancelled', s.attempt, v_now,
+             append_error(s.errors, jsonb_build_object('error', 'cancelled: superseded by duplicate ' || s.holder,
+                                                       'attempt', s.attempt, 'at', v_now)),
+             s.progress, true, s.kind, s.queue, s.priority, s.args, s.metadata, s.tags, s.max_attempts, s.run_at,
+             s.created_at, s.unique_key, s.unique_states
+      FROM settled s WHERE s.holder <> s.job_id
+    )
+    SELECT s.job_id, s.run_lease + 1, s.attempt + 1, s.max_attempts, s.kind, s.queue, s.priority, s.args, s.metadata,
+           s.tags, s.errors, s.run_at, s.created_at, v_now, v_deadline, s.progress
+    FROM settled s WHERE s.holder = s.job_id
+    ORDER BY s.lane_seq;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    v_got := v_got + v_n;
+    v_left := v_left - v_n;
+    -- Superseded rows used part of the pick's limit: pick again from this lane (a superseded
+    -- head must not make the call look empty; the simulation goes on down the lane).
+    EXIT WHEN v_left <= 0;
+    END LOOP; -- 0024
+  END LOOP;
+END
+$function$;
+
+-- ---------------------------------------------------------------------------------------------
+-- :AWA_SCHEMA.cleanup_dlq(bigint,integer): as 0006, READ COMMITTED only.
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.cleanup_dlq(p_default_retention_ms bigint, p_batch integer)
+ RETURNS integer
+ LANGUAGE plpgsql
+ SET search_path TO ':AWA_SCHEMA', 'pg_catalog'
+ SET jit TO 'off'
+AS $function$
+#variable_conflict use_column
+DECLARE
+  v_count int;
+BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'cleanup_dlq needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  WITH old AS (
+    SELECT d.job_id FROM dlq d
+    LEFT JOIN queue_meta m ON m.queue = d.queue
+    WHERE d.dlq_at < now() - coalesce(m.dlq_retention, p_default_retention_ms * interval '1 millisecond')
+    ORDER BY d.dlq_at LIMIT p_batch
+    FOR UPDATE OF d SKIP LOCKED
+  ),
+  gone AS (DELETE FROM dlq d USING old WHERE d.job_id = old.job_id RETURNING d.job_id, d.unique_key),
+  released AS (DELETE FROM unique_claims u USING gone g WHERE u.unique_key = g.unique_key AND u.job_id = g.job_id)
+  SELECT count(*) INTO v_count FROM gone;
+  RETURN v_count;
+END
+$function$;
+
+-- ---------------------------------------------------------------------------------------------
+-- :AWA_SCHEMA.cron_fire(text,timestamp with time zone,timestamp with time zone,jsonb): as 0018, READ COMMITTED only.
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.cron_fire(p_name text, p_expected_last timestamp with time zone, p_tick timestamp with time zone, p_job jsonb)
+ RETURNS TABLE(outcome text, job_id bigint)
+ LANGUAGE plpgsql
+ SET search_path TO ':AWA_SCHEMA', 'pg_catalog'
+ SET jit TO 'off'
+AS $function$
+#variable_conflict use_column
+DECLARE
+  v_schedule record;
+  v_row jsonb;
+  v_job_id bigint;
+  v_state text;
+BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'cron_fire needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  SELECT c.paused, c.last_fire_at INTO v_schedule FROM cron_schedules c WHERE c.name = p_name FOR UPDATE;
+  IF NOT FOUND THEN
+    RETURN QUERY SELECT 'not_found'::text, NULL::bigint;
+    RETURN;
+  END IF;
+  IF v_schedule.paused THEN
+    RETURN QUERY SELECT 'paused'::text, NULL::bigint;
+    RETURN;
+  END IF;
+  IF v_schedule.last_fire_at IS DISTINCT FROM p_expected_last OR p_tick <= v_schedule.last_fire_at THEN
+    RETURN QUERY SELECT 'stale'::text, NULL::bigint;
+    RETURN;
+  END IF;
+  IF p_tick > now() THEN
+    RETURN QUERY SELECT 'not_due'::text, NULL::bigint;
+    RETURN;
+  END IF;
+  v_row := jsonb_set(p_job, '{metadata}', coalesce(p_job -> 'metadata', '{}') || jsonb_build_object(
+    'awa:cronName', p_name,
+    'awa:cronFireTime', to_char(p_tick AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')));
+  SELECT e.job_id, e.state INTO v_job_id, v_state FROM enqueue(jsonb_build_array(v_row)) e;
+  IF v_state = 'duplicate' THEN
+    -- the unique key is held (e.g. the previous fire's job still runs): the tick is consumed
+    UPDATE cron_schedules c SET last_fire_at = p_tick, last_job_id = NULL WHERE c.name = p_name;
+    RETURN QUERY SELECT 'deduplicated'::text, v_job_id;
+    RETURN;
+  END IF;
+  UPDATE cron_schedules c SET last_fire_at = p_tick, last_job_id = v_job_id WHERE c.name = p_name;
+  RETURN QUERY SELECT 'fired'::text, v_job_id;
+END
+$function$;
+
+-- ---------------------------------------------------------------------------------------------
+-- :AWA_SCHEMA.cron_trigger(text,jsonb): as 0018, READ COMMITTED only.
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.cron_trigger(p_name text, p_job jsonb)
+ RETURNS TABLE(job_id bigint, state text)
+ LANGUAGE plpgsql
+ SET search_path TO ':AWA_SCHEMA', 'pg_catalog'
+ SET jit TO 'off'
+AS $function$
+#variable_conflict use_column
+DECLARE
+  v_now timestamptz := now();
+  v_job_id bigint;
+  v_state text;
+BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'cron_trigger needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  PERFORM 1 FROM cron_schedules c WHERE c.name = p_name FOR UPDATE;
+  IF NOT FOUND THEN
+    RETURN;
+  END IF;
+  SELECT e.job_id, e.state INTO v_job_id, v_state FROM enqueue(jsonb_build_array(jsonb_set(p_job, '{metadata}',
+    coalesce(p_job -> 'metadata', '{}') || jsonb_build_object(
+      'awa:cronName', p_name,
+      'awa:cronFireTime', to_char(v_now AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'),
+      'awa:cronTriggered', true)))) e;
+  IF v_state <> 'duplicate' THEN
+    UPDATE cron_schedules c SET last_triggered_at = v_now WHERE c.name = p_name;
+  END IF;
+  RETURN QUERY SELECT v_job_id, v_state;
+END
+$function$;
+
+-- ---------------------------------------------------------------------------------------------
+-- :AWA_SCHEMA.enqueue_ready_slot(): as 0012, READ COMMITTED only.
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.enqueue_ready_slot(OUT o_generation bigint, OUT o_slot integer)
+ RETURNS record
+ LANGUAGE plpgsql
+ SET search_path TO ':AWA_SCHEMA', 'pg_catalog'
+ SET jit TO 'off'
+AS $function$
+BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'enqueue_ready_slot needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  LOOP
+    SELECT r.generation, r.slot INTO o_generation, o_slot FROM ring_rotations r
+    WHERE r.ring = 'queue' ORDER BY r.generation DESC LIMIT 1;
+    CASE o_slot
+      WHEN 0 THEN LOCK TABLE :AWA_SCHEMA.ready_0 IN ROW EXCLUSIVE MODE;
+      WHEN 1 THEN LOCK TABLE :AWA_SCHEMA.ready_1 IN ROW EXCLUSIVE MODE;
+      WHEN 2 THEN LOCK TABLE :AWA_SCHEMA.ready_2 IN ROW EXCLUSIVE MODE;
+      WHEN 3 THEN LOCK TABLE :AWA_SCHEMA.ready_3 IN ROW EXCLUSIVE MODE;
+      WHEN 4 THEN LOCK TABLE :AWA_SCHEMA.ready_4 IN ROW EXCLUSIVE MODE;
+      WHEN 5 THEN LOCK TABLE :AWA_SCHEMA.ready_5 IN ROW EXCLUSIVE MODE;
+      WHEN 6 THEN LOCK TABLE :AWA_SCHEMA.ready_6 IN ROW EXCLUSIVE MODE;
+      WHEN 7 THEN LOCK TABLE :AWA_SCHEMA.ready_7 IN ROW EXCLUSIVE MODE;
+      WHEN 8 THEN LOCK TABLE :AWA_SCHEMA.ready_8 IN ROW EXCLUSIVE MODE;
+      WHEN 9 THEN LOCK TABLE :AWA_SCHEMA.ready_9 IN ROW EXCLUSIVE MODE;
+      WHEN 10 THEN LOCK TABLE :AWA_SCHEMA.ready_10 IN ROW EXCLUSIVE MODE;
+      WHEN 11 THEN LOCK TABLE :AWA_SCHEMA.ready_11 IN ROW EXCLUSIVE MODE;
+      WHEN 12 THEN LOCK TABLE :AWA_SCHEMA.ready_12 IN ROW EXCLUSIVE MODE;
+      WHEN 13 THEN LOCK TABLE :AWA_SCHEMA.ready_13 IN ROW EXCLUSIVE MODE;
+      WHEN 14 THEN LOCK TABLE :AWA_SCHEMA.ready_14 IN ROW EXCLUSIVE MODE;
+      WHEN 15 THEN LOCK TABLE :AWA_SCHEMA.ready_15 IN ROW EXCLUSIVE MODE;
+      -- a ring installed with more slots than 0002's 16
+      ELSE EXECUTE format('LOCK TABLE %I.%I IN ROW EXCLUSIVE MODE', ':AWA_SCHEMA', 'ready_' || o_slot);
+    END CASE;
+    EXIT WHEN NOT EXISTS (SELECT 1 FROM ring_prunes p WHERE p.ring = 'queue' AND p.generation = o_generation);
+  END LOOP;
+END
+$function$;
+
+-- ---------------------------------------------------------------------------------------------
+-- :AWA_SCHEMA.finalize(jsonb): as 0023, READ COMMITTED only.
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.finalize(p_items jsonb)
+ RETURNS TABLE(ord integer, applied boolean, state text)
+ LANGUAGE plpgsql
+ SET search_path TO ':AWA_SCHEMA', 'pg_catalog'
+ SET plan_cache_mode TO 'force_generic_plan'
+ SET enable_seqscan TO 'off'
+ SET enable_nestloop TO 'off'
+ SET jit TO 'off'
+AS $function$
+#variable_conflict use_column
+DECLARE
+  v_now timestamptz := now();
+  v_ids bigint[];
+  v_lo1 int;
+  v_hi1 int;
+  v_lo2 int;
+  v_hi2 int;
+BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'finalize needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  -- One statement; the locks are taken row by row in the sorted subquery's order.
+  SELECT array_agg(a.job_id) INTO v_ids
+  FROM (SELECT a.job_id, pg_advisory_xact_lock(attempt_key(a.job_id, a.run_lease)) AS locked
+        FROM (SELECT DISTINCT i.job_id, i.run_lease FROM jsonb_to_recordset(p_items) AS i(job_id bigint, run_lease bigint)
+              ORDER BY i.job_id, i.run_lease) a) a;
+  -- After the locks: the batch's claims can no longer be carried (prune tries these locks), so
+  -- each is in a slot of these ranges, or gone with its pruned slot (stale either way).
+  SELECT s.lo1, s.hi1, s.lo2, s.hi2 INTO v_lo1, v_hi1, v_lo2, v_hi2 FROM queue_slot_ranges() s;
+
+  RETURN QUERY
+  WITH items AS MATERIALIZED (
+    SELECT x_e.o::int AS o, x.job_id, x.run_lease, x.outcome, coalesce(x.delay_ms, 0) AS delay_ms, x.message, x.reason,
+           x.stale_before, x.progress -- 0022
+    FROM jsonb_array_elements(p_items) WITH ORDINALITY AS x_e(v, o),
+         jsonb_to_record(x_e.v) AS x(job_id bigint, run_lease bigint, outcome text, delay_ms bigint, message text, reason text,
+                                     stale_before timestamptz, progress jsonb) -- 0022
+  ),
+  batch_claims AS MATERIALIZED (
+    SELECT c.slot, c.generation, c.job_id, c.run_lease, c.attempt, c.queue, c.priority, c.shard, c.lane_seq
+    FROM claims c WHERE c.job_id = ANY (v_ids)
+      AND (c.slot BETWEEN v_lo1 AND v_hi1 OR c.slot BETWEEN v_lo2 AND v_hi2)
+  ),
+  batch_ready AS MATERIALIZED (
+    SELECT r.slot, r.job_id, r.kind, r.queue, r.priority, r.shard, r.lane_seq, r.args, r.metadata, r.tags, r.errors,
+           r.max_attempts, r.created_at, r.run_at, r.unique_key, r.unique_states, r.progress
+    FROM ready r WHERE r.job_id = ANY (v_ids)
+      AND (r.slot BETWEEN v_lo1 AND v_hi1 OR r.slot BETWEEN v_lo2 AND v_hi2)
+  ),
+  batch_closures AS MATERIALIZED (
+    SELECT z.job_id, z.run_lease FROM closures z WHERE z.job_id = ANY (v_ids)
+      AND (z.slot BETWEEN v_lo1 AND v_hi1 OR z.slot BETWEEN v_lo2 AND v_hi2)
+  ),
+  open AS (
+    SELECT DISTINCT ON (i.job_id, i.run_lease)
+           i.o, i.outcome AS outcome0, i.delay_ms, i.message AS message0, i.reason, c.slot, c.generation, c.job_id, c.run_lease, c.attempt, c.lane_seq,
+           r.kind, r.queue, r.priority, r.shard, r.args, r.metadata, r.tags, r.errors, r.max_attempts, r.created_at, r.run_at,
+           r.unique_key, r.unique_states, /* 0022: the outcome's progress first */ coalesce(i.progress, a.progress, r.progress) AS progress, a.found AS has_state,
+           CASE i.outcome
+             WHEN 'complete' THEN 'completed'
+             WHEN 'cancel' THEN 'cancelled'
+             WHEN 'fail' THEN 'failed'
+             WHEN 'snooze' THEN 'scheduled'
+             WHEN 'retry' THEN CASE WHEN c.attempt >= r.max_attempts THEN 'failed' ELSE 'retryable' END
+             -- 0023: shutdown's release is a retry that never exhausts
+             WHEN 'release' THEN 'retryable'
+           END AS new_state0
+    FROM items i
+    JOIN batch_claims c ON c.job_id = i.job_id AND c.run_lease = i.run_lease
+    -- the claimed row by its full key: lane_seq, not run_lease, is unique per ready row (a cancelled
+    -- and then retried job has two ready rows with the same lease)
+    JOIN batch_ready r ON r.slot = c.slot AND r.queue = c.queue AND r.priority = c.priority AND r.shard = c.shard
+                      AND r.lane_seq = c.lane_seq
+    LEFT JOIN LATERAL (
+      SELECT a.progress, a.heartbeat_at, true AS found FROM attempt_state a
+      WHERE a.job_id = c.job_id AND a.run_lease = c.run_lease LIMIT 1
+    ) a ON true
+    WHERE NOT EXISTS (SELECT 1 FROM batch_closures x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease)
+      -- a stale rescue yields to a heartbeat that committed after its scan (we hold the attempt lock)
+      AND (i.stale_before IS NULL OR a.heartbeat_at IS NULL OR a.heartbeat_at < i.stale_before)
+    ORDER BY i.job_id, i.run_lease, i.o
+  ),
+  -- Re-entry into the unique mask (capabilities.md §4): a job whose mask omits 'running' takes
+  -- its key again when its new state is in the mask; if a newer job holds it and the new state is
+  -- retryable or scheduled, this one gives way (cancelled, 'superseded by duplicate <id>'), as in
+  -- the simulation. Default masks hold 'running': nothing enters.
+  keyed AS MATERIALIZED (
+    SELECT o.*, (o.unique_key IS NOT NULL AND (o.unique_states & 4) = 0
+                 AND (o.unique_states & state_bit(o.new_state0)) <> 0) AS enters
+    FROM open o
+  ),
+  take_key AS (
+    INSERT INTO unique_claims (unique_key, job_id)
+    SELECT DISTINCT ON (k.unique_key) k.unique_key, k.job_id FROM keyed k WHERE k.enters ORDER BY k.unique_key, k.job_id
+    ON CONFLICT (unique_key) DO NOTHING
+    RETURNING job_id
+  ),
+  settled AS MATERIALIZED (
+    SELECT k.*, CASE WHEN s.superseded THEN 'cancel' ELSE k.outcome0 END AS outcome,
+           CASE WHEN s.superseded THEN 'superseded by duplicate ' || coalesce(s.holder::text, 'job') ELSE k.message0 END AS message,
+           CASE WHEN s.superseded THEN 'cancelled' ELSE k.new_state0 END AS new_state
+    FROM keyed k
+    CROSS JOIN LATERAL (
+      -- only a live state gives way; a finished job takes the key if it is free, and keeps its end
+      SELECT CASE WHEN k.enters AND k.new_state0 IN ('retryable', 'scheduled') THEN NOT EXISTS (SELECT 1 FROM take_key t WHERE t.job_id = k.job_id)
+                                 AND NOT EXISTS (SELECT 1 FROM unique_claims u WHERE u.unique_key = k.unique_key AND u.job_id = k.job_id)
+                  ELSE false END AS superseded,
+             CASE WHEN k.enters THEN (SELECT u.job_id FROM unique_claims u WHERE u.unique_key = k.unique_key) END AS holder
+    ) s
+  ),
+  resolved AS MATERIALIZED (
+    SELECT o.*,
+           o.new_state = 'failed' AND dlq_enabled(o.queue) AS to_dlq,
+           CASE WHEN o.outcome = 'fail' THEN 'terminal_error' ELSE coalesce(o.reason, 'max_attempts_exhausted') END AS dlq_reason,
+           -- 0023: 'release' records its error entry like 'retry' (never terminal: its state is retryable)
+           CASE WHEN o.outcome IN ('retry', 'fail', 'release') THEN
+                  append_error(o.errors, jsonb_strip_nulls(jsonb_build_object('error', o.message, 'attempt', o.attempt, 'at', v_now,
+                                         'terminal', CASE WHEN o.new_state = 'failed' THEN true END)))
+                WHEN o.outcome = 'cancel' THEN
+                  append_error(o.errors, jsonb_build_object('error', 'cancelled: ' || o.message, 'attempt', o.attempt, 'at', v_now))
+           END AS new_errors
+    FROM settled o
+  ),
+  -- The two plain tables keyed by job_id come first; what they did not take is not applied.
+  ins_dlq AS (
+    INSERT INTO dlq AS d (job_id, kind, queue, priority, args, metadata, tags, errors, progress, attempt, max_attempts,
+                          original_run_lease, run_at, created_at, dlq_at, dlq_reason, unique_key, unique_states)
+    SELECT DISTINCT ON (r.job_id)
+           r.job_id, r.kind, r.queue, r.priority, r.args, r.metadata, r.tags, coalesce(r.new_errors, r.errors), r.progress,
+           r.attempt, r.max_attempts, r.run_lease, r.run_at, r.created_at, v_now, r.dlq_reason, r.unique_key, r.unique_states
+    FROM resolved r WHERE r.to_dlq
+    ORDER BY r.job_id, r.run_lease DESC
+    ON CONFLICT (job_id) DO UPDATE
+      SET kind = excluded.kind, queue = excluded.queue, priority = excluded.priority, args = excluded.args,
+          metadata = excluded.metadata, tags = excluded.tags, errors = excluded.errors, progress = excluded.progress,
+          attempt = excluded.attempt, max_attempts = excluded.max_attempts, original_run_lease = excluded.original_run_lease,
+          run_at = excluded.run_at, created_at = excluded.created_at, dlq_at = excluded.dlq_at,
+          dlq_reason = excluded.dlq_reason, unique_key = excluded.unique_key, unique_states = excluded.unique_states
+      WHERE d.original_run_lease < excluded.original_run_lease
+    RETURNING d.job_id, d.original_run_lease AS run_lease
+  ),
+  ins_deferred AS (
+    INSERT INTO deferred (job_id, state, kind, queue, priority, shard, args, metadata, tags, errors, progress, attempt,
+                          run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
+    SELECT DISTINCT ON (r.job_id)
+           r.job_id, r.new_state, r.kind, r.queue, r.priority, r.shard, r.args, r.metadata, r.tags,
+           coalesce(r.new_errors, r.errors), r.progress,
+           -- 0023: a released attempt is not counted, as a snoozed one
+           CASE WHEN r.new_state = 'scheduled' OR r.outcome = 'release' THEN r.attempt - 1 ELSE r.attempt END,
+           r.run_lease, r.max_attempts, v_now + r.delay_ms * interval '1 millisecond', r.created_at, r.unique_key, r.unique_states
+    FROM resolved r WHERE r.new_state IN ('retryable', 'scheduled')
+    ORDER BY r.job_id, r.run_lease DESC
+    ON CONFLICT (job_id) DO NOTHING
+    RETURNING job_id, run_lease
+  ),
+  done AS (
+    SELECT r.* FROM resolved r
+    WHERE CASE WHEN r.to_dlq THEN EXISTS (SELECT 1 FROM ins_dlq x WHERE x.job_id = r.job_id AND x.run_lease = r.run_lease)
+               WHEN r.new_state IN ('retryable', 'scheduled')
+                 THEN EXISTS (SELECT 1 FROM ins_deferred x WHERE x.job_id = r.job_id AND x.run_lease = r.run_lease)
+               ELSE true END
+  ),
+  ins_closures AS (
+    INSERT INTO closures (slot, generation, job_id, run_lease, outcome, closed_at)
+    SELECT r.slot, r.generation, r.job_id, r.run_lease, r.new_state, v_now FROM done r
+  ),
+  ins_terminal AS (
+    INSERT INTO terminal (slot, generation, job_id, run_lease, lane_seq, state, attempt, finalized_at, errors, progress)
+    SELECT r.slot, r.generation, r.job_id, r.run_lease, r.lane_seq, r.new_state, r.attempt, v_now, r.new_errors,
+           CASE WHEN r.new_state = 'completed' THEN NULL ELSE r.progress END
+    FROM done r WHERE r.new_state IN ('completed', 'failed', 'cancelled') AND NOT r.to_dlq
+  ),
+  -- Primary-key probes, only for attempts that had a row (read above): most attempts never
+  -- heartbeat, so most batches delete nothing and probe nothing.
+  del_state AS (
+    DELETE FROM attempt_state a USING done r
+    WHERE r.has_state AND a.job_id = r.job_id AND a.run_lease = r.run_lease
+  ),
+  rel_unique AS (
+    DELETE FROM unique_claims u USING done r
+    WHERE r.unique_key IS NOT NULL AND u.unique_key = r.unique_key AND u.job_id = r.job_id
+      AND (r.unique_states & state_bit(r.new_state)) = 0
+  )
+  SELECT i.o, r.o IS NOT NULL, r.new_state
+  FROM items i LEFT JOIN done r ON r.o = i.o
+  ORDER BY i.o;
+END
+$function$;
+
+-- ---------------------------------------------------------------------------------------------
+-- :AWA_SCHEMA.heartbeat(jsonb): as 0007, READ COMMITTED only.
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.heartbeat(p_items jsonb)
+ RETURNS TABLE(job_id bigint, run_lease bigint)
+ LANGUAGE plpgsql
+ SET search_path TO ':AWA_SCHEMA', 'pg_catalog'
+ SET enable_hashjoin TO 'off'
+ SET enable_mergejoin TO 'off'
+ SET jit TO 'off'
+AS $function$
+#variable_conflict use_column
+DECLARE
+  v_attempt record;
+BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'heartbeat needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  FOR v_attempt IN
+    SELECT DISTINCT i.job_id, i.run_lease FROM jsonb_to_recordset(p_items) AS i(job_id bigint, run_lease bigint)
+    ORDER BY i.job_id, i.run_lease
+  LOOP
+    PERFORM pg_advisory_xact_lock(attempt_key(v_attempt.job_id, v_attempt.run_lease));
+  END LOOP;
+  RETURN QUERY
+  WITH items AS (
+    SELECT DISTINCT ON (x.job_id, x.run_lease) x.job_id, x.run_lease, x.progress,
+           EXISTS (SELECT 1 FROM claims c WHERE c.job_id = x.job_id AND c.run_lease = x.run_lease)
+           AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.job_id = x.job_id AND z.run_lease = x.run_lease) AS open
+    FROM jsonb_to_recordset(p_items) AS x(job_id bigint, run_lease bigint, progress jsonb)
+    ORDER BY x.job_id, x.run_lease
+  ),
+  up AS (
+    INSERT INTO attempt_state AS a (job_id, run_lease, heartbeat_at, progress)
+    SELECT i.job_id, i.run_lease, now(), i.progress FROM items i WHERE i.open
+    ON CONFLICT (job_id, run_lease) DO UPDATE
+      SET heartbeat_at = excluded.heartbeat_at, progress = coalesce(excluded.progress, a.progress)
+  )
+  SELECT i.job_id, i.run_lease FROM items i WHERE NOT i.open;
+END
+$function$;
+
+-- ---------------------------------------------------------------------------------------------
+-- :AWA_SCHEMA.lock_current_slot(text): as 0003, READ COMMITTED only.
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.lock_current_slot(p_table text, OUT o_generation bigint, OUT o_slot integer)
+ RETURNS record
+ LANGUAGE plpgsql
+ SET search_path TO ':AWA_SCHEMA', 'pg_catalog'
+ SET jit TO 'off'
+AS $function$
+BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'lock_current_slot needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  LOOP
+    SELECT r.generation, r.slot INTO o_generation, o_slot FROM ring_rotations r
+    WHERE r.ring = 'queue' ORDER BY r.generation DESC LIMIT 1;
+    EXECUTE format('LOCK TABLE %I.%I IN ROW EXCLUSIVE MODE', ':AWA_SCHEMA', p_table || '_' || o_slot);
+    EXIT WHEN NOT EXISTS (SELECT 1 FROM ring_prunes p WHERE p.ring = 'queue' AND p.generation = o_generation);
+  END LOOP;
+END
+$function$;
+
+-- ---------------------------------------------------------------------------------------------
+-- :AWA_SCHEMA.promote(integer): as 0021, READ COMMITTED only.
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.promote(p_limit integer)
+ RETURNS integer
+ LANGUAGE plpgsql
+ SET search_path TO ':AWA_SCHEMA', 'pg_catalog'
+ SET jit TO 'off'
+AS $function$
+#variable_conflict use_column
+DECLARE
+  v_lane record;
+  v_q text[] := '{}';
+  v_p int[] := '{}';
+  v_ids bigint[];
+  v_pos bigint[];
+  v_ring record;
+  v_row record;
+  v_def record;
+  v_holder bigint;
+  v_moved int;
+  v_round int;
+  v_found boolean;
+  v_busy_q text[] := '{}';
+  v_busy_p int[] := '{}';
+BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'promote needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  -- Lanes of the first p_limit due rows, enqueue locks tried. When every one of them is busy (a
+  -- producer holds the lane in an open transaction), look further, past those lanes, instead of
+  -- promoting nothing while other lanes' rows are due (review m5). Tried locks never wait, so the
+  -- order across rounds does not matter.
+  FOR v_round IN 1 .. 8 LOOP
+    v_found := false;
+    FOR v_lane IN
+      SELECT DISTINCT d.queue COLLATE "C" AS queue, d.priority
+      FROM (SELECT d.queue, d.priority FROM deferred d
+            WHERE d.state IN ('scheduled', 'retryable') AND d.run_at <= now()
+              AND (d.queue, d.priority) NOT IN (SELECT * FROM unnest(v_busy_q, v_busy_p))
+            ORDER BY d.run_at, d.job_id LIMIT p_limit) d
+      ORDER BY 1, 2
+    LOOP
+      v_found := true;
+      IF pg_try_advisory_xact_lock(lock_ns('enqueue'), lane_key(v_lane.queue, v_lane.priority, 0)) THEN
+        v_q := v_q || v_lane.queue;
+        v_p := v_p || v_lane.priority::int;
+        INSERT INTO lanes (queue, priority, shard)
+        SELECT v_lane.queue, v_lane.priority, 0
+        WHERE NOT EXISTS (SELECT 1 FROM lanes l WHERE l.queue = v_lane.queue AND l.priority = v_lane.priority AND l.shard = 0)
+        ON CONFLICT DO NOTHING;
+      ELSE
+        v_busy_q := v_busy_q || v_lane.queue;
+        v_busy_p := v_busy_p || v_lane.priority::int;
+      END IF;
+    END LOOP;
+    EXIT WHEN NOT v_found OR cardinality(v_q) > 0;
+  END LOOP;
+  IF cardinality(v_q) = 0 THEN
+    RETURN 0;
+  END IF;
+
+  WITH due AS (
+    SELECT d.job_id FROM deferred d
+    WHERE d.state IN ('scheduled', 'retryable') AND d.run_at <= now()
+      AND (d.queue, d.priority) IN (SELECT * FROM unnest(v_q, v_p))
+    ORDER BY d.run_at, d.job_id LIMIT p_limit
+    FOR UPDATE SKIP LOCKED
+  )
+  SELECT array_agg(due.job_id) INTO v_ids FROM due;
+  IF v_ids IS NULL THEN
+    RETURN 0;
+  END IF;
+  v_moved := cardinality(v_ids);
+  -- Unique masks (capabilities.md §4), only for keyed rows whose mask treats their deferred state
+  -- and 'available' differently (never the default mask, so the common path runs one probe):
+  -- leaving the mask releases the key; entering it takes the key, and if a newer job holds it this
+  -- one gives way, cancelled with 'superseded by duplicate <id>' (a wide terminal row).
+  FOR v_row IN
+    SELECT d.job_id, d.unique_key, d.unique_states FROM deferred d
+    WHERE d.job_id = ANY (v_ids) AND d.unique_key IS NOT NULL
+      AND ((d.unique_states & 2) <> 0) <> ((d.unique_states & state_bit(d.state)) <> 0)
+    ORDER BY d.job_id
+  LOOP
+    IF (v_row.unique_states & 2) = 0 THEN
+      DELETE FROM unique_claims u WHERE u.unique_key = v_row.unique_key AND u.job_id = v_row.job_id;
+      CONTINUE;
+    END IF;
+    INSERT INTO unique_claims (unique_key, job_id) VALUES (v_row.unique_key, v_row.job_id) ON CONFLICT DO NOTHING;
+    SELECT u.job_id INTO v_holder FROM unique_claims u WHERE u.unique_key = v_row.unique_key;
+    IF v_holder <> v_row.job_id THEN
+      DELETE FROM deferred d WHERE d.job_id = v_row.job_id RETURNING d.* INTO v_def;
+      SELECT o_generation AS generation, o_slot AS slot INTO v_ring FROM lock_current_slot('terminal');
+      INSERT INTO terminal (slot, generation, job_id, run_lease, state, attempt, finalized_at, errors, progress, wide,
+                            kind, queue, priority, args, metadata, tags, max_attempts, run_at, created_at, unique_key, unique_states)
+      VALUES (v_ring.slot, v_ring.generation, v_def.job_id, v_def.run_lease, 'cancelled', v_def.attempt, now(),
+              append_error(v_def.errors, jsonb_build_object('error', 'cancelled: superseded by duplicate ' || v_holder,
+                                                            'attempt', v_def.attempt, 'at', now())),
+              v_def.progress, true, v_def.kind, v_def.queue, v_def.priority, v_def.args, v_def.metadata, v_def.tags,
+              v_def.max_attempts, v_def.run_at, v_def.created_at, v_def.unique_key, v_def.unique_states);
+      v_ids := array_remove(v_ids, v_row.job_id);
+    END IF;
+  END LOOP;
+  IF cardinality(v_ids) = 0 THEN
+    RETURN v_moved;
+  END IF;
+  SELECT o_generation AS generation, o_slot AS slot INTO v_ring FROM lock_current_slot('ready');
+  SELECT array_agg(v ORDER BY v) INTO v_pos FROM (SELECT nextval('lane_seq') AS v FROM generate_series(1, cardinality(v_ids))) s;
+
+  WITH moved AS (
+    DELETE FROM deferred d WHERE d.job_id = ANY (v_ids) RETURNING d.*
+  ),
+  ranked AS (
+    SELECT m.*, row_number() OVER (ORDER BY m.run_at, m.job_id) AS rank FROM moved m
+  ),
+  ins AS (
+    INSERT INTO ready (slot, generation, job_id, kind, queue, priority, shard, lane_seq, args, metadata, tags,
+                       errors, progress, attempt, run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
+    SELECT v_ring.slot, v_ring.generation, r.job_id, r.kind, r.queue, r.priority, r.shard, v_pos[r.rank], r.args, r.metadata,
+           r.tags, r.errors, r.progress, r.attempt, r.run_lease, r.max_attempts, r.run_at, r.created_at, r.unique_key, r.unique_states
+    FROM ranked r
+    RETURNING queue
+  )
+  SELECT array_agg(DISTINCT ins.queue) INTO v_q FROM ins;
+  PERFORM pg_notify('awa_wake_:AWA_SCHEMA', q) FROM unnest(v_q) AS q;
+  RETURN v_moved;
+END
+$function$;
+
+-- ---------------------------------------------------------------------------------------------
+-- :AWA_SCHEMA.prune_history(integer,bigint,bigint,bigint): as 0021, READ COMMITTED only.
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.prune_history(p_lock_timeout_ms integer, p_completed_ms bigint, p_failed_ms bigint, p_cancelled_ms bigint)
+ RETURNS TABLE(outcome text, generation bigint, carried integer)
+ LANGUAGE plpgsql
+ SET search_path TO ':AWA_SCHEMA', 'pg_catalog'
+ SET jit TO 'off'
+AS $function$
+#variable_conflict use_column
+DECLARE
+  v_n int := ring_slots('history');
+  v_cur record;
+  v_old bigint;
+  v_slot int;
+  v_longest interval;
+  v_rollup jsonb;
+  v_keys jsonb;
+  v_saved_timeout text := current_setting('lock_timeout');
+BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'prune_history needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  IF NOT pg_try_advisory_xact_lock(lock_ns('ring'), hashtext('history')) THEN
+    RETURN QUERY SELECT 'Blocked:busy', NULL::bigint, 0;
+    RETURN;
+  END IF;
+  SELECT * INTO v_cur FROM ring_current('history');
+  SELECT min(g.g) INTO v_old
+  FROM generate_series(greatest(0, v_cur.generation - v_n + 1), v_cur.generation - 1) AS g(g)
+  WHERE NOT EXISTS (SELECT 1 FROM ring_prunes p WHERE p.ring = 'history' AND p.generation = g.g);
+  IF v_old IS NULL THEN
+    RETURN QUERY SELECT 'Noop', NULL::bigint, 0;
+    RETURN;
+  END IF;
+  v_slot := (v_old % v_n)::int;
+  SELECT greatest(max(x), p_completed_ms * interval '1 millisecond', p_failed_ms * interval '1 millisecond',
+                  p_cancelled_ms * interval '1 millisecond') INTO v_longest
+  FROM (SELECT unnest(ARRAY[m.completed_retention, m.failed_retention, m.cancelled_retention]) AS x FROM queue_meta m) s;
+  IF EXISTS (SELECT 1 FROM history h WHERE h.slot = v_slot AND h.finalized_at > now() - v_longest) THEN
+    RETURN QUERY SELECT 'Blocked:retention', v_old, 0;
+    RETURN;
+  END IF;
+  SELECT (SELECT jsonb_object_agg(k, n) FROM (SELECT h.queue || ':' || h.state AS k, count(*) AS n FROM history h WHERE h.slot = v_slot GROUP BY 1) c),
+         (SELECT jsonb_agg(jsonb_build_object('job_id', h.job_id, 'run_lease', h.run_lease, 'finalized_at', h.finalized_at,
+                                              'unique_key', encode(h.unique_key, 'hex')))
+          FROM history h WHERE h.slot = v_slot AND h.unique_key IS NOT NULL)
+    INTO v_rollup, v_keys;
+  BEGIN
+    PERFORM set_config('lock_timeout', p_lock_timeout_ms || 'ms', true);
+    EXECUTE format('LOCK TABLE %I.history_%s IN ACCESS EXCLUSIVE MODE', ':AWA_SCHEMA', v_slot);
+  EXCEPTION WHEN lock_not_available THEN
+    RETURN QUERY SELECT 'Blocked:lock', v_old, 0;
+    RETURN;
+  END;
+  PERFORM set_config('lock_timeout', v_saved_timeout, true);
+  EXECUTE format('TRUNCATE %I.history_%s', ':AWA_SCHEMA', v_slot);
+  IF v_keys IS NOT NULL THEN
+    INSERT INTO pending_key_releases (ring, generation, keys) VALUES ('history', v_old, v_keys);
+  END IF;
+  INSERT INTO ring_prunes (ring, generation, slot, rollup) VALUES ('history', v_old, v_slot, coalesce(v_rollup, '{}'));
+  RETURN QUERY SELECT 'Pruned', v_old, 0;
+END
+$function$;
+
+-- ---------------------------------------------------------------------------------------------
+-- :AWA_SCHEMA.prune_queue(integer,bigint,bigint,bigint): as 0021, READ COMMITTED only.
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.prune_queue(p_lock_timeout_ms integer, p_completed_ms bigint, p_failed_ms bigint, p_cancelled_ms bigint)
+ RETURNS TABLE(outcome text, generation bigint, carried integer)
+ LANGUAGE plpgsql
+ SET search_path TO ':AWA_SCHEMA', 'pg_catalog'
+ SET jit TO 'off'
+AS $function$
+#variable_conflict use_column
+DECLARE
+  v_n int := ring_slots('queue');
+  v_cur record;
+  v_hist record;
+  v_old bigint;
+  v_slot int;
+  v_attempt record;
+  v_open_claims claims[];
+  v_open_ready ready[];
+  v_kept history[];
+  v_copy record;
+  v_copied boolean;
+  v_count bigint;
+  -- below this many rows to keep, inserting them under the lock costs less than a second commit
+  v_copy_ahead_rows constant int := 1000;
+  v_rollup jsonb;
+  v_keys jsonb;
+  v_children text;
+  v_deadline timestamptz;
+  v_saved_timeout text := current_setting('lock_timeout');
+  v_saved_nestloop text := current_setting('enable_nestloop');
+BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'prune_queue needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  IF NOT pg_try_advisory_xact_lock(lock_ns('ring'), hashtext('queue')) THEN
+    RETURN QUERY SELECT 'Blocked:busy', NULL::bigint, 0;
+    RETURN;
+  END IF;
+  SELECT * INTO v_cur FROM ring_current('queue');
+  SELECT min(g.g) INTO v_old
+  FROM generate_series(greatest(0, v_cur.generation - v_n + 1), v_cur.generation - 1) AS g(g)
+  WHERE NOT EXISTS (SELECT 1 FROM ring_prunes p WHERE p.ring = 'queue' AND p.generation = g.g);
+  IF v_old IS NULL THEN
+    RETURN QUERY SELECT 'Noop', NULL::bigint, 0;
+    RETURN;
+  END IF;
+  v_slot := (v_old % v_n)::int;
+
+  IF slot_has_unclaimed(v_slot) THEN
+    RETURN QUERY SELECT 'Blocked:unclaimed', v_old, 0;
+    RETURN;
+  END IF;
+  FOR v_attempt IN
+    SELECT c.job_id, c.run_lease FROM claims c
+    WHERE c.slot = v_slot AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.slot = v_slot AND z.job_id = c.job_id AND z.run_lease = c.run_lease)
+    ORDER BY c.job_id, c.run_lease
+  LOOP
+    IF NOT pg_try_advisory_xact_lock(attempt_key(v_attempt.job_id, v_attempt.run_lease)) THEN
+      RETURN QUERY SELECT 'Blocked:locked_attempt', v_old, 0;
+      RETURN;
+    END IF;
+  END LOOP;
+
+  v_children := format('%1$I.ready_%2$s, %1$I.ready_tombstones_%2$s, %1$I.claims_%2$s, %1$I.claim_marks_%2$s, %1$I.closures_%2$s, %1$I.terminal_%2$s',
+                       ':AWA_SCHEMA', v_slot);
+  -- Freeze the slot: SHARE waits for writers still inserting into it and keeps new ones out until
+  -- commit, but does not conflict with the ACCESS SHARE of claimers and readers. A queued SHARE
+  -- request does not hold up later readers either (only ACCESS EXCLUSIVE conflicts with them).
+  BEGIN
+    PERFORM set_config('lock_timeout', p_lock_timeout_ms || 'ms', true);
+    EXECUTE 'LOCK TABLE ' || v_children || ' IN SHARE MODE';
+  EXCEPTION WHEN lock_not_available THEN
+    RETURN QUERY SELECT 'Blocked:lock', v_old, 0;
+    RETURN;
+  END;
+  PERFORM set_config('lock_timeout', v_saved_timeout, true);
+
+  -- Re-proof: rows committed while we waited for SHARE are visible now, and no more can come.
+  IF slot_has_unclaimed(v_slot) THEN
+    RETURN QUERY SELECT 'Blocked:unclaimed', v_old, 0;
+    RETURN;
+  END IF;
+
+  -- Everything below up to the exclusive lock only reads: a prune that gives up writes nothing.
+  -- Open attempts: claims without a closure (ours since step 3, or claimed after it from rows
+  -- that arrived late; either way their finalizers need the slot, which is frozen).
+  SELECT array_agg(c) INTO v_open_claims FROM claims c
+  WHERE c.slot = v_slot AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.slot = v_slot AND z.job_id = c.job_id AND z.run_lease = c.run_lease);
+  IF v_open_claims IS NOT NULL THEN
+    SELECT array_agg(r) INTO v_open_ready
+    FROM unnest(v_open_claims) o
+    JOIN ready r ON r.slot = v_slot AND r.queue = o.queue AND r.priority = o.priority AND r.shard = o.shard AND r.lane_seq = o.lane_seq;
+  END IF;
+
+  -- The terminal rows: judged here, or already copied ahead by an earlier call (see below). The
+  -- slot is frozen, so if it still holds as many terminal rows as the copy saw, they are the same
+  -- rows (ring tables are append-only) and the copy's roll-up and keys stand.
+  SELECT * INTO v_copy FROM history_copies hc WHERE hc.generation = v_old;
+  v_copied := FOUND;
+  IF v_copied THEN
+    EXECUTE format('SELECT count(*) FROM %I.terminal_%s', ':AWA_SCHEMA', v_slot) INTO v_count;
+  END IF;
+  IF v_copied AND v_count = v_copy.terminal_rows THEN
+    v_rollup := v_copy.rollup;
+    v_keys := v_copy.keys;
+  ELSE
+    -- Judge: widened from their ready row when narrow; kept if inside their state's retention.
+    -- After a copy ahead (rows arrived since: rare), rows already in history are neither copied
+    -- again nor have their keys released (the history copy holds them).
+    -- Fresh ring children have no statistics (estimates of a few rows), so the planner joins
+    -- terminal to ready with a nested loop over a seq scan: O(n²), 0.56 s for 2,000 rows. A hash
+    -- join is linear whatever the estimates.
+    PERFORM set_config('enable_nestloop', 'off', true);
+    WITH wide AS (
+      SELECT t.job_id, t.run_lease, t.state, t.attempt, coalesce(t.max_attempts, r.max_attempts) AS max_attempts,
+             coalesce(t.kind, r.kind) AS kind, coalesce(t.queue, r.queue) AS queue, coalesce(t.priority, r.priority) AS priority,
+             coalesce(t.args, r.args) AS args, coalesce(t.metadata, r.metadata) AS metadata, coalesce(t.tags, r.tags) AS tags,
+             coalesce(t.errors, r.errors) AS errors, t.progress, coalesce(t.run_at, r.run_at) AS run_at,
+             coalesce(t.created_at, r.created_at) AS created_at, t.finalized_at,
+             coalesce(t.unique_key, r.unique_key) AS unique_key, coalesce(t.unique_states, r.unique_states, 0) AS unique_states
+      FROM terminal t
+      LEFT JOIN ready r ON NOT t.wide AND r.slot = t.slot AND r.job_id = t.job_id AND r.lane_seq = t.lane_seq
+      WHERE t.slot = v_slot
+    ),
+    judged AS MATERIALIZED (
+      SELECT w.*, w.finalized_at > now() - retention(w.state, w.queue, p_completed_ms, p_failed_ms, p_cancelled_ms) AS keep,
+             v_copied AND EXISTS (SELECT 1 FROM history h WHERE h.job_id = w.job_id AND h.run_lease = w.run_lease
+                                    AND h.state = w.state AND h.finalized_at = w.finalized_at) AS in_history
+      FROM wide w
+    )
+    SELECT (SELECT array_agg(ROW(0, 0, j.job_id, j.run_lease, j.state, j.attempt, j.max_attempts, j.kind, j.queue, j.priority,
+                                 j.args, j.metadata, j.tags, j.errors, j.progress, j.run_at, j.created_at, j.finalized_at,
+                                 j.unique_key, j.unique_states)::history)
+            FROM judged j WHERE j.keep AND NOT j.in_history),
+           (SELECT jsonb_object_agg(k, n) FROM (SELECT j.queue || ':' || j.state AS k, count(*) AS n FROM judged j GROUP BY 1) c),
+           (SELECT jsonb_agg(jsonb_build_object('job_id', j.job_id, 'run_lease', j.run_lease, 'finalized_at', j.finalized_at,
+                                                'unique_key', encode(j.unique_key, 'hex')))
+            FROM judged j WHERE NOT j.keep AND NOT j.in_history AND j.unique_key IS NOT NULL),
+           (SELECT count(*) FROM judged)
+      INTO v_kept, v_rollup, v_keys, v_count;
+    PERFORM set_config('enable_nestloop', v_saved_nestloop, true);
+
+    -- Copy ahead: many rows to keep, and nothing left in the slot that could still add a terminal
+    -- row (no open attempt). Insert them into history now and COMMIT (the caller calls again at
+    -- once): under the exclusive lock the next call then only truncates, instead of inserting
+    -- every row (0.9 s for 100k rows). The copy is committed, never rolled back, and recorded in
+    -- history_copies, so a later call reuses it instead of copying again: no dead tuples either way.
+    IF NOT v_copied AND v_open_claims IS NULL AND coalesce(cardinality(v_kept), 0) >= v_copy_ahead_rows THEN
+      SELECT * INTO v_hist FROM ring_current('history');
+      INSERT INTO history (slot, generation, job_id, run_lease, state, attempt, max_attempts, kind, queue, priority, args,
+                           metadata, tags, errors, progress, run_at, created_at, finalized_at, unique_key, unique_states)
+      SELECT v_hist.slot, v_hist.generation, h.job_id, h.run_lease, h.state, h.attempt, h.max_attempts, h.kind, h.queue, h.priority,
+             h.args, h.metadata, h.tags, h.errors, h.progress, h.run_at, h.created_at, h.finalized_at, h.unique_key, h.unique_states
+      FROM unnest(v_kept) h;
+      INSERT INTO history_copies (generation, slot, terminal_rows, rollup, keys)
+      VALUES (v_old, v_slot, v_count, coalesce(v_rollup, '{}'), v_keys);
+      RETURN QUERY SELECT 'Copied', v_old, 0;
+      RETURN;
+    END IF;
+  END IF;
+
+  -- ACCESS EXCLUSIVE, never queued: a waiting request would make every later claimer wait behind
+  -- it (they all read this slot's children). NOWAIT succeeds in a moment when no reader holds the
+  -- children; between tries we sleep about a millisecond, so readers come and go freely.
+  v_deadline := clock_timestamp() + p_lock_timeout_ms * interval '1 millisecond';
+  LOOP
+    BEGIN
+      EXECUTE 'LOCK TABLE ' || v_children || ' IN ACCESS EXCLUSIVE MODE NOWAIT';
+      EXIT;
+    EXCEPTION WHEN lock_not_available THEN
+      IF clock_timestamp() >= v_deadline THEN
+        RETURN QUERY SELECT 'Blocked:lock', v_old, 0;
+        RETURN;
+      END IF;
+    END;
+    PERFORM pg_sleep(0.001);
+  END LOOP;
+
+  -- Under the exclusive lock: only the writes.
+  IF v_open_claims IS NOT NULL THEN
+    INSERT INTO ready (slot, generation, job_id, kind, queue, priority, shard, lane_seq, args, metadata, tags,
+                       errors, progress, attempt, run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
+    SELECT v_cur.slot, v_cur.generation, r.job_id, r.kind, r.queue, r.priority, r.shard, r.lane_seq, r.args, r.metadata, r.tags,
+           r.errors, r.progress, r.attempt, r.run_lease, r.max_attempts, r.run_at, r.created_at, r.unique_key, r.unique_states
+    FROM unnest(v_open_ready) r;
+    INSERT INTO claims (slot, generation, job_id, run_lease, attempt, queue, priority, shard, lane_seq, claimed_at, deadline_at)
+    SELECT v_cur.slot, v_cur.generation, o.job_id, o.run_lease, o.attempt, o.queue, o.priority, o.shard, o.lane_seq, o.claimed_at, o.deadline_at
+    FROM unnest(v_open_claims) o;
+    -- the lane's cursor is past every carried row (they were claimed); a mark at it keeps it there
+    -- once this slot's marks are gone
+    INSERT INTO claim_marks (slot, generation, queue, priority, shard, next_lane_seq)
+    SELECT v_cur.slot, v_cur.generation, l.queue, l.priority, l.shard, lane_cursor(l.queue, l.priority, l.shard)
+    FROM (SELECT DISTINCT o.queue, o.priority, o.shard FROM unnest(v_open_claims) o) l;
+  END IF;
+
+  IF v_kept IS NOT NULL THEN
+    SELECT * INTO v_hist FROM ring_current('history');
+    INSERT INTO history (slot, generation, job_id, run_lease, state, attempt, max_attempts, kind, queue, priority, args,
+                         metadata, tags, errors, progress, run_at, created_at, finalized_at, unique_key, unique_states)
+    SELECT v_hist.slot, v_hist.generation, h.job_id, h.run_lease, h.state, h.attempt, h.max_attempts, h.kind, h.queue, h.priority,
+           h.args, h.metadata, h.tags, h.errors, h.progress, h.run_at, h.created_at, h.finalized_at, h.unique_key, h.unique_states
+    FROM unnest(v_kept) h;
+  END IF;
+
+  IF v_keys IS NOT NULL THEN
+    PERFORM release_keys_of(v_keys);
+  END IF;
+  EXECUTE 'TRUNCATE ' || v_children;
+  INSERT INTO ring_prunes (ring, generation, slot, rollup) VALUES ('queue', v_old, v_slot, coalesce(v_rollup, '{}'));
+  RETURN QUERY SELECT 'Pruned', v_old, coalesce(cardinality(v_open_claims), 0);
+END
+$function$;
+
+-- ---------------------------------------------------------------------------------------------
+-- :AWA_SCHEMA.prune_queue(integer,bigint,bigint,bigint,bigint): as 0021, READ COMMITTED only.
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.prune_queue(p_lock_timeout_ms integer, p_completed_ms bigint, p_failed_ms bigint, p_cancelled_ms bigint, p_carry_after_ms bigint)
+ RETURNS TABLE(outcome text, generation bigint, carried integer)
+ LANGUAGE plpgsql
+ SET search_path TO ':AWA_SCHEMA', 'pg_catalog'
+ SET jit TO 'off'
+AS $function$
+#variable_conflict use_column
+DECLARE
+  v_n int := ring_slots('queue');
+  v_cur record;
+  v_old bigint;
+  v_slot int;
+BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'prune_queue needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  IF p_carry_after_ms > 0 THEN
+    IF NOT pg_try_advisory_xact_lock(lock_ns('ring'), hashtext('queue')) THEN
+      RETURN QUERY SELECT 'Blocked:busy', NULL::bigint, 0;
+      RETURN;
+    END IF;
+    -- the generation 0013 would take: the oldest sealed one not yet pruned
+    SELECT * INTO v_cur FROM ring_current('queue');
+    SELECT min(g.g) INTO v_old
+    FROM generate_series(greatest(0, v_cur.generation - v_n + 1), v_cur.generation - 1) AS g(g)
+    WHERE NOT EXISTS (SELECT 1 FROM ring_prunes p WHERE p.ring = 'queue' AND p.generation = g.g);
+    IF v_old IS NOT NULL THEN
+      v_slot := (v_old % v_n)::int;
+      IF EXISTS (
+        SELECT 1 FROM claims c
+        WHERE c.slot = v_slot AND c.claimed_at > now() - p_carry_after_ms * interval '1 millisecond'
+          AND NOT EXISTS (SELECT 1 FROM closures z
+                          WHERE z.slot = v_slot AND z.job_id = c.job_id AND z.run_lease = c.run_lease)
+      ) THEN
+        RETURN QUERY SELECT 'Blocked:young_attempts', v_old, 0;
+        RETURN;
+      END IF;
+    END IF;
+  END IF;
+  RETURN QUERY SELECT * FROM prune_queue(p_lock_timeout_ms, p_completed_ms, p_failed_ms, p_cancelled_ms);
+END
+$function$;
+
+-- ---------------------------------------------------------------------------------------------
+-- :AWA_SCHEMA.prune_queue(integer,bigint,bigint,bigint,bigint,integer,integer,bigint): as 0021, READ COMMITTED only.
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.prune_queue(p_lock_timeout_ms integer, p_completed_ms bigint, p_failed_ms bigint, p_cancelled_ms bigint, p_carry_after_ms bigint, p_force_timeout_ms integer, p_carry_rows integer, p_end_idle_ms bigint)
+ RETURNS TABLE(outcome text, generation bigint, carried integer, moved integer, parked integer)
+ LANGUAGE plpgsql
+ SET search_path TO ':AWA_SCHEMA', 'pg_catalog'
+ SET jit TO 'off'
+AS $function$
+#variable_conflict use_column
+DECLARE
+  v_n int := ring_slots('queue');
+  v_cur record;
+  v_hist record;
+  v_old bigint;
+  v_slot int;
+  v_attempt record;
+  v_open_claims claims[];
+  v_open_ready ready[];
+  v_kept history[];
+  v_copy record;
+  v_copied boolean;
+  v_count bigint;
+  -- below this many rows to keep, inserting them under the lock costs less than a second commit
+  v_copy_ahead_rows constant int := 1000;
+  v_lane_head int := greatest(1, p_carry_rows / 2);
+  v_rollup jsonb;
+  v_keys jsonb;
+  v_children text;
+  v_deadline timestamptz;
+  v_forced boolean := p_force_timeout_ms > 0;
+  v_timeout int := CASE WHEN p_force_timeout_ms > 0 THEN p_force_timeout_ms ELSE p_lock_timeout_ms END;
+  v_moved int := 0;
+  v_parked int := 0;
+  v_locked boolean := false;
+  v_saved_timeout text := current_setting('lock_timeout');
+  v_saved_nestloop text := current_setting('enable_nestloop');
+BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'prune_queue needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  IF NOT pg_try_advisory_xact_lock(lock_ns('ring'), hashtext('queue')) THEN
+    RETURN QUERY SELECT 'Blocked:busy', NULL::bigint, 0, 0, 0;
+    RETURN;
+  END IF;
+  SELECT * INTO v_cur FROM ring_current('queue');
+  SELECT min(g.g) INTO v_old
+  FROM generate_series(greatest(0, v_cur.generation - v_n + 1), v_cur.generation - 1) AS g(g)
+  WHERE NOT EXISTS (SELECT 1 FROM ring_prunes p WHERE p.ring = 'queue' AND p.generation = g.g);
+  IF v_old IS NULL THEN
+    RETURN QUERY SELECT 'Noop', NULL::bigint, 0, 0, 0;
+    RETURN;
+  END IF;
+  v_slot := (v_old % v_n)::int;
+
+  -- An attempt claimed moments ago will most likely close by itself (0014).
+  IF p_carry_after_ms > 0 AND EXISTS (
+    SELECT 1 FROM claims c
+    WHERE c.slot = v_slot AND c.claimed_at > now() - p_carry_after_ms * interval '1 millisecond'
+      AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.slot = v_slot AND z.job_id = c.job_id AND z.run_lease = c.run_lease)
+  ) THEN
+    RETURN QUERY SELECT 'Blocked:young_attempts', v_old, 0, 0, 0;
+    RETURN;
+  END IF;
+  FOR v_attempt IN
+    SELECT c.job_id, c.run_lease FROM claims c
+    WHERE c.slot = v_slot AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.slot = v_slot AND z.job_id = c.job_id AND z.run_lease = c.run_lease)
+    ORDER BY c.job_id, c.run_lease
+  LOOP
+    IF NOT pg_try_advisory_xact_lock(attempt_key(v_attempt.job_id, v_attempt.run_lease)) THEN
+      RETURN QUERY SELECT 'Blocked:locked_attempt', v_old, 0, 0, 0;
+      RETURN;
+    END IF;
+  END LOOP;
+
+  v_children := format('%1$I.ready_%2$s, %1$I.ready_tombstones_%2$s, %1$I.claims_%2$s, %1$I.claim_marks_%2$s, %1$I.closures_%2$s, %1$I.terminal_%2$s',
+                       ':AWA_SCHEMA', v_slot);
+  -- Freeze the slot (SHARE: waits out writers, keeps new ones out, blocks no reader).
+  BEGIN
+    PERFORM set_config('lock_timeout', v_timeout || 'ms', true);
+    EXECUTE 'LOCK TABLE ' || v_children || ' IN SHARE MODE';
+  EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
+    IF v_forced AND p_end_idle_ms > 0 THEN
+      PERFORM end_idle_blockers(v_slot, p_end_idle_ms);
+    END IF;
+    RETURN QUERY SELECT 'Blocked:lock', v_old, 0, 0, 0;
+    RETURN;
+  END;
+  PERFORM set_config('lock_timeout', v_saved_timeout, true);
+
+  -- Open attempts: claims without a closure (ours since the tried locks, or claimed after them
+  -- from rows that arrived late; either way their finalizers need the slot, which is frozen).
+  SELECT array_agg(c) INTO v_open_claims FROM claims c
+  WHERE c.slot = v_slot AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.slot = v_slot AND z.job_id = c.job_id AND z.run_lease = c.run_lease);
+  IF v_open_claims IS NOT NULL THEN
+    SELECT array_agg(r) INTO v_open_ready
+    FROM unnest(v_open_claims) o
+    JOIN ready r ON r.slot = v_slot AND r.queue = o.queue AND r.priority = o.priority AND r.shard = o.shard AND r.lane_seq = o.lane_seq;
+  END IF;
+
+  -- The terminal rows: judged here, or already copied ahead by an earlier call (0013).
+  SELECT * INTO v_copy FROM history_copies hc WHERE hc.generation = v_old;
+  v_copied := FOUND;
+  IF v_copied THEN
+    EXECUTE format('SELECT count(*) FROM %I.terminal_%s', ':AWA_SCHEMA', v_slot) INTO v_count;
+  END IF;
+  IF v_copied AND v_count = v_copy.terminal_rows THEN
+    v_rollup := v_copy.rollup;
+    v_keys := v_copy.keys;
+  ELSE
+    PERFORM set_config('enable_nestloop', 'off', true);
+    -- After a copy ahead the judging reads history while we hold the slot frozen: a history
+    -- prune's exclusive lock may make it wait at most lock_timeout (then an error: nothing was
+    -- written), never as long as that prune runs (review M6).
+    IF v_copied THEN
+      PERFORM set_config('lock_timeout', v_timeout || 'ms', true);
+    END IF;
+    WITH wide AS (
+      SELECT t.job_id, t.run_lease, t.state, t.attempt, coalesce(t.max_attempts, r.max_attempts) AS max_attempts,
+             coalesce(t.kind, r.kind) AS kind, coalesce(t.queue, r.queue) AS queue, coalesce(t.priority, r.priority) AS priority,
+             coalesce(t.args, r.args) AS args, coalesce(t.metadata, r.metadata) AS metadata, coalesce(t.tags, r.tags) AS tags,
+             coalesce(t.errors, r.errors) AS errors, t.progress, coalesce(t.run_at, r.run_at) AS run_at,
+             coalesce(t.created_at, r.created_at) AS created_at, t.finalized_at,
+             coalesce(t.unique_key, r.unique_key) AS unique_key, coalesce(t.unique_states, r.unique_states, 0) AS unique_states
+      FROM terminal t
+      LEFT JOIN ready r ON NOT t.wide AND r.slot = t.slot AND r.job_id = t.job_id AND r.lane_seq = t.lane_seq
+      WHERE t.slot = v_slot
+    ),
+    judged AS MATERIALIZED (
+      SELECT w.*, w.finalized_at > now() - retention(w.state, w.queue, p_completed_ms, p_failed_ms, p_cancelled_ms) AS keep,
+             v_copied AND EXISTS (SELECT 1 FROM history h WHERE h.job_id = w.job_id AND h.run_lease = w.run_lease
+                                    AND h.state = w.state AND h.finalized_at = w.finalized_at) AS in_history
+      FROM wide w
+    )
+    SELECT (SELECT array_agg(ROW(0, 0, j.job_id, j.run_lease, j.state, j.attempt, j.max_attempts, j.kind, j.queue, j.priority,
+                                 j.args, j.metadata, j.tags, j.errors, j.progress, j.run_at, j.created_at, j.finalized_at,
+                                 j.unique_key, j.unique_states)::history)
+            FROM judged j WHERE j.keep AND NOT j.in_history),
+           (SELECT jsonb_object_agg(k, n) FROM (SELECT j.queue || ':' || j.state AS k, count(*) AS n FROM judged j GROUP BY 1) c),
+           (SELECT jsonb_agg(jsonb_build_object('job_id', j.job_id, 'run_lease', j.run_lease, 'finalized_at', j.finalized_at,
+                                                'unique_key', encode(j.unique_key, 'hex')))
+            FROM judged j WHERE NOT j.keep AND NOT j.in_history AND j.unique_key IS NOT NULL),
+           (SELECT count(*) FROM judged)
+      INTO v_kept, v_rollup, v_keys, v_count;
+    PERFORM set_config('enable_nestloop', v_saved_nestloop, true);
+    PERFORM set_config('lock_timeout', v_saved_timeout, true);
+
+    IF NOT v_copied AND v_open_claims IS NULL AND coalesce(cardinality(v_kept), 0) >= v_copy_ahead_rows THEN
+      SELECT * INTO v_hist FROM ring_current('history');
+      INSERT INTO history (slot, generation, job_id, run_lease, state, attempt, max_attempts, kind, queue, priority, args,
+                           metadata, tags, errors, progress, run_at, created_at, finalized_at, unique_key, unique_states)
+      SELECT v_hist.slot, v_hist.generation, h.job_id, h.run_lease, h.state, h.attempt, h.max_attempts, h.kind, h.queue, h.priority,
+             h.args, h.metadata, h.tags, h.errors, h.progress, h.run_at, h.created_at, h.finalized_at, h.unique_key, h.unique_states
+      FROM unnest(v_kept) h;
+      INSERT INTO history_copies (generation, slot, terminal_rows, rollup, keys)
+      VALUES (v_old, v_slot, v_count, coalesce(v_rollup, '{}'), v_keys);
+      RETURN QUERY SELECT 'Copied', v_old, 0, 0, 0;
+      RETURN;
+    END IF;
+  END IF;
+
+  -- Park ahead: when more of the residue is to be parked than one prune may carry, move it to
+  -- parked now, in a transaction of its own (committed, so a prune that then fails to get its
+  -- exclusive lock undoes nothing and leaves no dead tuple), and tombstone the ring rows ("moved"),
+  -- under each such lane's claim lock (tried: a claimer at work makes us skip this and park under
+  -- the exclusive lock instead), so no claim of the lane is in flight while its rows move. The
+  -- caller calls again at once ('Parked'); the exclusive phase then only carries, at most
+  -- p_carry_rows rows, instead of inserting the whole backlog while every reader waits.
+  -- Writes: parked, ready_tombstones (this slot, ROW EXCLUSIVE: compatible with our own SHARE).
+  WITH lanes AS MATERIALIZED (
+    SELECT l.queue, l.priority, l.shard, lane_cursor(l.queue, l.priority, l.shard) AS c
+    FROM (SELECT DISTINCT r.queue, r.priority, r.shard FROM ready r WHERE r.slot = v_slot) l
+  )
+  SELECT count(*) INTO v_count FROM (
+    SELECT 1 FROM lanes l
+    JOIN ready r ON r.slot = v_slot AND r.queue = l.queue AND r.priority = l.priority AND r.shard = l.shard AND r.lane_seq >= l.c
+    WHERE NOT EXISTS (SELECT 1 FROM ready_tombstones t
+                      WHERE t.slot = v_slot AND t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard
+                        AND t.lane_seq = r.lane_seq)
+    LIMIT 2 * greatest(p_carry_rows, 1) + 1) x;
+  IF v_count > 2 * greatest(p_carry_rows, 1) THEN
+    FOR v_attempt IN
+      SELECT DISTINCT r.queue, r.priority, r.shard FROM ready r WHERE r.slot = v_slot ORDER BY 1, 2, 3
+    LOOP
+      IF NOT pg_try_advisory_xact_lock(lock_ns('claim'), lane_key(v_attempt.queue, v_attempt.priority, v_attempt.shard)) THEN
+        v_count := -1;
+        EXIT;
+      END IF;
+    END LOOP;
+    IF v_count > 0 THEN
+      WITH lanes AS MATERIALIZED (
+        SELECT l.queue, l.priority, l.shard, lane_cursor(l.queue, l.priority, l.shard) AS c,
+               (SELECT min(p.lane_seq) FROM parked p WHERE p.queue = l.queue AND p.priority = l.priority AND p.shard = l.shard) AS barrier,
+               EXISTS (SELECT 1 FROM queue_meta m WHERE m.queue = l.queue AND m.paused) AS paused
+        FROM (SELECT DISTINCT r.queue, r.priority, r.shard FROM ready r WHERE r.slot = v_slot) l
+      ),
+      residue AS MATERIALIZED (
+        SELECT r.*, l.c, l.barrier, l.paused,
+               row_number() OVER (PARTITION BY r.queue, r.priority, r.shard ORDER BY r.lane_seq) AS n
+        FROM ready r JOIN lanes l ON l.queue = r.queue AND l.priority = r.priority AND l.shard = r.shard
+        WHERE r.slot = v_slot AND r.lane_seq >= l.c
+          AND NOT EXISTS (SELECT 1 FROM ready_tombstones t
+                          WHERE t.slot = v_slot AND t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard
+                            AND t.lane_seq = r.lane_seq)
+      ),
+      decided AS MATERIALIZED (
+        SELECT x.*,
+               x.candidate AND row_number() OVER (PARTITION BY x.candidate ORDER BY x.n, x.queue, x.priority, x.shard) <= p_carry_rows AS carry
+        FROM (SELECT s.*, NOT s.paused AND s.n <= v_lane_head AND (s.barrier IS NULL OR s.lane_seq < s.barrier) AS candidate
+              FROM residue s) x
+      ),
+      ins_park AS (
+        INSERT INTO parked (job_id, kind, queue, priority, shard, lane_seq, args, metadata, tags, errors, progress, attempt,
+                            run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
+        SELECT d.job_id, d.kind, d.queue, d.priority, d.shard, d.lane_seq, d.args, d.metadata, d.tags, d.errors, d.progress,
+               d.attempt, d.run_lease, d.max_attempts, d.run_at, d.created_at, d.unique_key, d.unique_states
+        FROM decided d WHERE NOT d.carry
+      )
+      INSERT INTO ready_tombstones (slot, generation, job_id, queue, priority, shard, lane_seq)
+      SELECT v_slot, d.generation, d.job_id, d.queue, d.priority, d.shard, d.lane_seq FROM decided d WHERE NOT d.carry;
+      GET DIAGNOSTICS v_parked = ROW_COUNT;
+      RETURN QUERY SELECT 'Parked', v_old, 0, 0, v_parked;
+      RETURN;
+    END IF;
+  END IF;
+
+  -- ACCESS EXCLUSIVE. Normally never queued (a waiting request makes every later reader of the
+  -- slot's children wait behind it): NOWAIT, retried about every millisecond. Forced: queued,
+  -- for at most the force timeout.
+  IF v_forced THEN
+    -- Queued, but for the parents only: ACCESS EXCLUSIVE on the claim_marks and claims parent
+    -- tables themselves (ONLY: not their children). Every reader of the slot's children locks one of
+    -- these parents before any child (claim's cursor statement reads claim_marks first; the jobs
+    -- view, finalize, heartbeat and rescue read claims before any other ring table), so the request
+    -- waits for the readers in flight, however long, and readers that come after it queue at the
+    -- parent holding no child. Waiting for the children instead would take them one by one, and a
+    -- reader that locks them in another order (PostgreSQL 15 and 17 differ) would hold one child
+    -- while waiting for another we hold: a deadlock whose victim may be the reader. Then the
+    -- children, without waiting (the readers in flight are gone). A cycle is still possible with a
+    -- session that waits for our SHARE or attempt locks while holding a parent (a claim picking
+    -- this slot's residue, rescue, cancel_job): the deadlock detector breaks it, and a prune that
+    -- loses answers Blocked:lock. Readers stall for the wait at most (the force timeout).
+    v_deadline := clock_timestamp() + p_force_timeout_ms * interval '1 millisecond';
+    BEGIN
+      PERFORM set_config('lock_timeout', p_force_timeout_ms || 'ms', true);
+      EXECUTE format('LOCK TABLE ONLY %1$I.claim_marks, ONLY %1$I.claims IN ACCESS EXCLUSIVE MODE', ':AWA_SCHEMA');
+      LOOP
+        BEGIN
+          EXECUTE 'LOCK TABLE ' || v_children || ' IN ACCESS EXCLUSIVE MODE NOWAIT';
+          v_locked := true;
+          EXIT;
+        EXCEPTION WHEN lock_not_available THEN
+          EXIT WHEN clock_timestamp() >= v_deadline;
+        END;
+        PERFORM pg_sleep(0.001);
+      END LOOP;
+    EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
+      v_locked := false;
+    END;
+    IF NOT v_locked THEN
+      IF p_end_idle_ms > 0 THEN
+        PERFORM end_idle_blockers(v_slot, p_end_idle_ms);
+      END IF;
+      RETURN QUERY SELECT 'Blocked:lock', v_old, 0, 0, 0;
+      RETURN;
+    END IF;
+  ELSE
+    v_deadline := clock_timestamp() + p_lock_timeout_ms * interval '1 millisecond';
+    LOOP
+      BEGIN
+        EXECUTE 'LOCK TABLE ' || v_children || ' IN ACCESS EXCLUSIVE MODE NOWAIT';
+        EXIT;
+      EXCEPTION WHEN lock_not_available THEN
+        IF clock_timestamp() >= v_deadline THEN
+          RETURN QUERY SELECT 'Blocked:lock', v_old, 0, 0, 0;
+          RETURN;
+        END IF;
+      END;
+      PERFORM pg_sleep(0.001);
+    END LOOP;
+  END IF;
+  PERFORM set_config('lock_timeout', v_saved_timeout, true);
+
+  -- Under the exclusive lock: only the writes.
+  IF v_open_claims IS NOT NULL THEN
+    INSERT INTO ready (slot, generation, job_id, kind, queue, priority, shard, lane_seq, args, metadata, tags,
+                       errors, progress, attempt, run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
+    SELECT v_cur.slot, v_cur.generation, r.job_id, r.kind, r.queue, r.priority, r.shard, r.lane_seq, r.args, r.metadata, r.tags,
+           r.errors, r.progress, r.attempt, r.run_lease, r.max_attempts, r.run_at, r.created_at, r.unique_key, r.unique_states
+    FROM unnest(v_open_ready) r;
+    INSERT INTO claims (slot, generation, job_id, run_lease, attempt, queue, priority, shard, lane_seq, claimed_at, deadline_at)
+    SELECT v_cur.slot, v_cur.generation, o.job_id, o.run_lease, o.attempt, o.queue, o.priority, o.shard, o.lane_seq, o.claimed_at, o.deadline_at
+    FROM unnest(v_open_claims) o;
+    INSERT INTO claim_marks (slot, generation, queue, priority, shard, next_lane_seq)
+    SELECT v_cur.slot, v_cur.generation, l.queue, l.priority, l.shard, lane_cursor(l.queue, l.priority, l.shard)
+    FROM (SELECT DISTINCT o.queue, o.priority, o.shard FROM unnest(v_open_claims) o) l;
+  END IF;
+
+  -- The residue: ready rows a claimer could still take (at or beyond the lane's cursor, not
+  -- tombstoned). The slot is frozen, and no claim of its rows can commit before we do (they need
+  -- ROW EXCLUSIVE on its claims child), so this is the residue the truncate would drop. Each row
+  -- is carried (same position, current slot) or parked; rows of one lane are decided in position
+  -- order, so a lane's carried rows are a prefix of its residue and lie below its new barrier.
+  WITH lanes AS MATERIALIZED (
+    SELECT l.queue, l.priority, l.shard, lane_cursor(l.queue, l.priority, l.shard) AS c,
+           (SELECT min(p.lane_seq) FROM parked p WHERE p.queue = l.queue AND p.priority = l.priority AND p.shard = l.shard) AS barrier,
+           EXISTS (SELECT 1 FROM queue_meta m WHERE m.queue = l.queue AND m.paused) AS paused
+    FROM (SELECT DISTINCT r.queue, r.priority, r.shard FROM ready r WHERE r.slot = v_slot) l
+  ),
+  residue AS MATERIALIZED (
+    SELECT r.*, l.c, l.barrier, l.paused,
+           row_number() OVER (PARTITION BY r.queue, r.priority, r.shard ORDER BY r.lane_seq) AS n
+    FROM ready r JOIN lanes l ON l.queue = r.queue AND l.priority = r.priority AND l.shard = r.shard
+    WHERE r.slot = v_slot AND r.lane_seq >= l.c
+      AND NOT EXISTS (SELECT 1 FROM ready_tombstones t
+                      WHERE t.slot = v_slot AND t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard
+                        AND t.lane_seq = r.lane_seq)
+  ),
+  decided AS MATERIALIZED (
+    SELECT x.*,
+           x.candidate AND row_number() OVER (PARTITION BY x.candidate ORDER BY x.n, x.queue, x.priority, x.shard) <= p_carry_rows AS carry
+    FROM (SELECT s.*, NOT s.paused AND s.n <= v_lane_head AND (s.barrier IS NULL OR s.lane_seq < s.barrier) AS candidate
+          FROM residue s) x
+  ),
+  ins_carry AS (
+    INSERT INTO ready (slot, generation, job_id, kind, queue, priority, shard, lane_seq, args, metadata, tags,
+                       errors, progress, attempt, run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
+    SELECT v_cur.slot, v_cur.generation, d.job_id, d.kind, d.queue, d.priority, d.shard, d.lane_seq, d.args, d.metadata, d.tags,
+           d.errors, d.progress, d.attempt, d.run_lease, d.max_attempts, d.run_at, d.created_at, d.unique_key, d.unique_states
+    FROM decided d WHERE d.carry
+  ),
+  ins_park AS (
+    INSERT INTO parked (job_id, kind, queue, priority, shard, lane_seq, args, metadata, tags, errors, progress, attempt,
+                        run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
+    SELECT d.job_id, d.kind, d.queue, d.priority, d.shard, d.lane_seq, d.args, d.metadata, d.tags, d.errors, d.progress,
+           d.attempt, d.run_lease, d.max_attempts, d.run_at, d.created_at, d.unique_key, d.unique_states
+    FROM decided d WHERE NOT d.carry
+  ),
+  -- the lane's cursor may come from a mark in this slot: keep it where it is
+  ins_marks AS (
+    INSERT INTO claim_marks (slot, generation, queue, priority, shard, next_lane_seq)
+    SELECT v_cur.slot, v_cur.generation, l.queue, l.priority, l.shard, l.c
+    FROM lanes l
+    WHERE l.c > 0 AND EXISTS (SELECT 1 FROM decided d WHERE d.carry AND d.queue = l.queue AND d.priority = l.priority AND d.shard = l.shard)
+  )
+  SELECT count(*) FILTER (WHERE d.carry), count(*) FILTER (WHERE NOT d.carry) INTO v_moved, v_parked FROM decided d;
+
+  IF v_kept IS NOT NULL THEN
+    SELECT * INTO v_hist FROM ring_current('history');
+    INSERT INTO history (slot, generation, job_id, run_lease, state, attempt, max_attempts, kind, queue, priority, args,
+                         metadata, tags, errors, progress, run_at, created_at, finalized_at, unique_key, unique_states)
+    SELECT v_hist.slot, v_hist.generation, h.job_id, h.run_lease, h.state, h.attempt, h.max_attempts, h.kind, h.queue, h.priority,
+           h.args, h.metadata, h.tags, h.errors, h.progress, h.run_at, h.created_at, h.finalized_at, h.unique_key, h.unique_states
+    FROM unnest(v_kept) h;
+  END IF;
+  -- Keys are released after this commits (release_pending_keys), not under the lock.
+  IF v_keys IS NOT NULL THEN
+    INSERT INTO pending_key_releases (ring, generation, keys) VALUES ('queue', v_old, v_keys);
+  END IF;
+  EXECUTE 'TRUNCATE ' || v_children;
+  INSERT INTO ring_prunes (ring, generation, slot, rollup) VALUES ('queue', v_old, v_slot, coalesce(v_rollup, '{}'));
+  RETURN QUERY SELECT 'Pruned', v_old, coalesce(cardinality(v_open_claims), 0), v_moved, v_parked;
+END
+$function$;
+
+-- ---------------------------------------------------------------------------------------------
+-- :AWA_SCHEMA.release_pending_keys(integer): as 0021, READ COMMITTED only.
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.release_pending_keys(p_batch integer)
+ RETURNS integer
+ LANGUAGE plpgsql
+ SET search_path TO ':AWA_SCHEMA', 'pg_catalog'
+ SET jit TO 'off'
+AS $function$
+DECLARE
+  v_row record;
+  v_n int := 0;
+BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'release_pending_keys needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  FOR v_row IN
+    SELECT k.id, k.keys FROM pending_key_releases k ORDER BY k.id LIMIT p_batch FOR UPDATE SKIP LOCKED
+  LOOP
+    PERFORM release_keys_of(v_row.keys);
+    DELETE FROM pending_key_releases k WHERE k.id = v_row.id;
+    v_n := v_n + jsonb_array_length(v_row.keys);
+  END LOOP;
+  RETURN v_n;
+END
+$function$;
+
+-- ---------------------------------------------------------------------------------------------
+-- :AWA_SCHEMA.rescue(text,bigint,integer): as 0019, READ COMMITTED only.
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.rescue(p_kind text, p_staleness_ms bigint, p_limit integer)
+ RETURNS TABLE(job_id bigint, run_lease bigint, state text)
+ LANGUAGE plpgsql
+ SET search_path TO ':AWA_SCHEMA', 'pg_catalog'
+ SET jit TO 'off'
+AS $function$
+#variable_conflict use_column
+DECLARE
+  v_cutoff timestamptz := now() - p_staleness_ms * interval '1 millisecond';
+  v_items jsonb;
+  v_row record;
+BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'rescue needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  IF p_kind = 'stale' THEN
+    WITH cand AS (
+      SELECT c.job_id, c.run_lease, c.attempt FROM claims c
+      LEFT JOIN attempt_state a ON a.job_id = c.job_id AND a.run_lease = c.run_lease
+      WHERE c.claimed_at < v_cutoff AND (a.heartbeat_at IS NULL OR a.heartbeat_at < v_cutoff)
+        AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.job_id = c.job_id AND z.run_lease = c.run_lease)
+      ORDER BY c.claimed_at LIMIT p_limit
+    )
+    SELECT jsonb_agg(jsonb_build_object('job_id', cand.job_id, 'run_lease', cand.run_lease, 'outcome', 'retry',
+             'delay_ms', backoff_ms(cand.attempt, random()), 'message', 'heartbeat stale: worker presumed dead',
+             'reason', 'stale_heartbeat', 'stale_before', v_cutoff))
+      INTO v_items FROM cand;
+  ELSE
+    WITH cand AS (
+      SELECT c.job_id, c.run_lease, c.attempt FROM claims c
+      WHERE c.deadline_at < now()
+        AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.job_id = c.job_id AND z.run_lease = c.run_lease)
+      ORDER BY c.deadline_at LIMIT p_limit
+    )
+    SELECT jsonb_agg(jsonb_build_object('job_id', cand.job_id, 'run_lease', cand.run_lease, 'outcome', 'retry',
+             'delay_ms', backoff_ms(cand.attempt, random()), 'message', 'hard deadline exceeded',
+             'reason', 'deadline_exceeded'))
+      INTO v_items FROM cand;
+  END IF;
+  IF v_items IS NULL THEN
+    RETURN;
+  END IF;
+  FOR v_row IN
+    SELECT (v_items -> (f.ord - 1) ->> 'job_id')::bigint AS j, (v_items -> (f.ord - 1) ->> 'run_lease')::bigint AS l, f.state AS s
+    FROM finalize(v_items) f WHERE f.applied
+  LOOP
+    PERFORM pg_notify('awa_cancel_:AWA_SCHEMA', v_row.j || ':' || v_row.l);
+    job_id := v_row.j;
+    run_lease := v_row.l;
+    state := v_row.s;
+    RETURN NEXT;
+  END LOOP;
+END
+$function$;
+
+-- ---------------------------------------------------------------------------------------------
+-- :AWA_SCHEMA.retry_from_dlq(bigint,text,integer,timestamp with time zone): as 0019, READ COMMITTED only.
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.retry_from_dlq(p_job_id bigint, p_queue text, p_priority integer, p_run_at timestamp with time zone)
+ RETURNS text
+ LANGUAGE plpgsql
+ SET search_path TO ':AWA_SCHEMA', 'pg_catalog'
+ SET jit TO 'off'
+AS $function$
+#variable_conflict use_column
+DECLARE
+  v_now timestamptz := now();
+  v_row dlq%ROWTYPE;
+  v_queue text;
+  v_priority smallint;
+  v_run_at timestamptz;
+  v_state text;
+  v_holder bigint;
+  v_ring record;
+BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'retry_from_dlq needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  PERFORM pg_advisory_xact_lock(lock_ns('job'), hashint8(p_job_id));
+  DELETE FROM dlq d WHERE d.job_id = p_job_id RETURNING d.* INTO v_row;
+  IF NOT FOUND THEN
+    RETURN NULL;
+  END IF;
+  v_queue := coalesce(p_queue, v_row.queue);
+  v_priority := coalesce(p_priority, v_row.priority);
+  v_run_at := coalesce(p_run_at, v_now);
+  v_state := CASE WHEN v_run_at > v_now THEN 'scheduled' ELSE 'available' END;
+  IF v_state = 'available' THEN
+    PERFORM pg_advisory_xact_lock(lock_ns('enqueue'), lane_key(v_queue, v_priority, 0));
+  END IF;
+  IF v_row.unique_key IS NOT NULL AND (v_row.unique_states & state_bit(v_state)) <> 0 THEN
+    INSERT INTO unique_claims (unique_key, job_id) VALUES (v_row.unique_key, p_job_id) ON CONFLICT DO NOTHING;
+    SELECT u.job_id INTO v_holder FROM unique_claims u WHERE u.unique_key = v_row.unique_key;
+    IF v_holder <> p_job_id THEN
+      RAISE EXCEPTION 'unique key % is held by job %', encode(v_row.unique_key, 'hex'), v_holder
+        USING ERRCODE = 'AWU01', DETAIL = encode(v_row.unique_key, 'hex'), HINT = v_holder::text;
+    END IF;
+  END IF;
+  IF v_state = 'scheduled' THEN
+    INSERT INTO deferred (job_id, state, kind, queue, priority, shard, args, metadata, tags, errors, progress, attempt,
+                          run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
+    VALUES (p_job_id, 'scheduled', v_row.kind, v_queue, v_priority, 0, v_row.args, v_row.metadata, v_row.tags, v_row.errors,
+            v_row.progress, 0, v_row.original_run_lease, v_row.max_attempts, v_run_at, v_row.created_at,
+            v_row.unique_key, v_row.unique_states);
+    RETURN v_state;
+  END IF;
+  INSERT INTO lanes (queue, priority, shard) VALUES (v_queue, v_priority, 0) ON CONFLICT DO NOTHING;
+  SELECT o_generation AS generation, o_slot AS slot INTO v_ring FROM lock_current_slot('ready');
+  INSERT INTO ready (slot, generation, job_id, kind, queue, priority, shard, lane_seq, args, metadata, tags,
+                     errors, progress, attempt, run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
+  VALUES (v_ring.slot, v_ring.generation, p_job_id, v_row.kind, v_queue, v_priority, 0, nextval('lane_seq'),
+          v_row.args, v_row.metadata, v_row.tags, v_row.errors, v_row.progress, 0, v_row.original_run_lease,
+          v_row.max_attempts, v_run_at, v_row.created_at, v_row.unique_key, v_row.unique_states);
+  PERFORM pg_notify('awa_wake_:AWA_SCHEMA', v_queue);
+  RETURN v_state;
+END
+$function$;
+
+-- ---------------------------------------------------------------------------------------------
+-- :AWA_SCHEMA.retry_job(bigint): as 0019, READ COMMITTED only.
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.retry_job(p_job_id bigint)
+ RETURNS text
+ LANGUAGE plpgsql
+ SET search_path TO ':AWA_SCHEMA', 'pg_catalog'
+ SET jit TO 'off'
+AS $function$
+#variable_conflict use_column
+DECLARE
+  v_now timestamptz := now();
+  v_job record;
+  v_key record;
+  v_ring record;
+  v_holder bigint;
+BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'retry_job needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  PERFORM pg_advisory_xact_lock(lock_ns('job'), hashint8(p_job_id));
+  SELECT * INTO v_job FROM jobs j WHERE j.job_id = p_job_id;
+  IF NOT FOUND THEN
+    RETURN NULL;
+  END IF;
+  IF v_job.dlq_reason IS NOT NULL THEN
+    -- the newest representation is the DLQ row: move it out, never copy it beside the entry
+    RETURN retry_from_dlq(p_job_id, NULL, NULL, NULL);
+  END IF;
+  IF v_job.state NOT IN ('failed', 'cancelled') THEN
+    RETURN v_job.state;
+  END IF;
+  SELECT x.unique_key, x.unique_states INTO v_key FROM (
+    SELECT coalesce(t.unique_key, r.unique_key) AS unique_key, coalesce(t.unique_states, r.unique_states) AS unique_states, t.run_lease, t.finalized_at
+    FROM terminal t LEFT JOIN ready r ON NOT t.wide AND r.slot = t.slot AND r.job_id = t.job_id AND r.lane_seq = t.lane_seq
+    WHERE t.job_id = p_job_id
+    UNION ALL
+    SELECT h.unique_key, h.unique_states, h.run_lease, h.finalized_at FROM history h WHERE h.job_id = p_job_id
+  ) x ORDER BY x.run_lease DESC, x.finalized_at DESC LIMIT 1;
+  PERFORM pg_advisory_xact_lock(lock_ns('enqueue'), lane_key(v_job.queue, v_job.priority, 0));
+  IF v_key.unique_key IS NOT NULL AND (v_key.unique_states & state_bit('available')) <> 0 THEN
+    INSERT INTO unique_claims (unique_key, job_id) VALUES (v_key.unique_key, p_job_id) ON CONFLICT DO NOTHING;
+    SELECT u.job_id INTO v_holder FROM unique_claims u WHERE u.unique_key = v_key.unique_key;
+    IF v_holder <> p_job_id THEN
+      RAISE EXCEPTION 'unique key % is held by job %', encode(v_key.unique_key, 'hex'), v_holder
+        USING ERRCODE = 'AWU01', DETAIL = encode(v_key.unique_key, 'hex'), HINT = v_holder::text;
+    END IF;
+  END IF;
+  INSERT INTO lanes (queue, priority, shard) VALUES (v_job.queue, v_job.priority, 0) ON CONFLICT DO NOTHING;
+  SELECT o_generation AS generation, o_slot AS slot INTO v_ring FROM lock_current_slot('ready');
+  INSERT INTO ready (slot, generation, job_id, kind, queue, priority, shard, lane_seq, args, metadata, tags,
+                     errors, progress, attempt, run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
+  VALUES (v_ring.slot, v_ring.generation, p_job_id, v_job.kind, v_job.queue, v_job.priority, 0, nextval('lane_seq'),
+          v_job.args, v_job.metadata, v_job.tags, v_job.errors, v_job.progress, 0, v_job.run_lease, v_job.max_attempts,
+          v_now, v_job.created_at, v_key.unique_key, coalesce(v_key.unique_states, 0));
+  PERFORM pg_notify('awa_wake_:AWA_SCHEMA', v_job.queue);
+  RETURN 'available';
+END
+$function$;
+
+-- ---------------------------------------------------------------------------------------------
+-- :AWA_SCHEMA.retry_job_or_dlq(bigint): as 0019, READ COMMITTED only.
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.retry_job_or_dlq(p_job_id bigint)
+ RETURNS text
+ LANGUAGE plpgsql
+ SET search_path TO ':AWA_SCHEMA', 'pg_catalog'
+ SET jit TO 'off'
+AS $function$
+BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'retry_job_or_dlq needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  PERFORM pg_advisory_xact_lock(lock_ns('job'), hashint8(p_job_id));
+  -- a new statement after the lock: a move to the DLQ that committed before it is seen
+  IF EXISTS (SELECT 1 FROM dlq d WHERE d.job_id = p_job_id) THEN
+    RETURN retry_from_dlq(p_job_id, NULL, NULL, NULL);
+  END IF;
+  RETURN retry_job(p_job_id);
+END
+$function$;
+
+-- ---------------------------------------------------------------------------------------------
+-- :AWA_SCHEMA.rotate(text,bigint): as 0003, READ COMMITTED only.
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.rotate(p_ring text, p_min_age_ms bigint)
+ RETURNS text
+ LANGUAGE plpgsql
+ SET search_path TO ':AWA_SCHEMA', 'pg_catalog'
+ SET jit TO 'off'
+AS $function$
+#variable_conflict use_column
+DECLARE
+  v_n int := ring_slots(p_ring);
+  v_cur record;
+  v_next int;
+  v_rotated_at timestamptz;
+BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'rotate needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  IF NOT pg_try_advisory_xact_lock(lock_ns('ring'), hashtext(p_ring)) THEN
+    RETURN 'SkippedLocked';
+  END IF;
+  SELECT r.generation, r.slot, r.rotated_at INTO v_cur FROM ring_rotations r
+  WHERE r.ring = p_ring ORDER BY r.generation DESC LIMIT 1;
+  IF p_ring = 'queue' THEN
+    IF NOT EXISTS (SELECT 1 FROM ready r WHERE r.slot = v_cur.slot)
+       AND NOT EXISTS (SELECT 1 FROM terminal t WHERE t.slot = v_cur.slot)
+       AND NOT EXISTS (SELECT 1 FROM claim_marks m WHERE m.slot = v_cur.slot) THEN
+      RETURN 'SkippedIdle';
+    END IF;
+  ELSIF NOT EXISTS (SELECT 1 FROM history h WHERE h.slot = v_cur.slot) THEN
+    RETURN 'SkippedIdle';
+  END IF;
+  IF v_cur.rotated_at > now() - p_min_age_ms * interval '1 millisecond' THEN
+    RETURN 'SkippedIdle';
+  END IF;
+  v_next := ((v_cur.generation + 1) % v_n)::int;
+  IF v_cur.generation + 1 - v_n >= 0 AND NOT EXISTS (
+       SELECT 1 FROM ring_prunes p WHERE p.ring = p_ring AND p.generation = v_cur.generation + 1 - v_n) THEN
+    RETURN 'SkippedBusy';
+  END IF;
+  IF p_ring = 'queue' THEN
+    IF EXISTS (SELECT 1 FROM ready r WHERE r.slot = v_next) OR EXISTS (SELECT 1 FROM claims c WHERE c.slot = v_next)
+       OR EXISTS (SELECT 1 FROM claim_marks m WHERE m.slot = v_next) OR EXISTS (SELECT 1 FROM terminal t WHERE t.slot = v_next)
+       OR EXISTS (SELECT 1 FROM closures z WHERE z.slot = v_next) OR EXISTS (SELECT 1 FROM ready_tombstones t WHERE t.slot = v_next) THEN
+      RETURN 'SkippedBusy';
+    END IF;
+  ELSIF EXISTS (SELECT 1 FROM history h WHERE h.slot = v_next) THEN
+    RETURN 'SkippedBusy';
+  END IF;
+  INSERT INTO ring_rotations (ring, generation, slot) VALUES (p_ring, v_cur.generation + 1, v_next)
+  ON CONFLICT DO NOTHING;
+  IF NOT FOUND THEN
+    RETURN 'SkippedBusy';
+  END IF;
+  RETURN 'Rotated';
+END
+$function$;
+
+-- ---------------------------------------------------------------------------------------------
+-- :AWA_SCHEMA.rotate_queue_when_due(integer,bigint): as 0013, READ COMMITTED only.
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.rotate_queue_when_due(p_min_rows integer, p_max_age_ms bigint)
+ RETURNS text
+ LANGUAGE plpgsql
+ SET search_path TO ':AWA_SCHEMA', 'pg_catalog'
+ SET jit TO 'off'
+AS $function$
+#variable_conflict use_column
+DECLARE
+  v_cur record;
+  v_rows bigint;
+BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'rotate_queue_when_due needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  SELECT r.generation, r.slot, r.rotated_at INTO v_cur FROM ring_rotations r
+  WHERE r.ring = 'queue' ORDER BY r.generation DESC LIMIT 1;
+  IF v_cur.rotated_at > now() - p_max_age_ms * interval '1 millisecond' THEN
+    EXECUTE format('SELECT count(*) FROM (SELECT FROM %I.%I LIMIT %s) s', ':AWA_SCHEMA', 'ready_' || v_cur.slot, p_min_rows)
+      INTO v_rows;
+    IF v_rows < p_min_rows THEN
+      RETURN 'SkippedIdle';
+    END IF;
+  END IF;
+  RETURN rotate('queue', 0);
+END
+$function$;
+
+-- ---------------------------------------------------------------------------------------------
+-- :AWA_SCHEMA.trim_ledgers(integer): as 0017, READ COMMITTED only.
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.trim_ledgers(p_batch integer)
+ RETURNS TABLE(ring text, outcome text, rotations integer, prunes integer, copies integer)
+ LANGUAGE plpgsql
+ SET search_path TO ':AWA_SCHEMA', 'pg_catalog'
+ SET jit TO 'off'
+AS $function$
+#variable_conflict use_column
+DECLARE
+  v_ring text;
+  v_n int;
+  v_cur record;
+  v_keep_from bigint;
+  v_oldest bigint;
+  v_rotations int;
+  v_prunes int;
+  v_copies int;
+BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'trim_ledgers needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  FOREACH v_ring IN ARRAY ARRAY['queue', 'history'] LOOP
+    IF NOT pg_try_advisory_xact_lock(lock_ns('ring'), hashtext(v_ring)) THEN
+      RETURN QUERY SELECT v_ring, 'Busy', 0, 0, 0;
+      CONTINUE;
+    END IF;
+    v_n := ring_slots(v_ring);
+    SELECT * INTO v_cur FROM ring_current(v_ring);
+    -- the newest wrap, [g − N + 1, g], answers every reader's question
+    v_keep_from := v_cur.generation - v_n + 1;
+    SELECT least((SELECT min(r.generation) FROM ring_rotations r WHERE r.ring = v_ring),
+                 (SELECT min(p.generation) FROM ring_prunes p WHERE p.ring = v_ring),
+                 CASE WHEN v_ring = 'queue' THEN (SELECT min(c.generation) FROM history_copies c) END)
+      INTO v_oldest;
+    IF v_oldest IS NULL OR v_oldest >= v_keep_from - v_n THEN
+      RETURN QUERY SELECT v_ring, 'Kept', 0, 0, 0;
+      CONTINUE;
+    END IF;
+
+    DELETE FROM ring_rotations r
+    WHERE r.ring = v_ring AND r.generation IN (
+      SELECT o.generation FROM ring_rotations o WHERE o.ring = v_ring AND o.generation < v_keep_from
+      ORDER BY o.generation LIMIT p_batch);
+    GET DIAGNOSTICS v_rotations = ROW_COUNT;
+
+    -- the deleted roll-ups go into the carried totals in the same statement (a reader of
+    -- ledger_totals sees both or neither)
+    WITH gone AS (
+      DELETE FROM ring_prunes p
+      WHERE p.ring = v_ring AND p.generation IN (
+        SELECT o.generation FROM ring_prunes o WHERE o.ring = v_ring AND o.generation < v_keep_from
+        ORDER BY o.generation LIMIT p_batch)
+      RETURNING p.generation, p.rollup
+    ),
+    folded AS (
+      SELECT coalesce(jsonb_object_agg(s.k, s.n), '{}'::jsonb) AS rollup
+      FROM (SELECT e.key AS k, sum(e.value::numeric) AS n
+            FROM (SELECT g.rollup FROM gone g
+                  UNION ALL
+                  SELECT t.rollup FROM ring_ledger_totals t WHERE t.ring = v_ring) x,
+                 jsonb_each_text(x.rollup) e
+            GROUP BY 1) s
+    ),
+    summary AS (SELECT count(*) AS n, max(g.generation) AS through FROM gone g),
+    carried AS (
+      UPDATE ring_ledger_totals t
+      SET prunes = t.prunes + m.n, through_generation = greatest(t.through_generation, m.through),
+          rollup = f.rollup, updated_at = now()
+      FROM folded f, summary m
+      WHERE t.ring = v_ring AND m.n > 0
+    )
+    SELECT m.n INTO v_prunes FROM summary m;
+
+    v_copies := 0;
+    IF v_ring = 'queue' THEN
+      -- a copy ahead serves only the prune of its own incarnation, done below the newest wrap
+      DELETE FROM history_copies c
+      WHERE c.generation IN (
+        SELECT o.generation FROM history_copies o WHERE o.generation < v_keep_from
+        ORDER BY o.generation LIMIT p_batch);
+      GET DIAGNOSTICS v_copies = ROW_COUNT;
+    END IF;
+    RETURN QUERY SELECT v_ring, 'Trimmed', v_rotations, v_prunes, v_copies;
+  END LOOP;
+END
+$function$;
+
+-- ---------------------------------------------------------------------------------------------
+-- :AWA_SCHEMA.unpark(integer): as 0026, READ COMMITTED only.
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.unpark(p_limit integer)
+ RETURNS integer
+ LANGUAGE plpgsql
+ SET search_path TO ':AWA_SCHEMA', 'pg_catalog'
+ SET jit TO 'off'
+AS $function$
+#variable_conflict use_column
+DECLARE
+  v_lane record;
+  v_moved int := 0;
+  v_n int;
+  v_cursor bigint;
+  v_barrier bigint;
+  v_have int;
+  v_stop bigint;
+  v_ring record;
+  v_last bigint; -- 0026: the batch's last position
+BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'unpark needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  FOR v_lane IN
+    WITH RECURSIVE l AS (
+      (SELECT p.queue, p.priority, p.shard FROM parked p ORDER BY p.queue, p.priority, p.shard LIMIT 1)
+      UNION ALL
+      SELECT n.queue, n.priority, n.shard
+      FROM l CROSS JOIN LATERAL (
+        SELECT p.queue, p.priority, p.shard FROM parked p
+        WHERE (p.queue, p.priority, p.shard) > (l.queue, l.priority, l.shard)
+        ORDER BY p.queue, p.priority, p.shard LIMIT 1) n
+    )
+    SELECT l.queue, l.priority, l.shard FROM l
+    WHERE NOT EXISTS (SELECT 1 FROM queue_meta m WHERE m.queue = l.queue AND m.paused)
+  LOOP
+    EXIT WHEN v_moved >= p_limit;
+    CONTINUE WHEN NOT pg_try_advisory_xact_lock(lock_ns('claim'), lane_key(v_lane.queue, v_lane.priority, v_lane.shard));
+    -- new statements after the lock: the previous claimer's mark is visible
+    v_cursor := lane_cursor(v_lane.queue, v_lane.priority, v_lane.shard);
+    SELECT min(p.lane_seq) INTO v_barrier FROM parked p
+    WHERE p.queue = v_lane.queue AND p.priority = v_lane.priority AND p.shard = v_lane.shard;
+    CONTINUE WHEN v_barrier IS NULL;
+    SELECT count(*) INTO v_have FROM (
+      SELECT 1 FROM ready r
+      WHERE r.queue = v_lane.queue AND r.priority = v_lane.priority AND r.shard = v_lane.shard
+        AND r.lane_seq >= v_cursor AND r.lane_seq < v_barrier
+        AND NOT EXISTS (SELECT 1 FROM ready_tombstones t WHERE t.queue = r.queue AND t.priority = r.priority
+                          AND t.shard = r.shard AND t.lane_seq = r.lane_seq
+                          -- 0026: implied by the equality; bounds a hash join's build side to the window
+                          AND t.lane_seq >= v_cursor AND t.lane_seq < v_barrier)
+      LIMIT greatest(1, p_limit / 2)) x;
+    CONTINUE WHEN v_have >= greatest(1, p_limit / 2);
+    -- 0026: the batch's last position first (one ordered scan of the primary key over at most the
+    -- batch); the tombstone check and the move below are bounded by it. The lane's parked rows
+    -- cannot change meanwhile: we hold its claim lock (park ahead and cancel take it) and ACCESS
+    -- SHARE on every ready child since the count above (prune's exclusive phase, which may park,
+    -- needs ACCESS EXCLUSIVE).
+    SELECT q.lane_seq INTO v_last FROM parked q
+    WHERE q.queue = v_lane.queue AND q.priority = v_lane.priority AND q.shard = v_lane.shard
+    ORDER BY q.lane_seq OFFSET p_limit - v_moved - 1 LIMIT 1; -- 0026 (NULL: fewer rows than the batch)
+    -- A row parked ahead keeps a tombstone ("moved") in its old slot until that slot is truncated;
+    -- tombstones match by lane position, whatever the slot, so a copy brought back before then
+    -- would count as tombstoned and be skipped (and passed by the cursor). Bring back only the
+    -- parked rows below the first one whose tombstone is still there.
+    SELECT t.lane_seq INTO v_stop FROM ready_tombstones t
+    WHERE t.queue = v_lane.queue AND t.priority = v_lane.priority AND t.shard = v_lane.shard AND t.lane_seq >= v_barrier
+      AND t.lane_seq <= coalesce(v_last, 9223372036854775807) -- 0026: only the batch's range matters
+      AND EXISTS (SELECT 1 FROM parked p WHERE p.queue = t.queue AND p.priority = t.priority AND p.shard = t.shard
+                                           AND p.lane_seq = t.lane_seq)
+    ORDER BY t.lane_seq LIMIT 1;
+    CONTINUE WHEN v_stop = v_barrier;
+    SELECT o_generation AS generation, o_slot AS slot INTO v_ring FROM lock_current_slot('ready');
+    WITH moved AS (
+      DELETE FROM parked p
+      WHERE p.queue = v_lane.queue AND p.priority = v_lane.priority AND p.shard = v_lane.shard
+        AND p.lane_seq < coalesce(v_stop, 9223372036854775807) -- 0026
+        AND p.lane_seq <= coalesce(v_last, 9223372036854775807) -- 0026: the batch, as a key range
+      RETURNING p.*
+    )
+    INSERT INTO ready (slot, generation, job_id, kind, queue, priority, shard, lane_seq, args, metadata, tags,
+                       errors, progress, attempt, run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
+    SELECT v_ring.slot, v_ring.generation, m.job_id, m.kind, m.queue, m.priority, m.shard, m.lane_seq, m.args, m.metadata,
+           m.tags, m.errors, m.progress, m.attempt, m.run_lease, m.max_attempts, m.run_at, m.created_at, m.unique_key,
+           m.unique_states
+    FROM moved m;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    v_moved := v_moved + v_n;
+    IF v_n > 0 THEN
+      PERFORM pg_notify('awa_wake_:AWA_SCHEMA', v_lane.queue);
+    END IF;
+  END LOOP;
+  RETURN v_moved;
+END
+$function$;
+
+-- <<< end of generated part
+
+-- ---------------------------------------------------------------------------------------------
+-- drain_queue_batch (new): cancels at most p_limit waiting jobs (scheduled, retryable, available,
+-- parked) of one queue whose id is at most p_max_job_id; returns how many. Running jobs are left.
+CREATE FUNCTION :AWA_SCHEMA.drain_queue_batch(p_queue text, p_reason text, p_limit int, p_max_job_id bigint)
+RETURNS int
+LANGUAGE plpgsql SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
+#variable_conflict use_column
+DECLARE
+  v_now timestamptz := now();
+  v_left int := p_limit;
+  v_n int;
+  v_ring record;
+  v_lane record;
+  v_cursor bigint;
+  v_last bigint;
+  v_lo1 int;
+  v_hi1 int;
+  v_lo2 int;
+  v_hi2 int;
+BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'drain_queue_batch needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  IF p_limit <= 0 THEN
+    RETURN 0;
+  END IF;
+
+  -- Deferred jobs (no index by queue: a scan of deferred per call, which holds only what is
+  -- scheduled or retrying). FOR UPDATE waits for a promote or cancel holding a row; the DELETE
+  -- then finds it gone and the next statements see where it went.
+  SELECT o_generation AS generation, o_slot AS slot INTO v_ring FROM lock_current_slot('terminal');
+  WITH picked AS (
+    SELECT d.job_id FROM deferred d
+    WHERE d.queue = p_queue AND d.job_id <= p_max_job_id
+    ORDER BY d.job_id LIMIT v_left
+    FOR UPDATE
+  ),
+  gone AS (
+    DELETE FROM deferred d USING picked p WHERE d.job_id = p.job_id RETURNING d.*
+  ),
+  term AS (
+    INSERT INTO terminal (slot, generation, job_id, run_lease, state, attempt, finalized_at, errors, progress, wide,
+                          kind, queue, priority, args, metadata, tags, max_attempts, run_at, created_at, unique_key, unique_states)
+    SELECT v_ring.slot, v_ring.generation, g.job_id, g.run_lease, 'cancelled', g.attempt, v_now,
+           append_error(g.errors, jsonb_build_object('error', 'cancelled: ' || p_reason, 'attempt', g.attempt, 'at', v_now)),
+           g.progress, true, g.kind, g.queue, g.priority, g.args, g.metadata, g.tags, g.max_attempts, g.run_at,
+           g.created_at, g.unique_key, g.unique_states
+    FROM gone g
+  ),
+  released AS (
+    DELETE FROM unique_claims u USING gone g
+    WHERE u.unique_key = g.unique_key AND u.job_id = g.job_id AND (g.unique_states & state_bit('cancelled')) = 0
+  )
+  SELECT count(*) INTO v_n FROM gone;
+  v_left := v_left - v_n;
+
+  -- Available jobs, lane by lane under the lane's claim lock (sorted: two drains take them in the
+  -- same order).
+  FOR v_lane IN SELECT l.priority, l.shard FROM lanes l WHERE l.queue = p_queue ORDER BY l.priority, l.shard LOOP
+    EXIT WHEN v_left <= 0;
+    PERFORM pg_advisory_xact_lock(lock_ns('claim'), lane_key(p_queue, v_lane.priority, v_lane.shard));
+
+    -- Parked rows (0021): out of the ring, at or past the lane's barrier. Under the claim lock
+    -- neither unpark nor prune's park moves them meanwhile (cancel_job deletes them the same way).
+    SELECT o_generation AS generation, o_slot AS slot INTO v_ring FROM lock_current_slot('terminal');
+    WITH gone AS (
+      DELETE FROM parked p
+      WHERE p.queue = p_queue AND p.priority = v_lane.priority AND p.shard = v_lane.shard
+        AND p.lane_seq IN (SELECT q.lane_seq FROM parked q
+                           WHERE q.queue = p_queue AND q.priority = v_lane.priority AND q.shard = v_lane.shard
+                             AND q.job_id <= p_max_job_id
+                           ORDER BY q.lane_seq LIMIT v_left)
+      RETURNING p.*
+    ),
+    term AS (
+      INSERT INTO terminal (slot, generation, job_id, run_lease, state, attempt, finalized_at, errors, progress, wide,
+                            kind, queue, priority, args, metadata, tags, max_attempts, run_at, created_at, unique_key, unique_states)
+      SELECT v_ring.slot, v_ring.generation, g.job_id, g.run_lease, 'cancelled', g.attempt, v_now,
+             append_error(g.errors, jsonb_build_object('error', 'cancelled: ' || p_reason, 'attempt', g.attempt, 'at', v_now)),
+             g.progress, true, g.kind, g.queue, g.priority, g.args, g.metadata, g.tags, g.max_attempts, g.run_at,
+             g.created_at, g.unique_key, g.unique_states
+      FROM gone g
+    ),
+    released AS (
+      DELETE FROM unique_claims u USING gone g
+      WHERE u.unique_key = g.unique_key AND u.job_id = g.job_id AND (g.unique_states & state_bit('cancelled')) = 0
+    )
+    SELECT count(*) INTO v_n FROM gone;
+    v_left := v_left - v_n;
+    EXIT WHEN v_left <= 0;
+
+    -- Ready rows from the cursor, in a new statement after the lock (the previous claimer's mark
+    -- is seen), up to the barrier of the parked rows still left (as claim's pick), tombstoned.
+    v_cursor := lane_cursor(p_queue, v_lane.priority, v_lane.shard);
+    IF v_lo1 IS NULL THEN
+      SELECT s.lo1, s.hi1, s.lo2, s.hi2 INTO v_lo1, v_hi1, v_lo2, v_hi2 FROM queue_slot_ranges() s;
+    END IF;
+    WITH picked AS MATERIALIZED (
+      SELECT r.* FROM ready r
+      WHERE r.queue = p_queue AND r.priority = v_lane.priority AND r.shard = v_lane.shard AND r.lane_seq >= v_cursor
+        AND (r.slot BETWEEN v_lo1 AND v_hi1 OR r.slot BETWEEN v_lo2 AND v_hi2)
+        AND r.job_id <= p_max_job_id
+        -- (t.lane_seq >= the cursor too: on fresh children without statistics the planner may scan
+        -- the lane's tombstones once per row instead of probing, and those below the cursor, a
+        -- drain's earlier batches, are most of them)
+        AND NOT EXISTS (SELECT 1 FROM ready_tombstones t
+                        WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard AND t.lane_seq = r.lane_seq
+                          AND t.lane_seq >= v_cursor)
+        AND r.lane_seq < coalesce((SELECT p.lane_seq FROM parked p
+                                   WHERE p.queue = p_queue AND p.priority = v_lane.priority AND p.shard = v_lane.shard
+                                   ORDER BY p.lane_seq LIMIT 1), 9223372036854775807)
+      ORDER BY r.lane_seq LIMIT v_left
+    ),
+    tomb AS (
+      INSERT INTO ready_tombstones (slot, generation, job_id, queue, priority, shard, lane_seq)
+      SELECT p.slot, p.generation, p.job_id, p.queue, p.priority, p.shard, p.lane_seq FROM picked p
+    ),
+    term AS (
+      INSERT INTO terminal (slot, generation, job_id, run_lease, state, attempt, finalized_at, errors, progress, wide,
+                            kind, queue, priority, args, metadata, tags, max_attempts, run_at, created_at, unique_key, unique_states)
+      SELECT p.slot, p.generation, p.job_id, p.run_lease, 'cancelled', p.attempt, v_now,
+             append_error(p.errors, jsonb_build_object('error', 'cancelled: ' || p_reason, 'attempt', p.attempt, 'at', v_now)),
+             p.progress, true, p.kind, p.queue, p.priority, p.args, p.metadata, p.tags, p.max_attempts, p.run_at,
+             p.created_at, p.unique_key, p.unique_states
+      FROM picked p
+    ),
+    released AS (
+      DELETE FROM unique_claims u USING picked p
+      WHERE u.unique_key = p.unique_key AND u.job_id = p.job_id AND (p.unique_states & state_bit('cancelled')) = 0
+    )
+    SELECT count(*), max(p.lane_seq) INTO v_n, v_last FROM picked p;
+    v_left := v_left - v_n;
+    IF v_n > 0 THEN
+      -- A claim mark past the last row taken, as claim writes one: every position from the cursor
+      -- up to it is now tombstoned or claimed, so the lane's next batch (and claim) starts after it
+      -- instead of stepping over ever more tombstones. It stays below the barrier.
+      SELECT o_generation AS generation, o_slot AS slot INTO v_ring FROM lock_current_slot('claim_marks');
+      INSERT INTO claim_marks (slot, generation, queue, priority, shard, next_lane_seq)
+      VALUES (v_ring.slot, v_ring.generation, p_queue, v_lane.priority, v_lane.shard, v_last + 1);
+    END IF;
+  END LOOP;
+  RETURN p_limit - v_left;
+END
+$$;
+REVOKE EXECUTE ON FUNCTION :AWA_SCHEMA.drain_queue_batch(text, text, int, bigint) FROM PUBLIC;
+
+-- ---------------------------------------------------------------------------------------------
+-- drain_queue: as 0006, now a loop over drain_queue_batch in the caller's transaction (kept for
+-- callers of the previous version; PgQueueStorage commits each batch on its own).
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.drain_queue(p_queue text, p_reason text)
+RETURNS int
+LANGUAGE plpgsql SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
+DECLARE
+  v_max bigint;
+  v_n int;
+  v_count int := 0;
+BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'drain_queue needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  SELECT s.last_value INTO v_max FROM job_id_seq s; -- 0027
+  LOOP
+    v_n := drain_queue_batch(p_queue, p_reason, 500, v_max); -- 0027
+    v_count := v_count + v_n;
+    EXIT WHEN v_n = 0;
+  END LOOP;
+  RETURN v_count;
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- dlq_retry_batch (new): moves at most p_limit matching entries with an id above p_after_job_id
+-- back to their lanes (attempt 0, run lease as before the DLQ: retry_from_dlq's values, 0019);
+-- returns how many moved and the last id looked at (NULL: nothing left).
+CREATE FUNCTION :AWA_SCHEMA.dlq_retry_batch(p_queue text, p_kind text, p_tag text, p_since timestamptz,
+                                            p_until timestamptz, p_before bigint, p_after_job_id bigint, p_limit int,
+                                            OUT retried int, OUT last_job_id bigint)
+LANGUAGE plpgsql SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
+#variable_conflict use_column
+DECLARE
+  v_now timestamptz := now();
+  v_ids bigint[];
+  v_lane record;
+  v_slot int;
+  v_generation bigint;
+  v_pos bigint[];
+  v_queues text[];
+BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'dlq_retry_batch needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  retried := 0;
+  SELECT array_agg(d.job_id ORDER BY d.job_id), max(d.job_id) INTO v_ids, last_job_id
+  FROM (
+    SELECT m.job_id FROM dlq m
+    WHERE (p_queue IS NULL OR m.queue = p_queue) AND (p_kind IS NULL OR m.kind = p_kind)
+      AND (p_tag IS NULL OR p_tag = ANY (m.tags)) AND (p_since IS NULL OR m.dlq_at >= p_since)
+      AND (p_until IS NULL OR m.dlq_at < p_until) AND (p_before IS NULL OR m.job_id < p_before)
+      AND m.job_id > coalesce(p_after_job_id, 0)
+    ORDER BY m.job_id LIMIT p_limit
+    FOR UPDATE SKIP LOCKED
+  ) d;
+  IF v_ids IS NULL THEN
+    RETURN;
+  END IF;
+
+  -- the target lanes' enqueue locks, sorted, before the unique keys (enqueue's order)
+  FOR v_lane IN
+    SELECT DISTINCT d.queue COLLATE "C" AS queue, d.priority FROM dlq d WHERE d.job_id = ANY (v_ids) ORDER BY 1, 2
+  LOOP
+    PERFORM pg_advisory_xact_lock(lock_ns('enqueue'), lane_key(v_lane.queue, v_lane.priority, 0));
+    INSERT INTO lanes (queue, priority, shard) VALUES (v_lane.queue, v_lane.priority, 0) ON CONFLICT DO NOTHING;
+  END LOOP;
+
+  -- Keys the retried jobs must hold ('available' in their mask); an entry whose key another job
+  -- holds stays in the DLQ (retry_from_dlq raises AWU01 for it; a bulk retry passes it over).
+  INSERT INTO unique_claims (unique_key, job_id)
+  SELECT d.unique_key, d.job_id FROM dlq d
+  WHERE d.job_id = ANY (v_ids) AND d.unique_key IS NOT NULL AND (d.unique_states & state_bit('available')) <> 0
+  ORDER BY d.job_id
+  ON CONFLICT (unique_key) DO NOTHING;
+  SELECT array_agg(d.job_id ORDER BY d.job_id) INTO v_ids FROM dlq d
+  WHERE d.job_id = ANY (v_ids)
+    AND (d.unique_key IS NULL OR (d.unique_states & state_bit('available')) = 0
+         OR EXISTS (SELECT 1 FROM unique_claims u WHERE u.unique_key = d.unique_key AND u.job_id = d.job_id));
+  IF v_ids IS NULL THEN
+    RETURN;
+  END IF;
+
+  SELECT o_generation, o_slot INTO v_generation, v_slot FROM enqueue_ready_slot();
+  SELECT array_agg(v ORDER BY v) INTO v_pos FROM (SELECT nextval('lane_seq') AS v FROM generate_series(1, cardinality(v_ids))) s;
+  WITH gone AS (
+    DELETE FROM dlq d WHERE d.job_id = ANY (v_ids) RETURNING d.*
+  ),
+  ranked AS (
+    SELECT g.*, row_number() OVER (ORDER BY g.job_id) AS rank FROM gone g
+  ),
+  ins AS (
+    INSERT INTO ready (slot, generation, job_id, kind, queue, priority, shard, lane_seq, args, metadata, tags,
+                       errors, progress, attempt, run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
+    SELECT v_slot, v_generation, r.job_id, r.kind, r.queue, r.priority, 0, v_pos[r.rank], r.args, r.metadata, r.tags,
+           r.errors, r.progress, 0, r.original_run_lease, r.max_attempts, v_now, r.created_at, r.unique_key, r.unique_states
+    FROM ranked r
+    RETURNING queue
+  )
+  SELECT count(*)::int, array_agg(DISTINCT ins.queue) INTO retried, v_queues FROM ins;
+  PERFORM pg_notify('awa_wake_:AWA_SCHEMA', q) FROM unnest(v_queues) AS q;
+END
+$$;
+REVOKE EXECUTE ON FUNCTION :AWA_SCHEMA.dlq_retry_batch(text, text, text, timestamptz, timestamptz, bigint, bigint, int) FROM PUBLIC;
+
+-- ---------------------------------------------------------------------------------------------
+-- dlq_purge_batch (new): deletes at most p_limit matching entries with an id above
+-- p_after_job_id; returns how many and the last id (NULL: nothing left).
+CREATE FUNCTION :AWA_SCHEMA.dlq_purge_batch(p_queue text, p_kind text, p_tag text, p_since timestamptz,
+                                            p_until timestamptz, p_before bigint, p_after_job_id bigint, p_limit int,
+                                            OUT purged int, OUT last_job_id bigint)
+LANGUAGE plpgsql SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
+#variable_conflict use_column
+BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'dlq_purge_batch needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  WITH picked AS (
+    SELECT m.job_id FROM dlq m
+    WHERE (p_queue IS NULL OR m.queue = p_queue) AND (p_kind IS NULL OR m.kind = p_kind)
+      AND (p_tag IS NULL OR p_tag = ANY (m.tags)) AND (p_since IS NULL OR m.dlq_at >= p_since)
+      AND (p_until IS NULL OR m.dlq_at < p_until) AND (p_before IS NULL OR m.job_id < p_before)
+      AND m.job_id > coalesce(p_after_job_id, 0)
+    ORDER BY m.job_id LIMIT p_limit
+    FOR UPDATE SKIP LOCKED
+  ),
+  gone AS (DELETE FROM dlq d USING picked p WHERE d.job_id = p.job_id RETURNING d.job_id, d.unique_key),
+  -- a purged job is gone for good: a key it still held (mask with 'failed') is released
+  released AS (DELETE FROM unique_claims u USING gone g WHERE u.unique_key = g.unique_key AND u.job_id = g.job_id)
+  SELECT count(*)::int, max(g.job_id) INTO purged, last_job_id FROM gone g;
+END
+$$;
+REVOKE EXECUTE ON FUNCTION :AWA_SCHEMA.dlq_purge_batch(text, text, text, timestamptz, timestamptz, bigint, bigint, int) FROM PUBLIC;
+
+-- ---------------------------------------------------------------------------------------------
+-- dlq_bulk: as 0006, now a loop over the batches in the caller's transaction (kept for callers
+-- of the previous version; PgQueueStorage commits each batch on its own).
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.dlq_bulk(p_action text, p_queue text, p_kind text, p_tag text, p_since timestamptz,
+                                               p_until timestamptz, p_before bigint)
+RETURNS int
+LANGUAGE plpgsql SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
+#variable_conflict use_column
+DECLARE
+  v_after bigint := 0;
+  v_n int;
+  v_last bigint;
+  v_count int := 0;
+BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'dlq_bulk needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  LOOP -- 0027: batches, no per-entry lock or sub-transaction
+    IF p_action = 'purge' THEN
+      SELECT b.purged, b.last_job_id INTO v_n, v_last FROM dlq_purge_batch(p_queue, p_kind, p_tag, p_since, p_until, p_before, v_after, 500) b;
+    ELSE
+      SELECT b.retried, b.last_job_id INTO v_n, v_last FROM dlq_retry_batch(p_queue, p_kind, p_tag, p_since, p_until, p_before, v_after, 500) b;
+    END IF;
+    EXIT WHEN v_last IS NULL;
+    v_count := v_count + v_n;
+    v_after := v_last;
+  END LOOP;
+  RETURN v_count;
+END
+$$;
+`
+  },
+  {
+    file: "0028_row_locks_for_attempts.sql",
+    text: `-- 0028: finalize, heartbeat and prune lock claims rows, not one advisory lock per attempt
+-- (issue 13 item 4, review M4; docs/adr/0021-server-defaults.md decision 8). Ported from branch
+-- sqlhard's 0022 onto the present definitions:
+--   finalize                      as 0027 (= 0023's text: DLQ/re-entry, progress, 'release', plus
+--                                 0027's READ COMMITTED check)
+--   heartbeat                     as 0027 (= 0007's text plus the check)
+--   prune_queue (4 and 8 args)    as 0027 (= 0021's text plus the check)
+-- Every place that took the per-attempt advisory lock (attempt_key) takes the claims row lock
+-- instead, or the exclusion breaks: finalize and heartbeat (waiting, FOR NO KEY UPDATE, in
+-- (job_id, run_lease) order), prune (trying, FOR UPDATE NOWAIT). rescue needs no change: its
+-- stale re-check ('stale_before' against attempt_state.heartbeat_at) runs inside finalize, after
+-- finalize's row locks, and a heartbeat takes the same row lock, so they still take turns
+-- (0019/0021). cancel_job and the shutdown release finalize through finalize. Nothing else called
+-- attempt_key; it stays (unused) for callers of the previous version.
+--
+-- A full finalize(512) held 512 advisory locks, one shared lock-table entry each, until commit;
+-- heartbeat(500) 500; prune one per open attempt of its slot. A stock server's table holds
+-- 64 x max_connections entries for every session: twenty workers finalizing full batches at once
+-- needed ~11,700 of 6,400, and the server answered "out of shared memory" to every session. Row
+-- locks live in the tuple header and take a lock-table entry only while a session waits for one.
+--
+-- Ring children and the pinned-horizon property: a row lock writes a lock-only xmax (and a WAL
+-- record) into the claims row; it is not an update. No new tuple version, no dead tuple, and
+-- n_tup_upd / n_tup_del do not move: the properties tests that count updates, deletes and dead
+-- tuples on ring children under a pinned horizon still hold.
+--
+-- Locks: a finalizer waiting for a row that a prune holds has ROW SHARE on the claims children
+-- (its locking statement), so that prune cannot take ACCESS EXCLUSIVE for its truncate: it gives
+-- up after its lock_timeout (Blocked:lock, its row locks released) instead of deadlocking, and
+-- tries again at the next tick. Writes: none besides the lock-only xmax.
+
+-- ---------------------------------------------------------------------------------------------
+-- finalize: as 0027, row locks instead of per-attempt advisory locks.
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.finalize(p_items jsonb)
+ RETURNS TABLE(ord integer, applied boolean, state text)
+ LANGUAGE plpgsql
+ SET search_path TO ':AWA_SCHEMA', 'pg_catalog'
+ SET plan_cache_mode TO 'force_generic_plan'
+ SET enable_seqscan TO 'off'
+ SET enable_nestloop TO 'off'
+ SET jit TO 'off'
+AS $function$
+#variable_conflict use_column
+DECLARE
+  v_now timestamptz := now();
+  v_ids bigint[];
+  v_lo1 int;
+  v_hi1 int;
+  v_lo2 int;
+  v_hi2 int;
+  v_now_lo1 int; -- 0028
+  v_now_hi1 int; -- 0028
+  v_now_lo2 int; -- 0028
+  v_now_hi2 int; -- 0028
+BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'finalize needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  SELECT array_agg(DISTINCT i.job_id) INTO v_ids FROM jsonb_to_recordset(p_items) AS i(job_id bigint); -- 0028
+  -- 0028: the batch's claims rows, locked FOR NO KEY UPDATE in (job_id, run_lease) order, where
+  -- each attempt took an advisory lock (one shared lock-table entry each until commit; a row lock
+  -- lives in the tuple header: a lock-only xmax, no dead tuple). Prune tries the same rows (FOR
+  -- UPDATE NOWAIT) before it carries or truncates, heartbeat locks them as we do, so once we hold
+  -- them they stay in these slots. A prune that committed between our range read and our lock
+  -- statement may have carried some, and it changed the ranges: read them again, lock in the new
+  -- ranges, until they hold still. After the loop each claim is in a slot of these ranges, or
+  -- gone with its pruned slot (stale either way).
+  LOOP -- 0028
+    SELECT s.lo1, s.hi1, s.lo2, s.hi2 INTO v_lo1, v_hi1, v_lo2, v_hi2 FROM queue_slot_ranges() s;
+    PERFORM 1 FROM claims c -- 0028
+    WHERE c.job_id = ANY (v_ids) AND (c.slot BETWEEN v_lo1 AND v_hi1 OR c.slot BETWEEN v_lo2 AND v_hi2)
+    ORDER BY c.job_id, c.run_lease
+    FOR NO KEY UPDATE OF c;
+    SELECT s.lo1, s.hi1, s.lo2, s.hi2 INTO v_now_lo1, v_now_hi1, v_now_lo2, v_now_hi2 FROM queue_slot_ranges() s; -- 0028
+    EXIT WHEN v_now_lo1 = v_lo1 AND v_now_hi1 = v_hi1 AND v_now_lo2 = v_lo2 AND v_now_hi2 = v_hi2; -- 0028
+  END LOOP;
+
+  RETURN QUERY
+  WITH items AS MATERIALIZED (
+    SELECT x_e.o::int AS o, x.job_id, x.run_lease, x.outcome, coalesce(x.delay_ms, 0) AS delay_ms, x.message, x.reason,
+           x.stale_before, x.progress -- 0022
+    FROM jsonb_array_elements(p_items) WITH ORDINALITY AS x_e(v, o),
+         jsonb_to_record(x_e.v) AS x(job_id bigint, run_lease bigint, outcome text, delay_ms bigint, message text, reason text,
+                                     stale_before timestamptz, progress jsonb) -- 0022
+  ),
+  batch_claims AS MATERIALIZED (
+    SELECT c.slot, c.generation, c.job_id, c.run_lease, c.attempt, c.queue, c.priority, c.shard, c.lane_seq
+    FROM claims c WHERE c.job_id = ANY (v_ids)
+      AND (c.slot BETWEEN v_lo1 AND v_hi1 OR c.slot BETWEEN v_lo2 AND v_hi2)
+  ),
+  batch_ready AS MATERIALIZED (
+    SELECT r.slot, r.job_id, r.kind, r.queue, r.priority, r.shard, r.lane_seq, r.args, r.metadata, r.tags, r.errors,
+           r.max_attempts, r.created_at, r.run_at, r.unique_key, r.unique_states, r.progress
+    FROM ready r WHERE r.job_id = ANY (v_ids)
+      AND (r.slot BETWEEN v_lo1 AND v_hi1 OR r.slot BETWEEN v_lo2 AND v_hi2)
+  ),
+  batch_closures AS MATERIALIZED (
+    SELECT z.job_id, z.run_lease FROM closures z WHERE z.job_id = ANY (v_ids)
+      AND (z.slot BETWEEN v_lo1 AND v_hi1 OR z.slot BETWEEN v_lo2 AND v_hi2)
+  ),
+  open AS (
+    SELECT DISTINCT ON (i.job_id, i.run_lease)
+           i.o, i.outcome AS outcome0, i.delay_ms, i.message AS message0, i.reason, c.slot, c.generation, c.job_id, c.run_lease, c.attempt, c.lane_seq,
+           r.kind, r.queue, r.priority, r.shard, r.args, r.metadata, r.tags, r.errors, r.max_attempts, r.created_at, r.run_at,
+           r.unique_key, r.unique_states, /* 0022: the outcome's progress first */ coalesce(i.progress, a.progress, r.progress) AS progress, a.found AS has_state,
+           CASE i.outcome
+             WHEN 'complete' THEN 'completed'
+             WHEN 'cancel' THEN 'cancelled'
+             WHEN 'fail' THEN 'failed'
+             WHEN 'snooze' THEN 'scheduled'
+             WHEN 'retry' THEN CASE WHEN c.attempt >= r.max_attempts THEN 'failed' ELSE 'retryable' END
+             -- 0023: shutdown's release is a retry that never exhausts
+             WHEN 'release' THEN 'retryable'
+           END AS new_state0
+    FROM items i
+    JOIN batch_claims c ON c.job_id = i.job_id AND c.run_lease = i.run_lease
+    -- the claimed row by its full key: lane_seq, not run_lease, is unique per ready row (a cancelled
+    -- and then retried job has two ready rows with the same lease)
+    JOIN batch_ready r ON r.slot = c.slot AND r.queue = c.queue AND r.priority = c.priority AND r.shard = c.shard
+                      AND r.lane_seq = c.lane_seq
+    LEFT JOIN LATERAL (
+      SELECT a.progress, a.heartbeat_at, true AS found FROM attempt_state a
+      WHERE a.job_id = c.job_id AND a.run_lease = c.run_lease LIMIT 1
+    ) a ON true
+    WHERE NOT EXISTS (SELECT 1 FROM batch_closures x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease)
+      -- a stale rescue yields to a heartbeat that committed after its scan (we hold the attempt's claims row, 0028)
+      AND (i.stale_before IS NULL OR a.heartbeat_at IS NULL OR a.heartbeat_at < i.stale_before)
+    ORDER BY i.job_id, i.run_lease, i.o
+  ),
+  -- Re-entry into the unique mask (capabilities.md §4): a job whose mask omits 'running' takes
+  -- its key again when its new state is in the mask; if a newer job holds it and the new state is
+  -- retryable or scheduled, this one gives way (cancelled, 'superseded by duplicate <id>'), as in
+  -- the simulation. Default masks hold 'running': nothing enters.
+  keyed AS MATERIALIZED (
+    SELECT o.*, (o.unique_key IS NOT NULL AND (o.unique_states & 4) = 0
+                 AND (o.unique_states & state_bit(o.new_state0)) <> 0) AS enters
+    FROM open o
+  ),
+  take_key AS (
+    INSERT INTO unique_claims (unique_key, job_id)
+    SELECT DISTINCT ON (k.unique_key) k.unique_key, k.job_id FROM keyed k WHERE k.enters ORDER BY k.unique_key, k.job_id
+    ON CONFLICT (unique_key) DO NOTHING
+    RETURNING job_id
+  ),
+  settled AS MATERIALIZED (
+    SELECT k.*, CASE WHEN s.superseded THEN 'cancel' ELSE k.outcome0 END AS outcome,
+           CASE WHEN s.superseded THEN 'superseded by duplicate ' || coalesce(s.holder::text, 'job') ELSE k.message0 END AS message,
+           CASE WHEN s.superseded THEN 'cancelled' ELSE k.new_state0 END AS new_state
+    FROM keyed k
+    CROSS JOIN LATERAL (
+      -- only a live state gives way; a finished job takes the key if it is free, and keeps its end
+      SELECT CASE WHEN k.enters AND k.new_state0 IN ('retryable', 'scheduled') THEN NOT EXISTS (SELECT 1 FROM take_key t WHERE t.job_id = k.job_id)
+                                 AND NOT EXISTS (SELECT 1 FROM unique_claims u WHERE u.unique_key = k.unique_key AND u.job_id = k.job_id)
+                  ELSE false END AS superseded,
+             CASE WHEN k.enters THEN (SELECT u.job_id FROM unique_claims u WHERE u.unique_key = k.unique_key) END AS holder
+    ) s
+  ),
+  resolved AS MATERIALIZED (
+    SELECT o.*,
+           o.new_state = 'failed' AND dlq_enabled(o.queue) AS to_dlq,
+           CASE WHEN o.outcome = 'fail' THEN 'terminal_error' ELSE coalesce(o.reason, 'max_attempts_exhausted') END AS dlq_reason,
+           -- 0023: 'release' records its error entry like 'retry' (never terminal: its state is retryable)
+           CASE WHEN o.outcome IN ('retry', 'fail', 'release') THEN
+                  append_error(o.errors, jsonb_strip_nulls(jsonb_build_object('error', o.message, 'attempt', o.attempt, 'at', v_now,
+                                         'terminal', CASE WHEN o.new_state = 'failed' THEN true END)))
+                WHEN o.outcome = 'cancel' THEN
+                  append_error(o.errors, jsonb_build_object('error', 'cancelled: ' || o.message, 'attempt', o.attempt, 'at', v_now))
+           END AS new_errors
+    FROM settled o
+  ),
+  -- The two plain tables keyed by job_id come first; what they did not take is not applied.
+  ins_dlq AS (
+    INSERT INTO dlq AS d (job_id, kind, queue, priority, args, metadata, tags, errors, progress, attempt, max_attempts,
+                          original_run_lease, run_at, created_at, dlq_at, dlq_reason, unique_key, unique_states)
+    SELECT DISTINCT ON (r.job_id)
+           r.job_id, r.kind, r.queue, r.priority, r.args, r.metadata, r.tags, coalesce(r.new_errors, r.errors), r.progress,
+           r.attempt, r.max_attempts, r.run_lease, r.run_at, r.created_at, v_now, r.dlq_reason, r.unique_key, r.unique_states
+    FROM resolved r WHERE r.to_dlq
+    ORDER BY r.job_id, r.run_lease DESC
+    ON CONFLICT (job_id) DO UPDATE
+      SET kind = excluded.kind, queue = excluded.queue, priority = excluded.priority, args = excluded.args,
+          metadata = excluded.metadata, tags = excluded.tags, errors = excluded.errors, progress = excluded.progress,
+          attempt = excluded.attempt, max_attempts = excluded.max_attempts, original_run_lease = excluded.original_run_lease,
+          run_at = excluded.run_at, created_at = excluded.created_at, dlq_at = excluded.dlq_at,
+          dlq_reason = excluded.dlq_reason, unique_key = excluded.unique_key, unique_states = excluded.unique_states
+      WHERE d.original_run_lease < excluded.original_run_lease
+    RETURNING d.job_id, d.original_run_lease AS run_lease
+  ),
+  ins_deferred AS (
+    INSERT INTO deferred (job_id, state, kind, queue, priority, shard, args, metadata, tags, errors, progress, attempt,
+                          run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
+    SELECT DISTINCT ON (r.job_id)
+           r.job_id, r.new_state, r.kind, r.queue, r.priority, r.shard, r.args, r.metadata, r.tags,
+           coalesce(r.new_errors, r.errors), r.progress,
+           -- 0023: a released attempt is not counted, as a snoozed one
+           CASE WHEN r.new_state = 'scheduled' OR r.outcome = 'release' THEN r.attempt - 1 ELSE r.attempt END,
+           r.run_lease, r.max_attempts, v_now + r.delay_ms * interval '1 millisecond', r.created_at, r.unique_key, r.unique_states
+    FROM resolved r WHERE r.new_state IN ('retryable', 'scheduled')
+    ORDER BY r.job_id, r.run_lease DESC
+    ON CONFLICT (job_id) DO NOTHING
+    RETURNING job_id, run_lease
+  ),
+  done AS (
+    SELECT r.* FROM resolved r
+    WHERE CASE WHEN r.to_dlq THEN EXISTS (SELECT 1 FROM ins_dlq x WHERE x.job_id = r.job_id AND x.run_lease = r.run_lease)
+               WHEN r.new_state IN ('retryable', 'scheduled')
+                 THEN EXISTS (SELECT 1 FROM ins_deferred x WHERE x.job_id = r.job_id AND x.run_lease = r.run_lease)
+               ELSE true END
+  ),
+  ins_closures AS (
+    INSERT INTO closures (slot, generation, job_id, run_lease, outcome, closed_at)
+    SELECT r.slot, r.generation, r.job_id, r.run_lease, r.new_state, v_now FROM done r
+  ),
+  ins_terminal AS (
+    INSERT INTO terminal (slot, generation, job_id, run_lease, lane_seq, state, attempt, finalized_at, errors, progress)
+    SELECT r.slot, r.generation, r.job_id, r.run_lease, r.lane_seq, r.new_state, r.attempt, v_now, r.new_errors,
+           CASE WHEN r.new_state = 'completed' THEN NULL ELSE r.progress END
+    FROM done r WHERE r.new_state IN ('completed', 'failed', 'cancelled') AND NOT r.to_dlq
+  ),
+  -- Primary-key probes, only for attempts that had a row (read above): most attempts never
+  -- heartbeat, so most batches delete nothing and probe nothing.
+  del_state AS (
+    DELETE FROM attempt_state a USING done r
+    WHERE r.has_state AND a.job_id = r.job_id AND a.run_lease = r.run_lease
+  ),
+  rel_unique AS (
+    DELETE FROM unique_claims u USING done r
+    WHERE r.unique_key IS NOT NULL AND u.unique_key = r.unique_key AND u.job_id = r.job_id
+      AND (r.unique_states & state_bit(r.new_state)) = 0
+  )
+  SELECT i.o, r.o IS NOT NULL, r.new_state
+  FROM items i LEFT JOIN done r ON r.o = i.o
+  ORDER BY i.o;
+END
+$function$;
+
+-- ---------------------------------------------------------------------------------------------
+-- heartbeat: as 0027, row locks instead of per-attempt advisory locks.
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.heartbeat(p_items jsonb)
+ RETURNS TABLE(job_id bigint, run_lease bigint)
+ LANGUAGE plpgsql
+ SET search_path TO ':AWA_SCHEMA', 'pg_catalog'
+ SET enable_hashjoin TO 'off'
+ SET enable_mergejoin TO 'off'
+ SET jit TO 'off'
+AS $function$
+#variable_conflict use_column
+BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'heartbeat needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  -- 0028: the attempts' claims rows, locked FOR NO KEY UPDATE in (job_id, run_lease) order as
+  -- finalize locks them (where each attempt took an advisory lock): a heartbeat and a finalize of
+  -- the same attempt take turns, so no attempt_state row outlives its attempt. A carried claim is
+  -- found wherever it is (no slot restriction); prune cannot carry one we hold.
+  PERFORM 1 FROM claims c -- 0028
+  WHERE (c.job_id, c.run_lease) IN (SELECT i.job_id, i.run_lease FROM jsonb_to_recordset(p_items) AS i(job_id bigint, run_lease bigint))
+  ORDER BY c.job_id, c.run_lease
+  FOR NO KEY UPDATE OF c;
+  RETURN QUERY
+  WITH items AS (
+    SELECT DISTINCT ON (x.job_id, x.run_lease) x.job_id, x.run_lease, x.progress,
+           EXISTS (SELECT 1 FROM claims c WHERE c.job_id = x.job_id AND c.run_lease = x.run_lease)
+           AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.job_id = x.job_id AND z.run_lease = x.run_lease) AS open
+    FROM jsonb_to_recordset(p_items) AS x(job_id bigint, run_lease bigint, progress jsonb)
+    ORDER BY x.job_id, x.run_lease
+  ),
+  up AS (
+    INSERT INTO attempt_state AS a (job_id, run_lease, heartbeat_at, progress)
+    SELECT i.job_id, i.run_lease, now(), i.progress FROM items i WHERE i.open
+    ON CONFLICT (job_id, run_lease) DO UPDATE
+      SET heartbeat_at = excluded.heartbeat_at, progress = coalesce(excluded.progress, a.progress)
+  )
+  SELECT i.job_id, i.run_lease FROM items i WHERE NOT i.open;
+END
+$function$;
+
+-- ---------------------------------------------------------------------------------------------
+-- prune_queue(4 args): as 0027, its slot's open claims rows tried instead of advisory locks.
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.prune_queue(p_lock_timeout_ms integer, p_completed_ms bigint, p_failed_ms bigint, p_cancelled_ms bigint)
+ RETURNS TABLE(outcome text, generation bigint, carried integer)
+ LANGUAGE plpgsql
+ SET search_path TO ':AWA_SCHEMA', 'pg_catalog'
+ SET jit TO 'off'
+AS $function$
+#variable_conflict use_column
+DECLARE
+  v_n int := ring_slots('queue');
+  v_cur record;
+  v_hist record;
+  v_old bigint;
+  v_slot int;
+  v_attempt record;
+  v_open_claims claims[];
+  v_open_ready ready[];
+  v_kept history[];
+  v_copy record;
+  v_copied boolean;
+  v_count bigint;
+  -- below this many rows to keep, inserting them under the lock costs less than a second commit
+  v_copy_ahead_rows constant int := 1000;
+  v_rollup jsonb;
+  v_keys jsonb;
+  v_children text;
+  v_deadline timestamptz;
+  v_saved_timeout text := current_setting('lock_timeout');
+  v_saved_nestloop text := current_setting('enable_nestloop');
+BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'prune_queue needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  IF NOT pg_try_advisory_xact_lock(lock_ns('ring'), hashtext('queue')) THEN
+    RETURN QUERY SELECT 'Blocked:busy', NULL::bigint, 0;
+    RETURN;
+  END IF;
+  SELECT * INTO v_cur FROM ring_current('queue');
+  SELECT min(g.g) INTO v_old
+  FROM generate_series(greatest(0, v_cur.generation - v_n + 1), v_cur.generation - 1) AS g(g)
+  WHERE NOT EXISTS (SELECT 1 FROM ring_prunes p WHERE p.ring = 'queue' AND p.generation = g.g);
+  IF v_old IS NULL THEN
+    RETURN QUERY SELECT 'Noop', NULL::bigint, 0;
+    RETURN;
+  END IF;
+  v_slot := (v_old % v_n)::int;
+
+  IF slot_has_unclaimed(v_slot) THEN
+    RETURN QUERY SELECT 'Blocked:unclaimed', v_old, 0;
+    RETURN;
+  END IF;
+  -- 0028: the open attempts' claims rows, tried FOR UPDATE NOWAIT, where each attempt's advisory
+  -- lock was tried (one lock-table entry per open attempt; 100k open attempts failed): a
+  -- finalizer or heartbeat holding one makes us back off; holding them, none can write for these
+  -- attempts until we commit. A row lock taken in the block is released if it fails
+  -- (sub-transaction), kept if it succeeds.
+  BEGIN -- 0028
+    PERFORM 1 FROM claims c
+    WHERE c.slot = v_slot AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.slot = v_slot AND z.job_id = c.job_id AND z.run_lease = c.run_lease)
+    ORDER BY c.job_id, c.run_lease
+    FOR UPDATE OF c NOWAIT;
+  EXCEPTION WHEN lock_not_available THEN -- 0028
+    RETURN QUERY SELECT 'Blocked:locked_attempt', v_old, 0;
+    RETURN;
+  END;
+
+  v_children := format('%1$I.ready_%2$s, %1$I.ready_tombstones_%2$s, %1$I.claims_%2$s, %1$I.claim_marks_%2$s, %1$I.closures_%2$s, %1$I.terminal_%2$s',
+                       ':AWA_SCHEMA', v_slot);
+  -- Freeze the slot: SHARE waits for writers still inserting into it and keeps new ones out until
+  -- commit, but does not conflict with the ACCESS SHARE of claimers and readers. A queued SHARE
+  -- request does not hold up later readers either (only ACCESS EXCLUSIVE conflicts with them).
+  BEGIN
+    PERFORM set_config('lock_timeout', p_lock_timeout_ms || 'ms', true);
+    EXECUTE 'LOCK TABLE ' || v_children || ' IN SHARE MODE';
+  EXCEPTION WHEN lock_not_available THEN
+    RETURN QUERY SELECT 'Blocked:lock', v_old, 0;
+    RETURN;
+  END;
+  PERFORM set_config('lock_timeout', v_saved_timeout, true);
+
+  -- Re-proof: rows committed while we waited for SHARE are visible now, and no more can come.
+  IF slot_has_unclaimed(v_slot) THEN
+    RETURN QUERY SELECT 'Blocked:unclaimed', v_old, 0;
+    RETURN;
+  END IF;
+
+  -- Everything below up to the exclusive lock only reads: a prune that gives up writes nothing.
+  -- Open attempts: claims without a closure (ours since step 3, or claimed after it from rows
+  -- that arrived late; either way their finalizers need the slot, which is frozen).
+  SELECT array_agg(c) INTO v_open_claims FROM claims c
+  WHERE c.slot = v_slot AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.slot = v_slot AND z.job_id = c.job_id AND z.run_lease = c.run_lease);
+  IF v_open_claims IS NOT NULL THEN
+    SELECT array_agg(r) INTO v_open_ready
+    FROM unnest(v_open_claims) o
+    JOIN ready r ON r.slot = v_slot AND r.queue = o.queue AND r.priority = o.priority AND r.shard = o.shard AND r.lane_seq = o.lane_seq;
+  END IF;
+
+  -- The terminal rows: judged here, or already copied ahead by an earlier call (see below). The
+  -- slot is frozen, so if it still holds as many terminal rows as the copy saw, they are the same
+  -- rows (ring tables are append-only) and the copy's roll-up and keys stand.
+  SELECT * INTO v_copy FROM history_copies hc WHERE hc.generation = v_old;
+  v_copied := FOUND;
+  IF v_copied THEN
+    EXECUTE format('SELECT count(*) FROM %I.terminal_%s', ':AWA_SCHEMA', v_slot) INTO v_count;
+  END IF;
+  IF v_copied AND v_count = v_copy.terminal_rows THEN
+    v_rollup := v_copy.rollup;
+    v_keys := v_copy.keys;
+  ELSE
+    -- Judge: widened from their ready row when narrow; kept if inside their state's retention.
+    -- After a copy ahead (rows arrived since: rare), rows already in history are neither copied
+    -- again nor have their keys released (the history copy holds them).
+    -- Fresh ring children have no statistics (estimates of a few rows), so the planner joins
+    -- terminal to ready with a nested loop over a seq scan: O(n²), 0.56 s for 2,000 rows. A hash
+    -- join is linear whatever the estimates.
+    PERFORM set_config('enable_nestloop', 'off', true);
+    WITH wide AS (
+      SELECT t.job_id, t.run_lease, t.state, t.attempt, coalesce(t.max_attempts, r.max_attempts) AS max_attempts,
+             coalesce(t.kind, r.kind) AS kind, coalesce(t.queue, r.queue) AS queue, coalesce(t.priority, r.priority) AS priority,
+             coalesce(t.args, r.args) AS args, coalesce(t.metadata, r.metadata) AS metadata, coalesce(t.tags, r.tags) AS tags,
+             coalesce(t.errors, r.errors) AS errors, t.progress, coalesce(t.run_at, r.run_at) AS run_at,
+             coalesce(t.created_at, r.created_at) AS created_at, t.finalized_at,
+             coalesce(t.unique_key, r.unique_key) AS unique_key, coalesce(t.unique_states, r.unique_states, 0) AS unique_states
+      FROM terminal t
+      LEFT JOIN ready r ON NOT t.wide AND r.slot = t.slot AND r.job_id = t.job_id AND r.lane_seq = t.lane_seq
+      WHERE t.slot = v_slot
+    ),
+    judged AS MATERIALIZED (
+      SELECT w.*, w.finalized_at > now() - retention(w.state, w.queue, p_completed_ms, p_failed_ms, p_cancelled_ms) AS keep,
+             v_copied AND EXISTS (SELECT 1 FROM history h WHERE h.job_id = w.job_id AND h.run_lease = w.run_lease
+                                    AND h.state = w.state AND h.finalized_at = w.finalized_at) AS in_history
+      FROM wide w
+    )
+    SELECT (SELECT array_agg(ROW(0, 0, j.job_id, j.run_lease, j.state, j.attempt, j.max_attempts, j.kind, j.queue, j.priority,
+                                 j.args, j.metadata, j.tags, j.errors, j.progress, j.run_at, j.created_at, j.finalized_at,
+                                 j.unique_key, j.unique_states)::history)
+            FROM judged j WHERE j.keep AND NOT j.in_history),
+           (SELECT jsonb_object_agg(k, n) FROM (SELECT j.queue || ':' || j.state AS k, count(*) AS n FROM judged j GROUP BY 1) c),
+           (SELECT jsonb_agg(jsonb_build_object('job_id', j.job_id, 'run_lease', j.run_lease, 'finalized_at', j.finalized_at,
+                                                'unique_key', encode(j.unique_key, 'hex')))
+            FROM judged j WHERE NOT j.keep AND NOT j.in_history AND j.unique_key IS NOT NULL),
+           (SELECT count(*) FROM judged)
+      INTO v_kept, v_rollup, v_keys, v_count;
+    PERFORM set_config('enable_nestloop', v_saved_nestloop, true);
+
+    -- Copy ahead: many rows to keep, and nothing left in the slot that could still add a terminal
+    -- row (no open attempt). Insert them into history now and COMMIT (the caller calls again at
+    -- once): under the exclusive lock the next call then only truncates, instead of inserting
+    -- every row (0.9 s for 100k rows). The copy is committed, never rolled back, and recorded in
+    -- history_copies, so a later call reuses it instead of copying again: no dead tuples either way.
+    IF NOT v_copied AND v_open_claims IS NULL AND coalesce(cardinality(v_kept), 0) >= v_copy_ahead_rows THEN
+      SELECT * INTO v_hist FROM ring_current('history');
+      INSERT INTO history (slot, generation, job_id, run_lease, state, attempt, max_attempts, kind, queue, priority, args,
+                           metadata, tags, errors, progress, run_at, created_at, finalized_at, unique_key, unique_states)
+      SELECT v_hist.slot, v_hist.generation, h.job_id, h.run_lease, h.state, h.attempt, h.max_attempts, h.kind, h.queue, h.priority,
+             h.args, h.metadata, h.tags, h.errors, h.progress, h.run_at, h.created_at, h.finalized_at, h.unique_key, h.unique_states
+      FROM unnest(v_kept) h;
+      INSERT INTO history_copies (generation, slot, terminal_rows, rollup, keys)
+      VALUES (v_old, v_slot, v_count, coalesce(v_rollup, '{}'), v_keys);
+      RETURN QUERY SELECT 'Copied', v_old, 0;
+      RETURN;
+    END IF;
+  END IF;
+
+  -- ACCESS EXCLUSIVE, never queued: a waiting request would make every later claimer wait behind
+  -- it (they all read this slot's children). NOWAIT succeeds in a moment when no reader holds the
+  -- children; between tries we sleep about a millisecond, so readers come and go freely.
+  v_deadline := clock_timestamp() + p_lock_timeout_ms * interval '1 millisecond';
+  LOOP
+    BEGIN
+      EXECUTE 'LOCK TABLE ' || v_children || ' IN ACCESS EXCLUSIVE MODE NOWAIT';
+      EXIT;
+    EXCEPTION WHEN lock_not_available THEN
+      IF clock_timestamp() >= v_deadline THEN
+        RETURN QUERY SELECT 'Blocked:lock', v_old, 0;
+        RETURN;
+      END IF;
+    END;
+    PERFORM pg_sleep(0.001);
+  END LOOP;
+
+  -- Under the exclusive lock: only the writes.
+  IF v_open_claims IS NOT NULL THEN
+    INSERT INTO ready (slot, generation, job_id, kind, queue, priority, shard, lane_seq, args, metadata, tags,
+                       errors, progress, attempt, run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
+    SELECT v_cur.slot, v_cur.generation, r.job_id, r.kind, r.queue, r.priority, r.shard, r.lane_seq, r.args, r.metadata, r.tags,
+           r.errors, r.progress, r.attempt, r.run_lease, r.max_attempts, r.run_at, r.created_at, r.unique_key, r.unique_states
+    FROM unnest(v_open_ready) r;
+    INSERT INTO claims (slot, generation, job_id, run_lease, attempt, queue, priority, shard, lane_seq, claimed_at, deadline_at)
+    SELECT v_cur.slot, v_cur.generation, o.job_id, o.run_lease, o.attempt, o.queue, o.priority, o.shard, o.lane_seq, o.claimed_at, o.deadline_at
+    FROM unnest(v_open_claims) o;
+    -- the lane's cursor is past every carried row (they were claimed); a mark at it keeps it there
+    -- once this slot's marks are gone
+    INSERT INTO claim_marks (slot, generation, queue, priority, shard, next_lane_seq)
+    SELECT v_cur.slot, v_cur.generation, l.queue, l.priority, l.shard, lane_cursor(l.queue, l.priority, l.shard)
+    FROM (SELECT DISTINCT o.queue, o.priority, o.shard FROM unnest(v_open_claims) o) l;
+  END IF;
+
+  IF v_kept IS NOT NULL THEN
+    SELECT * INTO v_hist FROM ring_current('history');
+    INSERT INTO history (slot, generation, job_id, run_lease, state, attempt, max_attempts, kind, queue, priority, args,
+                         metadata, tags, errors, progress, run_at, created_at, finalized_at, unique_key, unique_states)
+    SELECT v_hist.slot, v_hist.generation, h.job_id, h.run_lease, h.state, h.attempt, h.max_attempts, h.kind, h.queue, h.priority,
+           h.args, h.metadata, h.tags, h.errors, h.progress, h.run_at, h.created_at, h.finalized_at, h.unique_key, h.unique_states
+    FROM unnest(v_kept) h;
+  END IF;
+
+  IF v_keys IS NOT NULL THEN
+    PERFORM release_keys_of(v_keys);
+  END IF;
+  EXECUTE 'TRUNCATE ' || v_children;
+  INSERT INTO ring_prunes (ring, generation, slot, rollup) VALUES ('queue', v_old, v_slot, coalesce(v_rollup, '{}'));
+  RETURN QUERY SELECT 'Pruned', v_old, coalesce(cardinality(v_open_claims), 0);
+END
+$function$;
+
+-- ---------------------------------------------------------------------------------------------
+-- prune_queue(8 args): as 0027, its slot's open claims rows tried instead of advisory locks.
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.prune_queue(p_lock_timeout_ms integer, p_completed_ms bigint, p_failed_ms bigint, p_cancelled_ms bigint, p_carry_after_ms bigint, p_force_timeout_ms integer, p_carry_rows integer, p_end_idle_ms bigint)
+ RETURNS TABLE(outcome text, generation bigint, carried integer, moved integer, parked integer)
+ LANGUAGE plpgsql
+ SET search_path TO ':AWA_SCHEMA', 'pg_catalog'
+ SET jit TO 'off'
+AS $function$
+#variable_conflict use_column
+DECLARE
+  v_n int := ring_slots('queue');
+  v_cur record;
+  v_hist record;
+  v_old bigint;
+  v_slot int;
+  v_attempt record;
+  v_open_claims claims[];
+  v_open_ready ready[];
+  v_kept history[];
+  v_copy record;
+  v_copied boolean;
+  v_count bigint;
+  -- below this many rows to keep, inserting them under the lock costs less than a second commit
+  v_copy_ahead_rows constant int := 1000;
+  v_lane_head int := greatest(1, p_carry_rows / 2);
+  v_rollup jsonb;
+  v_keys jsonb;
+  v_children text;
+  v_deadline timestamptz;
+  v_forced boolean := p_force_timeout_ms > 0;
+  v_timeout int := CASE WHEN p_force_timeout_ms > 0 THEN p_force_timeout_ms ELSE p_lock_timeout_ms END;
+  v_moved int := 0;
+  v_parked int := 0;
+  v_locked boolean := false;
+  v_saved_timeout text := current_setting('lock_timeout');
+  v_saved_nestloop text := current_setting('enable_nestloop');
+BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'prune_queue needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  IF NOT pg_try_advisory_xact_lock(lock_ns('ring'), hashtext('queue')) THEN
+    RETURN QUERY SELECT 'Blocked:busy', NULL::bigint, 0, 0, 0;
+    RETURN;
+  END IF;
+  SELECT * INTO v_cur FROM ring_current('queue');
+  SELECT min(g.g) INTO v_old
+  FROM generate_series(greatest(0, v_cur.generation - v_n + 1), v_cur.generation - 1) AS g(g)
+  WHERE NOT EXISTS (SELECT 1 FROM ring_prunes p WHERE p.ring = 'queue' AND p.generation = g.g);
+  IF v_old IS NULL THEN
+    RETURN QUERY SELECT 'Noop', NULL::bigint, 0, 0, 0;
+    RETURN;
+  END IF;
+  v_slot := (v_old % v_n)::int;
+
+  -- An attempt claimed moments ago will most likely close by itself (0014).
+  IF p_carry_after_ms > 0 AND EXISTS (
+    SELECT 1 FROM claims c
+    WHERE c.slot = v_slot AND c.claimed_at > now() - p_carry_after_ms * interval '1 millisecond'
+      AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.slot = v_slot AND z.job_id = c.job_id AND z.run_lease = c.run_lease)
+  ) THEN
+    RETURN QUERY SELECT 'Blocked:young_attempts', v_old, 0, 0, 0;
+    RETURN;
+  END IF;
+  -- 0028: the open attempts' claims rows, tried FOR UPDATE NOWAIT, where each attempt's advisory
+  -- lock was tried (one lock-table entry per open attempt; 100k open attempts failed): a
+  -- finalizer or heartbeat holding one makes us back off; holding them, none can write for these
+  -- attempts until we commit. A row lock taken in the block is released if it fails
+  -- (sub-transaction), kept if it succeeds.
+  BEGIN -- 0028
+    PERFORM 1 FROM claims c
+    WHERE c.slot = v_slot AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.slot = v_slot AND z.job_id = c.job_id AND z.run_lease = c.run_lease)
+    ORDER BY c.job_id, c.run_lease
+    FOR UPDATE OF c NOWAIT;
+  EXCEPTION WHEN lock_not_available THEN -- 0028
+    RETURN QUERY SELECT 'Blocked:locked_attempt', v_old, 0, 0, 0;
+    RETURN;
+  END;
+
+  v_children := format('%1$I.ready_%2$s, %1$I.ready_tombstones_%2$s, %1$I.claims_%2$s, %1$I.claim_marks_%2$s, %1$I.closures_%2$s, %1$I.terminal_%2$s',
+                       ':AWA_SCHEMA', v_slot);
+  -- Freeze the slot (SHARE: waits out writers, keeps new ones out, blocks no reader).
+  BEGIN
+    PERFORM set_config('lock_timeout', v_timeout || 'ms', true);
+    EXECUTE 'LOCK TABLE ' || v_children || ' IN SHARE MODE';
+  EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
+    IF v_forced AND p_end_idle_ms > 0 THEN
+      PERFORM end_idle_blockers(v_slot, p_end_idle_ms);
+    END IF;
+    RETURN QUERY SELECT 'Blocked:lock', v_old, 0, 0, 0;
+    RETURN;
+  END;
+  PERFORM set_config('lock_timeout', v_saved_timeout, true);
+
+  -- Open attempts: claims without a closure (ours since the tried locks, or claimed after them
+  -- from rows that arrived late; either way their finalizers need the slot, which is frozen).
+  SELECT array_agg(c) INTO v_open_claims FROM claims c
+  WHERE c.slot = v_slot AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.slot = v_slot AND z.job_id = c.job_id AND z.run_lease = c.run_lease);
+  IF v_open_claims IS NOT NULL THEN
+    SELECT array_agg(r) INTO v_open_ready
+    FROM unnest(v_open_claims) o
+    JOIN ready r ON r.slot = v_slot AND r.queue = o.queue AND r.priority = o.priority AND r.shard = o.shard AND r.lane_seq = o.lane_seq;
+  END IF;
+
+  -- The terminal rows: judged here, or already copied ahead by an earlier call (0013).
+  SELECT * INTO v_copy FROM history_copies hc WHERE hc.generation = v_old;
+  v_copied := FOUND;
+  IF v_copied THEN
+    EXECUTE format('SELECT count(*) FROM %I.terminal_%s', ':AWA_SCHEMA', v_slot) INTO v_count;
+  END IF;
+  IF v_copied AND v_count = v_copy.terminal_rows THEN
+    v_rollup := v_copy.rollup;
+    v_keys := v_copy.keys;
+  ELSE
+    PERFORM set_config('enable_nestloop', 'off', true);
+    -- After a copy ahead the judging reads history while we hold the slot frozen: a history
+    -- prune's exclusive lock may make it wait at most lock_timeout (then an error: nothing was
+    -- written), never as long as that prune runs (review M6).
+    IF v_copied THEN
+      PERFORM set_config('lock_timeout', v_timeout || 'ms', true);
+    END IF;
+    WITH wide AS (
+      SELECT t.job_id, t.run_lease, t.state, t.attempt, coalesce(t.max_attempts, r.max_attempts) AS max_attempts,
+             coalesce(t.kind, r.kind) AS kind, coalesce(t.queue, r.queue) AS queue, coalesce(t.priority, r.priority) AS priority,
+             coalesce(t.args, r.args) AS args, coalesce(t.metadata, r.metadata) AS metadata, coalesce(t.tags, r.tags) AS tags,
+             coalesce(t.errors, r.errors) AS errors, t.progress, coalesce(t.run_at, r.run_at) AS run_at,
+             coalesce(t.created_at, r.created_at) AS created_at, t.finalized_at,
+             coalesce(t.unique_key, r.unique_key) AS unique_key, coalesce(t.unique_states, r.unique_states, 0) AS unique_states
+      FROM terminal t
+      LEFT JOIN ready r ON NOT t.wide AND r.slot = t.slot AND r.job_id = t.job_id AND r.lane_seq = t.lane_seq
+      WHERE t.slot = v_slot
+    ),
+    judged AS MATERIALIZED (
+      SELECT w.*, w.finalized_at > now() - retention(w.state, w.queue, p_completed_ms, p_failed_ms, p_cancelled_ms) AS keep,
+             v_copied AND EXISTS (SELECT 1 FROM history h WHERE h.job_id = w.job_id AND h.run_lease = w.run_lease
+                                    AND h.state = w.state AND h.finalized_at = w.finalized_at) AS in_history
+      FROM wide w
+    )
+    SELECT (SELECT array_agg(ROW(0, 0, j.job_id, j.run_lease, j.state, j.attempt, j.max_attempts, j.kind, j.queue, j.priority,
+                                 j.args, j.metadata, j.tags, j.errors, j.progress, j.run_at, j.created_at, j.finalized_at,
+                                 j.unique_key, j.unique_states)::history)
+            FROM judged j WHERE j.keep AND NOT j.in_history),
+           (SELECT jsonb_object_agg(k, n) FROM (SELECT j.queue || ':' || j.state AS k, count(*) AS n FROM judged j GROUP BY 1) c),
+           (SELECT jsonb_agg(jsonb_build_object('job_id', j.job_id, 'run_lease', j.run_lease, 'finalized_at', j.finalized_at,
+                                                'unique_key', encode(j.unique_key, 'hex')))
+            FROM judged j WHERE NOT j.keep AND NOT j.in_history AND j.unique_key IS NOT NULL),
+           (SELECT count(*) FROM judged)
+      INTO v_kept, v_rollup, v_keys, v_count;
+    PERFORM set_config('enable_nestloop', v_saved_nestloop, true);
+    PERFORM set_config('lock_timeout', v_saved_timeout, true);
+
+    IF NOT v_copied AND v_open_claims IS NULL AND coalesce(cardinality(v_kept), 0) >= v_copy_ahead_rows THEN
+      SELECT * INTO v_hist FROM ring_current('history');
+      INSERT INTO history (slot, generation, job_id, run_lease, state, attempt, max_attempts, kind, queue, priority, args,
+                           metadata, tags, errors, progress, run_at, created_at, finalized_at, unique_key, unique_states)
+      SELECT v_hist.slot, v_hist.generation, h.job_id, h.run_lease, h.state, h.attempt, h.max_attempts, h.kind, h.queue, h.priority,
+             h.args, h.metadata, h.tags, h.errors, h.progress, h.run_at, h.created_at, h.finalized_at, h.unique_key, h.unique_states
+      FROM unnest(v_kept) h;
+      INSERT INTO history_copies (generation, slot, terminal_rows, rollup, keys)
+      VALUES (v_old, v_slot, v_count, coalesce(v_rollup, '{}'), v_keys);
+      RETURN QUERY SELECT 'Copied', v_old, 0, 0, 0;
+      RETURN;
+    END IF;
+  END IF;
+
+  -- Park ahead: when more of the residue is to be parked than one prune may carry, move it to
+  -- parked now, in a transaction of its own (committed, so a prune that then fails to get its
+  -- exclusive lock undoes nothing and leaves no dead tuple), and tombstone the ring rows ("moved"),
+  -- under each such lane's claim lock (tried: a claimer at work makes us skip this and park under
+  -- the exclusive lock instead), so no claim of the lane is in flight while its rows move. The
+  -- caller calls again at once ('Parked'); the exclusive phase then only carries, at most
+  -- p_carry_rows rows, instead of inserting the whole backlog while every reader waits.
+  -- Writes: parked, ready_tombstones (this slot, ROW EXCLUSIVE: compatible with our own SHARE).
+  WITH lanes AS MATERIALIZED (
+    SELECT l.queue, l.priority, l.shard, lane_cursor(l.queue, l.priority, l.shard) AS c
+    FROM (SELECT DISTINCT r.queue, r.priority, r.shard FROM ready r WHERE r.slot = v_slot) l
+  )
+  SELECT count(*) INTO v_count FROM (
+    SELECT 1 FROM lanes l
+    JOIN ready r ON r.slot = v_slot AND r.queue = l.queue AND r.priority = l.priority AND r.shard = l.shard AND r.lane_seq >= l.c
+    WHERE NOT EXISTS (SELECT 1 FROM ready_tombstones t
+                      WHERE t.slot = v_slot AND t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard
+                        AND t.lane_seq = r.lane_seq)
+    LIMIT 2 * greatest(p_carry_rows, 1) + 1) x;
+  IF v_count > 2 * greatest(p_carry_rows, 1) THEN
+    FOR v_attempt IN
+      SELECT DISTINCT r.queue, r.priority, r.shard FROM ready r WHERE r.slot = v_slot ORDER BY 1, 2, 3
+    LOOP
+      IF NOT pg_try_advisory_xact_lock(lock_ns('claim'), lane_key(v_attempt.queue, v_attempt.priority, v_attempt.shard)) THEN
+        v_count := -1;
+        EXIT;
+      END IF;
+    END LOOP;
+    IF v_count > 0 THEN
+      WITH lanes AS MATERIALIZED (
+        SELECT l.queue, l.priority, l.shard, lane_cursor(l.queue, l.priority, l.shard) AS c,
+               (SELECT min(p.lane_seq) FROM parked p WHERE p.queue = l.queue AND p.priority = l.priority AND p.shard = l.shard) AS barrier,
+               EXISTS (SELECT 1 FROM queue_meta m WHERE m.queue = l.queue AND m.paused) AS paused
+        FROM (SELECT DISTINCT r.queue, r.priority, r.shard FROM ready r WHERE r.slot = v_slot) l
+      ),
+      residue AS MATERIALIZED (
+        SELECT r.*, l.c, l.barrier, l.paused,
+               row_number() OVER (PARTITION BY r.queue, r.priority, r.shard ORDER BY r.lane_seq) AS n
+        FROM ready r JOIN lanes l ON l.queue = r.queue AND l.priority = r.priority AND l.shard = r.shard
+        WHERE r.slot = v_slot AND r.lane_seq >= l.c
+          AND NOT EXISTS (SELECT 1 FROM ready_tombstones t
+                          WHERE t.slot = v_slot AND t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard
+                            AND t.lane_seq = r.lane_seq)
+      ),
+      decided AS MATERIALIZED (
+        SELECT x.*,
+               x.candidate AND row_number() OVER (PARTITION BY x.candidate ORDER BY x.n, x.queue, x.priority, x.shard) <= p_carry_rows AS carry
+        FROM (SELECT s.*, NOT s.paused AND s.n <= v_lane_head AND (s.barrier IS NULL OR s.lane_seq < s.barrier) AS candidate
+              FROM residue s) x
+      ),
+      ins_park AS (
+        INSERT INTO parked (job_id, kind, queue, priority, shard, lane_seq, args, metadata, tags, errors, progress, attempt,
+                            run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
+        SELECT d.job_id, d.kind, d.queue, d.priority, d.shard, d.lane_seq, d.args, d.metadata, d.tags, d.errors, d.progress,
+               d.attempt, d.run_lease, d.max_attempts, d.run_at, d.created_at, d.unique_key, d.unique_states
+        FROM decided d WHERE NOT d.carry
+      )
+      INSERT INTO ready_tombstones (slot, generation, job_id, queue, priority, shard, lane_seq)
+      SELECT v_slot, d.generation, d.job_id, d.queue, d.priority, d.shard, d.lane_seq FROM decided d WHERE NOT d.carry;
+      GET DIAGNOSTICS v_parked = ROW_COUNT;
+      RETURN QUERY SELECT 'Parked', v_old, 0, 0, v_parked;
+      RETURN;
+    END IF;
+  END IF;
+
+  -- ACCESS EXCLUSIVE. Normally never queued (a waiting request makes every later reader of the
+  -- slot's children wait behind it): NOWAIT, retried about every millisecond. Forced: queued,
+  -- for at most the force timeout.
+  IF v_forced THEN
+    -- Queued, but for the parents only: ACCESS EXCLUSIVE on the claim_marks and claims parent
+    -- tables themselves (ONLY: not their children). Every reader of the slot's children locks one of
+    -- these parents before any child (claim's cursor statement reads claim_marks first; the jobs
+    -- view, finalize, heartbeat and rescue read claims before any other ring table), so the request
+    -- waits for the readers in flight, however long, and readers that come after it queue at the
+    -- parent holding no child. Waiting for the children instead would take them one by one, and a
+    -- reader that locks them in another order (PostgreSQL 15 and 17 differ) would hold one child
+    -- while waiting for another we hold: a deadlock whose victim may be the reader. Then the
+    -- children, without waiting (the readers in flight are gone). A cycle is still possible with a
+    -- session that waits for our SHARE or attempt locks while holding a parent (a claim picking
+    -- this slot's residue, rescue, cancel_job): the deadlock detector breaks it, and a prune that
+    -- loses answers Blocked:lock. Readers stall for the wait at most (the force timeout).
+    v_deadline := clock_timestamp() + p_force_timeout_ms * interval '1 millisecond';
+    BEGIN
+      PERFORM set_config('lock_timeout', p_force_timeout_ms || 'ms', true);
+      EXECUTE format('LOCK TABLE ONLY %1$I.claim_marks, ONLY %1$I.claims IN ACCESS EXCLUSIVE MODE', ':AWA_SCHEMA');
+      LOOP
+        BEGIN
+          EXECUTE 'LOCK TABLE ' || v_children || ' IN ACCESS EXCLUSIVE MODE NOWAIT';
+          v_locked := true;
+          EXIT;
+        EXCEPTION WHEN lock_not_available THEN
+          EXIT WHEN clock_timestamp() >= v_deadline;
+        END;
+        PERFORM pg_sleep(0.001);
+      END LOOP;
+    EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
+      v_locked := false;
+    END;
+    IF NOT v_locked THEN
+      IF p_end_idle_ms > 0 THEN
+        PERFORM end_idle_blockers(v_slot, p_end_idle_ms);
+      END IF;
+      RETURN QUERY SELECT 'Blocked:lock', v_old, 0, 0, 0;
+      RETURN;
+    END IF;
+  ELSE
+    v_deadline := clock_timestamp() + p_lock_timeout_ms * interval '1 millisecond';
+    LOOP
+      BEGIN
+        EXECUTE 'LOCK TABLE ' || v_children || ' IN ACCESS EXCLUSIVE MODE NOWAIT';
+        EXIT;
+      EXCEPTION WHEN lock_not_available THEN
+        IF clock_timestamp() >= v_deadline THEN
+          RETURN QUERY SELECT 'Blocked:lock', v_old, 0, 0, 0;
+          RETURN;
+        END IF;
+      END;
+      PERFORM pg_sleep(0.001);
+    END LOOP;
+  END IF;
+  PERFORM set_config('lock_timeout', v_saved_timeout, true);
+
+  -- Under the exclusive lock: only the writes.
+  IF v_open_claims IS NOT NULL THEN
+    INSERT INTO ready (slot, generation, job_id, kind, queue, priority, shard, lane_seq, args, metadata, tags,
+                       errors, progress, attempt, run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
+    SELECT v_cur.slot, v_cur.generation, r.job_id, r.kind, r.queue, r.priority, r.shard, r.lane_seq, r.args, r.metadata, r.tags,
+           r.errors, r.progress, r.attempt, r.run_lease, r.max_attempts, r.run_at, r.created_at, r.unique_key, r.unique_states
+    FROM unnest(v_open_ready) r;
+    INSERT INTO claims (slot, generation, job_id, run_lease, attempt, queue, priority, shard, lane_seq, claimed_at, deadline_at)
+    SELECT v_cur.slot, v_cur.generation, o.job_id, o.run_lease, o.attempt, o.queue, o.priority, o.shard, o.lane_seq, o.claimed_at, o.deadline_at
+    FROM unnest(v_open_claims) o;
+    INSERT INTO claim_marks (slot, generation, queue, priority, shard, next_lane_seq)
+    SELECT v_cur.slot, v_cur.generation, l.queue, l.priority, l.shard, lane_cursor(l.queue, l.priority, l.shard)
+    FROM (SELECT DISTINCT o.queue, o.priority, o.shard FROM unnest(v_open_claims) o) l;
+  END IF;
+
+  -- The residue: ready rows a claimer could still take (at or beyond the lane's cursor, not
+  -- tombstoned). The slot is frozen, and no claim of its rows can commit before we do (they need
+  -- ROW EXCLUSIVE on its claims child), so this is the residue the truncate would drop. Each row
+  -- is carried (same position, current slot) or parked; rows of one lane are decided in position
+  -- order, so a lane's carried rows are a prefix of its residue and lie below its new barrier.
+  WITH lanes AS MATERIALIZED (
+    SELECT l.queue, l.priority, l.shard, lane_cursor(l.queue, l.priority, l.shard) AS c,
+           (SELECT min(p.lane_seq) FROM parked p WHERE p.queue = l.queue AND p.priority = l.priority AND p.shard = l.shard) AS barrier,
+           EXISTS (SELECT 1 FROM queue_meta m WHERE m.queue = l.queue AND m.paused) AS paused
+    FROM (SELECT DISTINCT r.queue, r.priority, r.shard FROM ready r WHERE r.slot = v_slot) l
+  ),
+  residue AS MATERIALIZED (
+    SELECT r.*, l.c, l.barrier, l.paused,
+           row_number() OVER (PARTITION BY r.queue, r.priority, r.shard ORDER BY r.lane_seq) AS n
+    FROM ready r JOIN lanes l ON l.queue = r.queue AND l.priority = r.priority AND l.shard = r.shard
+    WHERE r.slot = v_slot AND r.lane_seq >= l.c
+      AND NOT EXISTS (SELECT 1 FROM ready_tombstones t
+                      WHERE t.slot = v_slot AND t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard
+                        AND t.lane_seq = r.lane_seq)
+  ),
+  decided AS MATERIALIZED (
+    SELECT x.*,
+           x.candidate AND row_number() OVER (PARTITION BY x.candidate ORDER BY x.n, x.queue, x.priority, x.shard) <= p_carry_rows AS carry
+    FROM (SELECT s.*, NOT s.paused AND s.n <= v_lane_head AND (s.barrier IS NULL OR s.lane_seq < s.barrier) AS candidate
+          FROM residue s) x
+  ),
+  ins_carry AS (
+    INSERT INTO ready (slot, generation, job_id, kind, queue, priority, shard, lane_seq, args, metadata, tags,
+                       errors, progress, attempt, run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
+    SELECT v_cur.slot, v_cur.generation, d.job_id, d.kind, d.queue, d.priority, d.shard, d.lane_seq, d.args, d.metadata, d.tags,
+           d.errors, d.progress, d.attempt, d.run_lease, d.max_attempts, d.run_at, d.created_at, d.unique_key, d.unique_states
+    FROM decided d WHERE d.carry
+  ),
+  ins_park AS (
+    INSERT INTO parked (job_id, kind, queue, priority, shard, lane_seq, args, metadata, tags, errors, progress, attempt,
+                        run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
+    SELECT d.job_id, d.kind, d.queue, d.priority, d.shard, d.lane_seq, d.args, d.metadata, d.tags, d.errors, d.progress,
+           d.attempt, d.run_lease, d.max_attempts, d.run_at, d.created_at, d.unique_key, d.unique_states
+    FROM decided d WHERE NOT d.carry
+  ),
+  -- the lane's cursor may come from a mark in this slot: keep it where it is
+  ins_marks AS (
+    INSERT INTO claim_marks (slot, generation, queue, priority, shard, next_lane_seq)
+    SELECT v_cur.slot, v_cur.generation, l.queue, l.priority, l.shard, l.c
+    FROM lanes l
+    WHERE l.c > 0 AND EXISTS (SELECT 1 FROM decided d WHERE d.carry AND d.queue = l.queue AND d.priority = l.priority AND d.shard = l.shard)
+  )
+  SELECT count(*) FILTER (WHERE d.carry), count(*) FILTER (WHERE NOT d.carry) INTO v_moved, v_parked FROM decided d;
+
+  IF v_kept IS NOT NULL THEN
+    SELECT * INTO v_hist FROM ring_current('history');
+    INSERT INTO history (slot, generation, job_id, run_lease, state, attempt, max_attempts, kind, queue, priority, args,
+                         metadata, tags, errors, progress, run_at, created_at, finalized_at, unique_key, unique_states)
+    SELECT v_hist.slot, v_hist.generation, h.job_id, h.run_lease, h.state, h.attempt, h.max_attempts, h.kind, h.queue, h.priority,
+           h.args, h.metadata, h.tags, h.errors, h.progress, h.run_at, h.created_at, h.finalized_at, h.unique_key, h.unique_states
+    FROM unnest(v_kept) h;
+  END IF;
+  -- Keys are released after this commits (release_pending_keys), not under the lock.
+  IF v_keys IS NOT NULL THEN
+    INSERT INTO pending_key_releases (ring, generation, keys) VALUES ('queue', v_old, v_keys);
+  END IF;
+  EXECUTE 'TRUNCATE ' || v_children;
+  INSERT INTO ring_prunes (ring, generation, slot, rollup) VALUES ('queue', v_old, v_slot, coalesce(v_rollup, '{}'));
+  RETURN QUERY SELECT 'Pruned', v_old, coalesce(cardinality(v_open_claims), 0), v_moved, v_parked;
+END
+$function$;
+`
   }
 ]

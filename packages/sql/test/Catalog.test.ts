@@ -8,7 +8,9 @@
  * - an SQL-language function without that search_path (kept without SET clauses so it can be
  *   inlined) references only schema-qualified objects: called with a search_path that does not
  *   contain the schema, it still runs;
- * - no function is executable by PUBLIC.
+ * - no function is executable by PUBLIC;
+ * - every PL/pgSQL function refuses to run outside READ COMMITTED (SQLSTATE AWI01, migration
+ *   0027), except the few listed in `isolationAgnostic`, each with the reason it is safe.
  *
  * Checked for the default schema and for a schema with another name (the migrations spell it
  * `:AWA_SCHEMA`). Each rule also has a negative control: a function that breaks it is reported.
@@ -19,6 +21,24 @@ import { Cause, Effect, Exit, Option } from "effect"
 import { SqlClient } from "effect/sql"
 import { migrate } from "../src/Migrations.ts"
 
+/**
+ * PL/pgSQL functions without the READ COMMITTED check, and why each may run at any level. A new
+ * function is checked unless it is added here, with its reason.
+ */
+const isolationAgnostic: Record<string, string> = {
+  enqueue: "runs in the caller's transaction: outside READ COMMITTED it defers the job (0018)",
+  enqueue_one: "as enqueue",
+  enqueue_batch: "as enqueue",
+  lane_cursor: "a read, called only inside checked functions",
+  queue_slot_ranges: "a read, called only inside checked functions",
+  slot_has_unclaimed: "a read, called only inside prune_queue",
+  end_idle_blockers: "reads pg_locks and pg_stat_activity (no MVCC snapshot); called only inside prune_queue",
+  cron_upsert: "one INSERT … ON CONFLICT on cron_schedules, correct at any level",
+  cron_mark_stale: "one UPDATE of cron_schedules",
+  cron_set_paused: "one UPDATE of cron_schedules",
+  cron_remove: "one DELETE of cron_schedules"
+}
+
 interface FunctionRow {
   readonly sig: string
   readonly language: string
@@ -26,6 +46,8 @@ interface FunctionRow {
   readonly public_execute: boolean
   readonly args: ReadonlyArray<string>
   readonly returns_set: boolean
+  readonly name: string
+  readonly source: string
 }
 
 const functionsOf = (schema: string) =>
@@ -35,7 +57,7 @@ const functionsOf = (schema: string) =>
       SELECT p.oid::regprocedure::text AS sig, l.lanname AS language, p.proconfig AS config,
              has_function_privilege('public', p.oid, 'EXECUTE') AS public_execute,
              ARRAY(SELECT format_type(t, NULL) FROM unnest(p.proargtypes) AS t) AS args,
-             p.proretset AS returns_set
+             p.proretset AS returns_set, p.proname AS name, p.prosrc AS source
       FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace JOIN pg_language l ON l.oid = p.prolang
       WHERE n.nspname = ${schema}
       ORDER BY 1`
@@ -43,6 +65,23 @@ const functionsOf = (schema: string) =>
 
 /** The function's name and argument types, schema-qualified (regprocedure text drops a visible schema). */
 const qualified = (schema: string, sig: string) => (sig.startsWith(`${schema}.`) ? sig : `${schema}.${sig}`)
+
+/**
+ * The check as the first statement of the body (migration 0027): the first thing after the
+ * body's first BEGIN line is the isolation test, and it raises AWI01. Anywhere else in the body
+ * it could run after a write.
+ */
+const refusesOtherLevels = (source: string) => {
+  const afterBegin = source.slice(source.search(/^BEGIN\s*$/m))
+  const firstStatement = afterBegin
+    .split("\n")
+    .slice(1)
+    .find((line) => !/^\s*(--.*)?$/.test(line))
+  return (
+    firstStatement?.trim() === "IF current_setting('transaction_isolation') <> 'read committed' THEN" &&
+    /USING ERRCODE = 'AWI01'/.test(afterBegin.slice(0, 600))
+  )
+}
 
 const rollback = Symbol("rollback")
 
@@ -79,6 +118,8 @@ const problems = (schema: string) =>
       if (f.language === "plpgsql") {
         if (!pinned) found.push(`${f.sig}: no SET search_path = ${schema}, pg_catalog`)
         if (!config.includes("jit=off")) found.push(`${f.sig}: no SET jit = off`)
+        if (!refusesOtherLevels(f.source) && !(f.name in isolationAgnostic))
+          found.push(`${f.sig}: does not refuse other isolation levels than READ COMMITTED (AWI01)`)
       } else if (f.language === "sql" && !pinned) {
         const error = yield* callOutsideSchema(schema, f)
         if (error !== undefined) found.push(`${f.sig}: fails outside its schema's search_path: ${error}`)
@@ -127,6 +168,7 @@ describe("catalog rules for every function", () => {
         [
           "awa.careless_plpgsql(): no SET search_path = awa, pg_catalog",
           "awa.careless_plpgsql(): no SET jit = off",
+          "awa.careless_plpgsql(): does not refuse other isolation levels than READ COMMITTED (AWI01)",
           "awa.careless_plpgsql(): executable by PUBLIC",
           "awa.careless_sql(text): fails outside"
         ]

@@ -33,6 +33,7 @@ import {
   checkNewJob,
   type JobState,
   type NewJob,
+  type ReadCommittedRequired,
   UniqueConflict,
   UniqueKey,
   type UniqueOptions,
@@ -42,6 +43,7 @@ import { Migrations } from "@awa/sql"
 import { Clock, Context, Effect, Layer, Schema, Semaphore } from "effect"
 import { SqlClient, type SqlError } from "effect/sql"
 import { type EnqueuedJob, type EnqueueError, type JobId, QueueStorage } from "./QueueStorage.ts"
+import * as ReadCommitted from "./ReadCommitted.ts"
 
 /** What a leader does with ticks it missed (outage, pause, slow evaluation). */
 export type MissedFire =
@@ -152,9 +154,11 @@ export class CronStorage extends Context.Service<
       expectedLast: Date | null,
       tick: Date,
       job: NewJob
-    ) => Effect.Effect<FireResult, ValidationError | SqlError.SqlError>
+    ) => Effect.Effect<FireResult, ValidationError | ReadCommittedRequired | SqlError.SqlError>
     /** Enqueues the schedule's stored job now; ignores pause, does not move the schedule. */
-    readonly trigger: (name: string) => Effect.Effect<EnqueuedJob, CronNotFound | EnqueueError>
+    readonly trigger: (
+      name: string
+    ) => Effect.Effect<EnqueuedJob, CronNotFound | ReadCommittedRequired | EnqueueError>
     /** Deletes a schedule; false when there was none. A worker still declaring it re-creates it at start. */
     readonly remove: (name: string) => Effect.Effect<boolean, SqlError.SqlError>
   }
@@ -343,6 +347,8 @@ export const makePg = Effect.fnUntraced(function* (options: PgCronStorageOptions
   const sql = yield* SqlClient.SqlClient
   const schema = yield* Migrations.checkSchemaName(options.schema ?? Migrations.defaultSchema)
   const s = sql(schema)
+  // fire and trigger need READ COMMITTED (migration 0027)
+  const rc = ReadCommitted.make(sql)
   const check = (job: NewJob) =>
     Effect.flatMap(Clock.currentTimeMillis, (nowMillis) =>
       checkNewJob(job, { nowMillis, maxArgsBytes: options.maxArgsBytes })
@@ -393,10 +399,13 @@ export const makePg = Effect.fnUntraced(function* (options: PgCronStorageOptions
   const fire = (name: string, expectedLast: Date | null, tick: Date, job: NewJob) =>
     Effect.gen(function* () {
       const checked = yield* check(job)
-      const [row] = yield* sql<{ outcome: string; job_id: bigint | null }>`
-        SELECT outcome, job_id FROM ${s}.cron_fire(
-          ${name}, ${expectedLast === null ? null : expectedLast.toISOString()}::timestamptz,
-          ${tick.toISOString()}::timestamptz, ${enqueueRowJson(checked)}::jsonb)`
+      const [row] = yield* rc(
+        "cronFire",
+        sql<{ outcome: string; job_id: bigint | null }>`
+          SELECT outcome, job_id FROM ${s}.cron_fire(
+            ${name}, ${expectedLast === null ? null : expectedLast.toISOString()}::timestamptz,
+            ${tick.toISOString()}::timestamptz, ${enqueueRowJson(checked)}::jsonb)`
+      )
       switch (row?.outcome) {
         case "fired":
           return { _tag: "Fired", jobId: row.job_id! } satisfies FireResult
@@ -413,8 +422,11 @@ export const makePg = Effect.fnUntraced(function* (options: PgCronStorageOptions
         SELECT kind, queue, args, options FROM ${s}.cron_schedules WHERE name = ${name}`
       if (row === undefined) return yield* new CronNotFound({ name })
       const checked = yield* check(toNewJob(templateOf(row.kind, row.queue, row.args, row.options)))
-      const [out] = yield* sql<{ job_id: bigint | null; state: "available" | "scheduled" | "duplicate" }>`
-        SELECT job_id, state FROM ${s}.cron_trigger(${name}, ${enqueueRowJson(checked)}::jsonb)`
+      const [out] = yield* rc(
+        "cronTrigger",
+        sql<{ job_id: bigint | null; state: "available" | "scheduled" | "duplicate" }>`
+          SELECT job_id, state FROM ${s}.cron_trigger(${name}, ${enqueueRowJson(checked)}::jsonb)`
+      )
       if (out === undefined) return yield* new CronNotFound({ name })
       // a held unique key is an answer, not a server error (migration 0018): nothing was written
       if (out.state === "duplicate")

@@ -13,6 +13,17 @@ import { Clock, Duration, Effect, Schedule, Semaphore } from "effect"
 import type { SqlError } from "effect/sql"
 import type { AttemptToken, HeartbeatItem, QueueStorage } from "./QueueStorage.ts"
 
+/**
+ * `heartbeatMany` outside any transaction. Heartbeats run on their own fibers (or thread), never
+ * inside a caller's transaction, and the storage layer runs them at READ COMMITTED whatever the
+ * pool's default (ReadCommitted.ts): a `ReadCommittedRequired` here is a bug, so a defect.
+ */
+export const heartbeatOutsideTransaction = (
+  storage: QueueStorage["Service"],
+  items: ReadonlyArray<HeartbeatItem>
+): Effect.Effect<ReadonlyArray<AttemptToken>, SqlError.SqlError> =>
+  Effect.catchTag(storage.heartbeatMany(items), "ReadCommittedRequired", (error) => Effect.die(error))
+
 /** An attempt the process holds, from when its claim came back (`heldAt`, ms since the epoch). */
 export interface TrackedAttempt extends AttemptToken {
   readonly heldAt: number
@@ -100,7 +111,7 @@ export const make = (storage: QueueStorage["Service"], intervalMs: number) => {
       for (let i = 0; i < due.length; i += chunkSize) {
         const chunk = due.slice(i, i + chunkSize)
         const generations = chunk.map((e) => e.generation)
-        const notOpen = yield* storage.heartbeatMany(chunk.map(itemOf))
+        const notOpen = yield* heartbeatOutsideTransaction(storage, chunk.map(itemOf))
         chunk.forEach((e, k) => {
           if (generations[k]! > e.written) e.written = generations[k]!
         })
@@ -120,7 +131,7 @@ export const make = (storage: QueueStorage["Service"], intervalMs: number) => {
         const key = keyOf(token)
         setProgress(key, progress, generation)
         return Effect.map(
-          storage.heartbeatMany([{ jobId: token.jobId, runLease: token.runLease, progress }]),
+          heartbeatOutsideTransaction(storage, [{ jobId: token.jobId, runLease: token.runLease, progress }]),
           () => {
             const entry = attempts.get(key)
             if (entry !== undefined && generation > entry.written) entry.written = generation

@@ -23,6 +23,7 @@ import { SqlClient } from "effect/sql"
 import * as HeartbeatCore from "./HeartbeatCore.ts"
 import * as PgQueueStorage from "./PgQueueStorage.ts"
 import { QueueStorage } from "./QueueStorage.ts"
+import * as ReadCommitted from "./ReadCommitted.ts"
 
 /** What the main thread hands over at spawn (all structured-cloneable). */
 export interface ThreadData {
@@ -86,7 +87,9 @@ const clientLayer = (c: ThreadConnection) =>
     ...(c.password === undefined ? {} : { password: Redacted.make(c.password) }),
     ...(c.connectTimeoutMs === undefined ? {} : { connectTimeout: c.connectTimeoutMs }),
     ...(c.keepAliveMs === undefined ? {} : { keepAlive: c.keepAliveMs }),
-    ...(c.startupParameters === undefined ? {} : { startupParameters: c.startupParameters }),
+    // our own connection: it starts at READ COMMITTED whatever the database's default, so its
+    // heartbeats need no retry in a transaction of their own (ReadCommitted.ts, migration 0027)
+    startupParameters: { ...c.startupParameters, ...ReadCommitted.readCommittedStartup },
     ...(c.startupOptions === undefined ? {} : { startupOptions: c.startupOptions }),
     applicationName: c.applicationName,
     maxConnections: 1

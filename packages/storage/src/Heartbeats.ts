@@ -335,7 +335,7 @@ const startThread = (
       for (const a of held.values())
         if (now - a.heldAt >= options.intervalMs / 2) due.push({ jobId: a.jobId, runLease: a.runLease })
       for (let i = 0; i < due.length; i += 500) {
-        const notOpen = yield* storage.heartbeatMany(due.slice(i, i + 500))
+        const notOpen = yield* HeartbeatCore.heartbeatOutsideTransaction(storage, due.slice(i, i + 500))
         yield* Queue.offerAll(closed, notOpen)
       }
     })
@@ -388,7 +388,9 @@ const startThread = (
             post({ t: "progress", p: [[key, progress, generation]] })
             resume(
               Effect.asVoid(
-                storage.heartbeatMany([{ jobId: token.jobId, runLease: token.runLease, progress }])
+                HeartbeatCore.heartbeatOutsideTransaction(storage, [
+                  { jobId: token.jobId, runLease: token.runLease, progress }
+                ])
               )
             )
             return

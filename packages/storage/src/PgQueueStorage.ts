@@ -24,6 +24,7 @@ import {
   type JobState,
   limits,
   type NewJob,
+  type ReadCommittedRequired,
   UniqueConflict,
   UniqueKey,
   ValidationError
@@ -54,6 +55,7 @@ import {
   type RotateOutcome,
   type RotatePolicy
 } from "./QueueStorage.ts"
+import * as ReadCommitted from "./ReadCommitted.ts"
 import {
   checkBulkFilter,
   checkDlqLimit,
@@ -114,6 +116,10 @@ export interface PgQueueStorageOptions {
    */
   readonly pruneEndIdleBlockersAfterMs?: number | undefined
 }
+
+// Jobs (or DLQ entries) per transaction of a bulk action: a few hundred row writes and no per-job
+// lock, so the shared lock table never fills, whatever the size of the queue (migration 0027).
+const bulkBatch = 500
 
 // SQLSTATE the operator retries (retry_job, retry_from_dlq) raise for a unique conflict (DETAIL =
 // key, HINT = holder). The enqueue functions answer state 'duplicate' instead (migration 0018).
@@ -348,6 +354,8 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
   const sql = yield* SqlClient.SqlClient
   const schema = yield* Migrations.checkSchemaName(options.schema ?? Migrations.defaultSchema)
   const s = sql(schema)
+  // calls whose SQL functions need READ COMMITTED (migration 0027)
+  const rc = ReadCommitted.make(sql)
   const chunkSize = options.enqueueChunkSize ?? 5000
   const lockTimeoutMs = options.pruneLockTimeoutMs ?? 10
   // 0 would mean no lock_timeout: a queued ACCESS EXCLUSIVE request would stall every claimer.
@@ -541,7 +549,9 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
         claimed_at: Date
         deadline_at: Date | null
         progress: Record<string, unknown> | null
-      }>`SELECT * FROM ${s}.claim(${params.queue}, ${params.max}, ${params.deadlineMs}::bigint, ${params.agingIntervalMs}::bigint)`
+      }>`SELECT * FROM ${s}.claim(${params.queue}, ${params.max}, ${params.deadlineMs}::bigint, ${params.agingIntervalMs}::bigint)`.pipe(
+        (call) => rc("claim", call)
+      )
       return rows.map(
         (r): ClaimedJob => ({
           jobId: r.job_id,
@@ -568,8 +578,11 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
     Effect.gen(function* () {
       if (items.length === 0) return []
       yield* checkFinalizeItems(items)
-      const rows = yield* sql<{ ord: number; applied: boolean; state: JobState | null }>`
-        SELECT * FROM ${s}.finalize(${`[${items.map(outcomeJson).join(",")}]`}::jsonb)`
+      const rows = yield* rc(
+        "finalize",
+        sql<{ ord: number; applied: boolean; state: JobState | null }>`
+          SELECT * FROM ${s}.finalize(${`[${items.map(outcomeJson).join(",")}]`}::jsonb)`
+      )
       return rows.map(
         (row): FinalizeResult =>
           row.applied && row.state ? { _tag: "Applied", state: row.state } : { _tag: "Stale" }
@@ -583,8 +596,11 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
         (i) =>
           `{"job_id":${i.jobId},"run_lease":${i.runLease}${i.progress == null ? "" : `,"progress":${JSON.stringify(i.progress)}`}}`
       )
-      const rows = yield* sql<{ job_id: bigint; run_lease: bigint }>`
-        SELECT * FROM ${s}.heartbeat(${`[${json.join(",")}]`}::jsonb)`
+      const rows = yield* rc(
+        "heartbeat",
+        sql<{ job_id: bigint; run_lease: bigint }>`
+          SELECT * FROM ${s}.heartbeat(${`[${json.join(",")}]`}::jsonb)`
+      )
       return rows.map((r): AttemptToken => ({ jobId: r.job_id, runLease: r.run_lease }))
     })
 
@@ -593,14 +609,20 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
   // as "due jobs moved", and a refill of a parked lane is not one.
   const promoteDue = (limit: number) =>
     Effect.map(
-      sql<{ n: number; u: number }>`SELECT ${s}.promote(${limit}) AS n, ${s}.unpark(${limit}) AS u`,
+      rc(
+        "promote",
+        sql<{ n: number; u: number }>`SELECT ${s}.promote(${limit}) AS n, ${s}.unpark(${limit}) AS u`
+      ),
       (rows) => rows[0]?.n ?? 0
     )
 
   const rescue = (kind: "stale" | "deadline", stalenessMs: number, limit: number) =>
     Effect.map(
-      sql<{ job_id: bigint; run_lease: bigint; state: JobState }>`
-        SELECT * FROM ${s}.rescue(${kind}, ${stalenessMs}::bigint, ${limit})`,
+      rc(
+        "rescue",
+        sql<{ job_id: bigint; run_lease: bigint; state: JobState }>`
+          SELECT * FROM ${s}.rescue(${kind}, ${stalenessMs}::bigint, ${limit})`
+      ),
       (rows) =>
         rows.map(
           (r): RescuedAttempt => ({
@@ -614,7 +636,10 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
 
   const rotateRing = (ring: "queue" | "history", minAgeMs: number) =>
     Effect.map(
-      sql<{ outcome: RotateOutcome }>`SELECT ${s}.rotate(${ring}, ${minAgeMs}::bigint) AS outcome`,
+      rc(
+        "rotate",
+        sql<{ outcome: RotateOutcome }>`SELECT ${s}.rotate(${ring}, ${minAgeMs}::bigint) AS outcome`
+      ),
       (rows) => rows[0]!.outcome
     )
 
@@ -623,8 +648,11 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
     minRows <= 1
       ? rotateRing("queue", 0)
       : Effect.map(
-          sql<{ outcome: RotateOutcome }>`
-            SELECT ${s}.rotate_queue_when_due(${minRows}, ${maxAgeMs}::bigint) AS outcome`,
+          rc(
+            "rotate",
+            sql<{ outcome: RotateOutcome }>`
+              SELECT ${s}.rotate_queue_when_due(${minRows}, ${maxAgeMs}::bigint) AS outcome`
+          ),
           (rows) => rows[0]!.outcome
         )
 
@@ -642,6 +670,9 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
     r.forceLockTimeoutMs === undefined ? 0 : Math.min(5000, Math.max(1, Math.round(r.forceLockTimeoutMs)))
 
   const pruneCall = (fn: "prune_queue" | "prune_history", r: PruneParams) =>
+    rc(fn === "prune_queue" ? "prune" : "pruneHistory", pruneStatement(fn, r))
+
+  const pruneStatement = (fn: "prune_queue" | "prune_history", r: PruneParams) =>
     fn === "prune_queue"
       ? sql<{ outcome: string; generation: bigint | null; carried: number }>`
           SELECT outcome, generation, carried FROM ${s}.prune_queue(${lockTimeoutMs}, ${r.completedMs}::bigint,
@@ -654,7 +685,7 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
   // Keys of the rows a prune dropped are released after its truncate committed, in their own
   // transaction (migration 0021: not under the exclusive lock). Records left by a crash between
   // the two go with the next prune.
-  const releasePendingKeys = Effect.asVoid(sql`SELECT ${s}.release_pending_keys(100)`)
+  const releasePendingKeys = Effect.asVoid(rc("prune", sql`SELECT ${s}.release_pending_keys(100)`))
 
   // prune_queue answers 'Copied' (history rows copied ahead, migration 0013) or 'Parked' (a large
   // residue parked ahead, migration 0021) after committing work it did ahead of its exclusive
@@ -668,7 +699,7 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
       return pruneOutcome({ outcome: "Blocked:busy", generation: null, carried: 0 })
     }).pipe(
       Effect.tap(
-        (outcome): Effect.Effect<void, SqlError.SqlError> =>
+        (outcome): Effect.Effect<void, SqlError.SqlError | ReadCommittedRequired> =>
           outcome._tag === "Pruned" ? releasePendingKeys : Effect.void
       )
     )
@@ -676,8 +707,11 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
   // Ledger retention (migration 0017): rows below each ring's newest wrap, once a wrap has piled up.
   const trimLedgers = (batch: number) =>
     Effect.map(
-      sql<{ rotations: number; prunes: number; copies: number }>`
-        SELECT rotations, prunes, copies FROM ${s}.trim_ledgers(${batch})`,
+      rc(
+        "trimLedgers",
+        sql<{ rotations: number; prunes: number; copies: number }>`
+          SELECT rotations, prunes, copies FROM ${s}.trim_ledgers(${batch})`
+      ),
       (rows): LedgerTrim => ({
         deleted: rows.reduce((n, r) => n + r.rotations + r.prunes + r.copies, 0),
         more: rows.some((r) => r.rotations >= batch || r.prunes >= batch || r.copies >= batch)
@@ -715,9 +749,12 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
 
   const cancelJob = (id: bigint, reason: string) =>
     Effect.gen(function* () {
-      const [row] = yield* sql<{
-        result: string | null
-      }>`SELECT ${s}.cancel_job(${id}, ${reason.slice(0, maxErrorMessageLength)}) AS result`
+      const [row] = yield* rc(
+        "cancelJob",
+        sql<{
+          result: string | null
+        }>`SELECT ${s}.cancel_job(${id}, ${reason.slice(0, maxErrorMessageLength)}) AS result`
+      )
       if (row?.result == null) return yield* new JobNotFound({ jobId: id })
       if (row.result.startsWith("terminal:")) {
         return yield* new InvalidTransition({
@@ -731,15 +768,20 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
 
   const cancelByUniqueKey = (key: string, reason: string) =>
     Effect.map(
-      sql<{
-        id: bigint | null
-      }>`SELECT ${s}.cancel_by_unique_key(${key}, ${reason.slice(0, maxErrorMessageLength)}) AS id`,
+      rc(
+        "cancelByUniqueKey",
+        sql<{ id: bigint | null }>`
+          SELECT ${s}.cancel_by_unique_key(${key}, ${reason.slice(0, maxErrorMessageLength)}) AS id`
+      ),
       (rows) => Option.fromNullishOr(rows[0]?.id)
     )
 
   const retryJob = (id: bigint) =>
     Effect.gen(function* () {
-      const [row] = yield* sql<{ result: string | null }>`SELECT ${s}.retry_job_or_dlq(${id}) AS result`
+      const [row] = yield* rc(
+        "retryJob",
+        sql<{ result: string | null }>`SELECT ${s}.retry_job_or_dlq(${id}) AS result`
+      )
       if (row?.result == null) return yield* new JobNotFound({ jobId: id })
       if (row.result !== "available")
         return yield* new InvalidTransition({ jobId: id, from: row.result, action: "retry" })
@@ -829,9 +871,12 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
       ) {
         return yield* new ValidationError({ field: "runAt", reason: "must be a valid Date" })
       }
-      const [row] = yield* sql<{ result: string | null }>`
-        SELECT ${s}.retry_from_dlq(${id}, ${overrides.queue ?? null}::text, ${overrides.priority ?? null}::int,
-                                   ${overrides.runAt ?? null}::timestamptz) AS result`
+      const [row] = yield* rc(
+        "retryFromDlq",
+        sql<{ result: string | null }>`
+          SELECT ${s}.retry_from_dlq(${id}, ${overrides.queue ?? null}::text, ${overrides.priority ?? null}::int,
+                                     ${overrides.runAt ?? null}::timestamptz) AS result`
+      )
       if (row?.result == null) return yield* new JobNotFound({ jobId: id })
       return yield* getJob(id)
     }).pipe(mapUniqueConflict)
@@ -846,6 +891,9 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
       if (rows.length === 0) return yield* new JobNotFound({ jobId: id })
     })
 
+  // Bulk DLQ actions in batches of `bulkBatch` entries, each its own transaction (unless the
+  // caller's transaction holds them all): no lock is held across batches (migration 0027). The
+  // cursor (last id looked at) passes entries a batch left in the DLQ (a unique conflict).
   const dlqBulk = (
     action: "retry" | "purge",
     filter: DlqFilter,
@@ -853,23 +901,53 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
   ) =>
     Effect.gen(function* () {
       yield* checkBulkFilter(action === "retry" ? "retryDlqBulk" : "purgeDlqBulk", filter, options)
-      const [row] = yield* sql<{ n: number }>`SELECT ${s}.dlq_bulk(${action}, ${dlqFilterArgs(filter)}) AS n`
-      return row?.n ?? 0
+      const operation = action === "retry" ? "retryDlqBulk" : "purgeDlqBulk"
+      let after = 0n
+      let total = 0
+      for (;;) {
+        const [row] = yield* rc(
+          operation,
+          action === "retry"
+            ? sql<{ n: number; last: bigint | null }>`
+                SELECT retried AS n, last_job_id AS last
+                FROM ${s}.dlq_retry_batch(${dlqFilterArgs(filter)}, ${after}::bigint, ${bulkBatch})`
+            : sql<{ n: number; last: bigint | null }>`
+                SELECT purged AS n, last_job_id AS last
+                FROM ${s}.dlq_purge_batch(${dlqFilterArgs(filter)}, ${after}::bigint, ${bulkBatch})`
+        )
+        if (row?.last == null) return total
+        total += row.n
+        after = row.last
+      }
     })
 
   const cleanupDlq = (defaultRetentionMs: number, batch: number) =>
     Effect.map(
-      sql<{ n: number }>`SELECT ${s}.cleanup_dlq(${defaultRetentionMs}::bigint, ${batch}) AS n`,
+      rc(
+        "cleanupDlq",
+        sql<{ n: number }>`SELECT ${s}.cleanup_dlq(${defaultRetentionMs}::bigint, ${batch}) AS n`
+      ),
       (rows) => rows[0]?.n ?? 0
     )
 
+  // In batches of `bulkBatch` jobs, each its own transaction (unless the caller's transaction holds
+  // them all): no per-job lock, and the queue's lanes are locked one batch at a time (0027). Only
+  // jobs that exist when the drain starts: a producer cannot keep it going.
   const drainQueue = (queue: string, reason: string) =>
     Effect.gen(function* () {
       yield* checkQueueName(queue)
-      const [row] = yield* sql<{
-        n: number
-      }>`SELECT ${s}.drain_queue(${queue}, ${reason.slice(0, maxErrorMessageLength)}) AS n`
-      return row?.n ?? 0
+      const [ceiling] = yield* sql<{ id: bigint }>`SELECT last_value AS id FROM ${s}.job_id_seq`
+      let total = 0
+      for (;;) {
+        const [row] = yield* rc(
+          "drainQueue",
+          sql<{ n: number }>`
+            SELECT ${s}.drain_queue_batch(${queue}, ${reason.slice(0, maxErrorMessageLength)}, ${bulkBatch},
+                                          ${ceiling!.id}::bigint) AS n`
+        )
+        if (!row || row.n === 0) return total
+        total += row.n
+      }
     })
 
   return QueueStorage.of({

@@ -18,6 +18,7 @@ import type {
   JobNotFound,
   JobState,
   NewJob,
+  ReadCommittedRequired,
   UniqueConflict,
   UnsafeBulkFilter,
   ValidationError
@@ -287,38 +288,49 @@ export class QueueStorage extends Context.Service<
     /** Claims up to `max` jobs of one queue in one round trip; empty when paused or idle. */
     readonly claim: (
       params: ClaimParams
-    ) => Effect.Effect<ReadonlyArray<ClaimedJob>, ValidationError | SqlError.SqlError>
+    ) => Effect.Effect<ReadonlyArray<ClaimedJob>, ValidationError | ReadCommittedRequired | SqlError.SqlError>
     /** Finalizes attempts in one transaction; one result per item, in order. */
     readonly finalizeMany: (
       items: ReadonlyArray<FinalizeItem>
-    ) => Effect.Effect<ReadonlyArray<FinalizeResult>, ValidationError | SqlError.SqlError>
+    ) => Effect.Effect<
+      ReadonlyArray<FinalizeResult>,
+      ValidationError | ReadCommittedRequired | SqlError.SqlError
+    >
     /** Records liveness (and progress) for open attempts; returns the tokens that are no longer open. */
     readonly heartbeatMany: (
       items: ReadonlyArray<HeartbeatItem>
-    ) => Effect.Effect<ReadonlyArray<AttemptToken>, SqlError.SqlError>
+    ) => Effect.Effect<ReadonlyArray<AttemptToken>, ReadCommittedRequired | SqlError.SqlError>
     /** Moves due scheduled/retryable jobs to their lanes; returns how many moved. */
-    readonly promoteDue: (limit: number) => Effect.Effect<number, SqlError.SqlError>
+    readonly promoteDue: (limit: number) => Effect.Effect<number, ReadCommittedRequired | SqlError.SqlError>
     readonly rescueStale: (
       params: RescueParams
-    ) => Effect.Effect<ReadonlyArray<RescuedAttempt>, SqlError.SqlError>
+    ) => Effect.Effect<ReadonlyArray<RescuedAttempt>, ReadCommittedRequired | SqlError.SqlError>
     readonly rescueDeadlines: (
       limit: number
-    ) => Effect.Effect<ReadonlyArray<RescuedAttempt>, SqlError.SqlError>
+    ) => Effect.Effect<ReadonlyArray<RescuedAttempt>, ReadCommittedRequired | SqlError.SqlError>
     /** Rotates the queue ring when due by the storage layer's policy. */
-    readonly rotate: Effect.Effect<RotateOutcome, SqlError.SqlError>
+    readonly rotate: Effect.Effect<RotateOutcome, ReadCommittedRequired | SqlError.SqlError>
     /** Rotates the queue ring when due by `policy` (unset fields: the layer's policy). */
     readonly rotateWhenDue: (
       policy: RotatePolicy
-    ) => Effect.Effect<RotateOutcome, ValidationError | SqlError.SqlError>
-    readonly prune: (params: PruneParams) => Effect.Effect<PruneOutcome, ValidationError | SqlError.SqlError>
-    readonly rotateHistory: (intervalMs: number) => Effect.Effect<RotateOutcome, SqlError.SqlError>
-    readonly pruneHistory: (retention: RetentionParams) => Effect.Effect<PruneOutcome, SqlError.SqlError>
+    ) => Effect.Effect<RotateOutcome, ValidationError | ReadCommittedRequired | SqlError.SqlError>
+    readonly prune: (
+      params: PruneParams
+    ) => Effect.Effect<PruneOutcome, ValidationError | ReadCommittedRequired | SqlError.SqlError>
+    readonly rotateHistory: (
+      intervalMs: number
+    ) => Effect.Effect<RotateOutcome, ReadCommittedRequired | SqlError.SqlError>
+    readonly pruneHistory: (
+      retention: RetentionParams
+    ) => Effect.Effect<PruneOutcome, ReadCommittedRequired | SqlError.SqlError>
     /**
      * Deletes ring-ledger rows no reader needs any more (below each ring's newest wrap), at most
      * `batch` per ledger and ring, once a whole wrap has piled up; lifetime prune totals are
      * carried, not lost (migration 0017).
      */
-    readonly trimLedgers: (batch: number) => Effect.Effect<LedgerTrim, SqlError.SqlError>
+    readonly trimLedgers: (
+      batch: number
+    ) => Effect.Effect<LedgerTrim, ReadCommittedRequired | SqlError.SqlError>
     readonly getJob: (id: JobId) => Effect.Effect<JobView, JobNotFound | SqlError.SqlError>
     readonly listJobs: (
       filter: ListFilter
@@ -328,7 +340,7 @@ export class QueueStorage extends Context.Service<
     readonly cancelJob: (
       id: JobId,
       reason: string
-    ) => Effect.Effect<JobView, JobNotFound | InvalidTransition | SqlError.SqlError>
+    ) => Effect.Effect<JobView, JobNotFound | InvalidTransition | ReadCommittedRequired | SqlError.SqlError>
     /**
      * Cancels the live job holding a unique key (hex), if any; returns its id. A key held by a
      * terminal job (e.g. completed, still in history) cancels nothing.
@@ -336,11 +348,14 @@ export class QueueStorage extends Context.Service<
     readonly cancelByUniqueKey: (
       key: string,
       reason: string
-    ) => Effect.Effect<Option.Option<JobId>, SqlError.SqlError>
+    ) => Effect.Effect<Option.Option<JobId>, ReadCommittedRequired | SqlError.SqlError>
     /** Makes a failed or cancelled job available again (attempt 0, run lease unchanged). */
     readonly retryJob: (
       id: JobId
-    ) => Effect.Effect<JobView, JobNotFound | InvalidTransition | UniqueConflict | SqlError.SqlError>
+    ) => Effect.Effect<
+      JobView,
+      JobNotFound | InvalidTransition | UniqueConflict | ReadCommittedRequired | SqlError.SqlError
+    >
     readonly pauseQueue: (queue: string) => Effect.Effect<void, ValidationError | SqlError.SqlError>
     readonly resumeQueue: (queue: string) => Effect.Effect<void, ValidationError | SqlError.SqlError>
     readonly status: Effect.Effect<StorageStatus, SqlError.SqlError>
@@ -363,27 +378,42 @@ export class QueueStorage extends Context.Service<
     readonly retryFromDlq: (
       id: JobId,
       overrides?: DlqRetryOverrides
-    ) => Effect.Effect<JobView, JobNotFound | UniqueConflict | ValidationError | SqlError.SqlError>
+    ) => Effect.Effect<
+      JobView,
+      JobNotFound | UniqueConflict | ValidationError | ReadCommittedRequired | SqlError.SqlError
+    >
     readonly purgeDlq: (id: JobId) => Effect.Effect<void, JobNotFound | SqlError.SqlError>
-    /** Retries every entry matching the filter; an empty filter needs `all: true`. Returns how many. */
+    /**
+     * Retries every entry matching the filter; an empty filter needs `all: true`. Returns how many.
+     * In batches of 500, each its own transaction (inside the caller's transaction: all in it); an
+     * entry whose unique key another job holds stays in the DLQ (migration 0027).
+     */
     readonly retryDlqBulk: (
       filter: DlqFilter,
       options?: { readonly all?: boolean | undefined }
-    ) => Effect.Effect<number, UnsafeBulkFilter | ValidationError | SqlError.SqlError>
-    /** Purges every entry matching the filter; an empty filter needs `all: true`. Returns how many. */
+    ) => Effect.Effect<number, UnsafeBulkFilter | ValidationError | ReadCommittedRequired | SqlError.SqlError>
+    /**
+     * Purges every entry matching the filter; an empty filter needs `all: true`. Returns how many.
+     * In batches of 500, each its own transaction (migration 0027).
+     */
     readonly purgeDlqBulk: (
       filter: DlqFilter,
       options?: { readonly all?: boolean | undefined }
-    ) => Effect.Effect<number, UnsafeBulkFilter | ValidationError | SqlError.SqlError>
+    ) => Effect.Effect<number, UnsafeBulkFilter | ValidationError | ReadCommittedRequired | SqlError.SqlError>
     /** Deletes up to `batch` entries older than their queue's retention (else `defaultRetentionMs`). */
     readonly cleanupDlq: (
       defaultRetentionMs: number,
       batch: number
-    ) => Effect.Effect<number, SqlError.SqlError>
-    /** Cancels every job of the queue that is not running yet (available, scheduled, retryable). */
+    ) => Effect.Effect<number, ReadCommittedRequired | SqlError.SqlError>
+    /**
+     * Cancels every job of the queue that is not running yet (available, parked, scheduled,
+     * retryable) and existed when the call started. In batches of 500, each its own transaction
+     * (inside the caller's transaction: all in it), with no lane locked between batches: not
+     * atomic, a claim may take a job between two batches (migration 0027).
+     */
     readonly drainQueue: (
       queue: string,
       reason: string
-    ) => Effect.Effect<number, ValidationError | SqlError.SqlError>
+    ) => Effect.Effect<number, ValidationError | ReadCommittedRequired | SqlError.SqlError>
   }
 >()("@awa/storage/QueueStorage") {}

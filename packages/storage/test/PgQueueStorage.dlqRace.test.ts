@@ -33,14 +33,26 @@ const untilAdvisoryWaiter = Effect.gen(function* () {
   }
 })
 
+/** Until some session waits for a row lock (the transaction id of the row's locker). */
+const untilRowLockWaiter = Effect.gen(function* () {
+  const sql = yield* SqlClient.SqlClient
+  for (;;) {
+    const [row] = yield* sql<{ n: number }>`
+      SELECT count(*)::int AS n FROM pg_locks WHERE locktype IN ('transactionid', 'tuple') AND NOT granted`
+    if (row!.n > 0) return
+    yield* Effect.sleep("5 millis")
+  }
+})
+
 /**
- * Runs `body` while another session holds the transaction-scoped advisory lock `lockSql` (an
- * expression); `whileHeld` runs after the lock is granted, and the holder commits when it ends,
- * after running `beforeCommit` (SQL) in its transaction, if given.
+ * Runs `body` while another session holds a lock: the transaction-scoped advisory lock `lockSql`
+ * (an expression), or whatever `{ statement }` takes; `whileHeld` runs after the lock is granted,
+ * and the holder commits when it ends, after running `beforeCommit` (SQL) in its transaction, if
+ * given.
  */
 const holding = <A, E, R>(
   url: string,
-  lockSql: string,
+  lockSql: string | { readonly statement: string },
   whileHeld: Effect.Effect<A, E, R>,
   beforeCommit?: string
 ) =>
@@ -51,7 +63,9 @@ const holding = <A, E, R>(
       const sql = yield* SqlClient.SqlClient
       yield* sql.withTransaction(
         Effect.gen(function* () {
-          yield* sql.unsafe(`SELECT pg_advisory_xact_lock(${lockSql})`)
+          yield* sql.unsafe(
+            typeof lockSql === "string" ? `SELECT pg_advisory_xact_lock(${lockSql})` : lockSql.statement
+          )
           yield* Deferred.succeed(held, undefined)
           yield* Deferred.await(release)
           if (beforeCommit !== undefined) yield* sql.unsafe(beforeCommit)
@@ -254,14 +268,17 @@ describe("PgQueueStorage: DLQ retry, batches and rescue under races (issue 14, p
           yield* Deferred.await(started)
           yield* holding(
             url,
-            `awa.attempt_key(${c!.jobId}::bigint, ${c!.runLease}::bigint)`,
+            // the attempt's claims row: its lock since migration 0028 (finalize, heartbeat)
+            {
+              statement: `SELECT 1 FROM awa.claims WHERE job_id = ${c!.jobId} AND run_lease = ${c!.runLease} FOR NO KEY UPDATE`
+            },
             Effect.gen(function* () {
-              // the rescue scans and then waits in finalize for the attempt lock
+              // the rescue scans and then waits in finalize for the attempt's row
               yield* Deferred.succeed(go, undefined)
-              yield* untilAdvisoryWaiter
+              yield* untilRowLockWaiter
             }),
             // the worker's heartbeat commits first, newer than the rescue's cutoff (the holder's
-            // transaction started after the rescuer's; heartbeat re-enters the held lock)
+            // transaction started after the rescuer's; heartbeat re-takes the row lock it holds)
             `SELECT * FROM awa.heartbeat('[{"job_id":${c!.jobId},"run_lease":${c!.runLease}}]'::jsonb)`
           )
           assert.deepStrictEqual(yield* Fiber.join(rescuer), [])
