@@ -45,6 +45,16 @@ const waitsFor = <A, E>(claim: Fiber.Fiber<A, E>) =>
     )
   )
 
+/** `storage`'s claim of `queue` (with a session of its own provided), forked, once it waits for another transaction's key. */
+const claimWaitingForKey = (storage: QueueStorage["Service"], url: string, queue: string) =>
+  Effect.gen(function* () {
+    const claim = yield* storage
+      .claim(claimOf(queue, 1))
+      .pipe(Effect.provide(session(url, 1)), Effect.forkChild)
+    yield* waitsFor(claim)
+    return claim
+  })
+
 class Rollback {
   readonly _tag = "Rollback"
 }
@@ -105,18 +115,7 @@ describe("PgQueueStorage: a unique key taken at claim, racing another queue's cl
           const [a] = yield* storage.enqueueMany([job(qa, args)])
           const [b] = yield* storage.enqueueMany([job(qb, args)])
           const [c] = yield* storage.enqueueMany([{ kind: "claim_key", queue: qb, args: { plain: true } }])
-          const { first, out } = yield* claimHeldOpen(
-            url,
-            qa,
-            "commit",
-            Effect.gen(function* () {
-              const second = yield* storage
-                .claim(claimOf(qb, 1))
-                .pipe(Effect.provide(session(url, 1)), Effect.forkChild)
-              yield* waitsFor(second)
-              return second
-            })
-          )
+          const { first, out } = yield* claimHeldOpen(url, qa, "commit", claimWaitingForKey(storage, url, qb))
           assert.deepStrictEqual(first, [a!.id])
           // b lost its key to a, which committed after b's claim began: superseded, and the claim
           // went on to the next job of its lane
@@ -149,13 +148,7 @@ describe("PgQueueStorage: a unique key taken at claim, racing another queue's cl
             url,
             qa,
             "rollback",
-            Effect.gen(function* () {
-              const second = yield* storage
-                .claim(claimOf(qb, 1))
-                .pipe(Effect.provide(session(url, 1)), Effect.forkChild)
-              yield* waitsFor(second)
-              return second
-            })
+            claimWaitingForKey(storage, url, qb)
           )
           assert.deepStrictEqual(first, [a!.id])
           const second = yield* Fiber.join(out)

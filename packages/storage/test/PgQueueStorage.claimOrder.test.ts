@@ -27,6 +27,13 @@ const someoneWaits = Effect.flatMap(
     sql<{ n: number }>`SELECT count(*)::int AS n FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`
 ).pipe(Effect.map(([row]) => row!.n > 0))
 
+/** Waits until `claimer` queues behind a held lane (with 0025) or has come back (without it). */
+const queuedOrDone = <A, E>(claimer: Fiber.Fiber<A, E>) =>
+  Effect.gen(function* () {
+    if (claimer.pollUnsafe() !== undefined) return
+    if (!(yield* someoneWaits)) return yield* Effect.fail("not yet" as const)
+  }).pipe(Effect.retry(Schedule.spaced("5 millis")))
+
 describe("claim order between lanes", () => {
   it.live(
     "a claimer waits for the best-ranked lane held by another claimer rather than take a worse one",
@@ -44,11 +51,7 @@ describe("claim order between lanes", () => {
           const claimer = yield* storage
             .claim(claimOf(q, 2))
             .pipe(Effect.forkChild({ startImmediately: true }))
-          // Wait for the claimer to queue behind the lane (with the fix), or to come back (without it).
-          yield* Effect.gen(function* () {
-            if (claimer.pollUnsafe() !== undefined) return
-            if (!(yield* someoneWaits)) return yield* Effect.fail("not yet" as const)
-          }).pipe(Effect.retry(Schedule.spaced("5 millis")))
+          yield* queuedOrDone(claimer)
           yield* Deferred.succeed(release, undefined)
           yield* Fiber.join(holder)
           const claimed = yield* Fiber.join(claimer)
@@ -74,10 +77,7 @@ describe("claim order between lanes", () => {
         const release = yield* Deferred.make<void>()
         const holder = yield* holdLane(url, q, 1, release)
         const claimer = yield* storage.claim(claimOf(q, 4)).pipe(Effect.forkChild({ startImmediately: true }))
-        yield* Effect.gen(function* () {
-          if (claimer.pollUnsafe() !== undefined) return
-          if (!(yield* someoneWaits)) return yield* Effect.fail("not yet" as const)
-        }).pipe(Effect.retry(Schedule.spaced("5 millis")))
+        yield* queuedOrDone(claimer)
         yield* Deferred.succeed(release, undefined)
         yield* Fiber.join(holder)
         const claimed = yield* Fiber.join(claimer)
