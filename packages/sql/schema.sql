@@ -746,6 +746,10 @@ CREATE OR REPLACE FUNCTION awa.claim(p_queue text, p_max integer, p_deadline_ms 
  SET plan_cache_mode TO 'force_generic_plan'
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET enable_bitmapscan TO 'off'
+ SET enable_hashjoin TO 'off'
+ SET enable_mergejoin TO 'off'
+ SET enable_material TO 'off'
 AS $function$
 #variable_conflict use_column
 DECLARE
