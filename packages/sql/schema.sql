@@ -2236,10 +2236,15 @@ BEGIN
   FOR NO KEY UPDATE OF c;
   RETURN QUERY
   WITH items AS (
+    -- 0029: one probe per item into claims and closures (LATERAL ... LIMIT 1 cannot become a
+    -- hashed subplan, which read every claims and closures row once the statistics were large)
     SELECT DISTINCT ON (x.job_id, x.run_lease) x.job_id, x.run_lease, x.progress,
-           EXISTS (SELECT 1 FROM claims c WHERE c.job_id = x.job_id AND c.run_lease = x.run_lease)
-           AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.job_id = x.job_id AND z.run_lease = x.run_lease) AS open
+           c.found IS NOT NULL AND z.found IS NULL AS open -- 0029
     FROM jsonb_to_recordset(p_items) AS x(job_id bigint, run_lease bigint, progress jsonb)
+    LEFT JOIN LATERAL (SELECT true AS found FROM claims c -- 0029
+                       WHERE c.job_id = x.job_id AND c.run_lease = x.run_lease LIMIT 1) c ON true
+    LEFT JOIN LATERAL (SELECT true AS found FROM closures z -- 0029
+                       WHERE z.job_id = x.job_id AND z.run_lease = x.run_lease LIMIT 1) z ON true
     ORDER BY x.job_id, x.run_lease
   ),
   up AS (
