@@ -47,63 +47,76 @@ const assertBounded = (what: string, reads: Reads, bound: number) => {
 }
 
 describe("hot-path plans after ANALYZE of large ring tables", () => {
-  it.live("claim of several lanes, finalize and heartbeat read in proportion to their batch", () =>
-    withEagerDatabase({}, () =>
-      Effect.gen(function* () {
-        const storage = yield* QueueStorage
-        const sql = yield* SqlClient.SqlClient
-        const q = fresh("plans")
-        // 4,000 queued in three lanes (priorities 1-3), then 2,000 claimed and finalized: large
-        // ready, claims, closures and terminal children for ANALYZE to see
-        for (const priority of [1, 2, 3])
-          yield* storage.enqueueMany(
-            Array.from({ length: priority === 2 ? 2000 : 1000 }, (_, n) => ({
-              kind: "k",
-              queue: q,
-              priority,
-              args: { n }
-            }))
-          )
-        for (let i = 0; i < 4; i++) {
-          const batch = yield* storage.claim(claimOf(q, 500))
-          yield* storage.finalizeMany(
-            batch.map((c) => ({
-              jobId: c.jobId,
-              runLease: c.runLease,
-              outcome: { _tag: "Complete" as const }
-            }))
-          )
-        }
-        yield* sql`ANALYZE awa.ready`
-        yield* sql`ANALYZE awa.claims`
-        yield* sql`ANALYZE awa.closures`
-        yield* sql`ANALYZE awa.terminal`
-        yield* sql`ANALYZE awa.claim_marks`
+  it.live(
+    "claim of several lanes, heartbeat, finalize, rescue and promote read in proportion to their batch",
+    () =>
+      withEagerDatabase({}, () =>
+        Effect.gen(function* () {
+          const storage = yield* QueueStorage
+          const sql = yield* SqlClient.SqlClient
+          const q = fresh("plans")
+          // 4,000 queued in three lanes (priorities 1-3), then 2,000 claimed and finalized: large
+          // ready, claims, closures and terminal children for ANALYZE to see
+          for (const priority of [1, 2, 3])
+            yield* storage.enqueueMany(
+              Array.from({ length: priority === 2 ? 2000 : 1000 }, (_, n) => ({
+                kind: "k",
+                queue: q,
+                priority,
+                args: { n }
+              }))
+            )
+          for (let i = 0; i < 4; i++) {
+            const batch = yield* storage.claim(claimOf(q, 500))
+            yield* storage.finalizeMany(
+              batch.map((c) => ({
+                jobId: c.jobId,
+                runLease: c.runLease,
+                outcome: { _tag: "Complete" as const }
+              }))
+            )
+          }
+          yield* sql`ANALYZE awa.ready`
+          yield* sql`ANALYZE awa.claims`
+          yield* sql`ANALYZE awa.closures`
+          yield* sql`ANALYZE awa.terminal`
+          yield* sql`ANALYZE awa.claim_marks`
 
-        const { result: claimed, reads: claimReads } = yield* readsOf(storage.claim(claimOf(q, 5)))
-        assert.strictEqual(claimed.length, 5)
-        assertBounded("claim(5) of 3 lanes", claimReads, 100)
+          const { result: claimed, reads: claimReads } = yield* readsOf(storage.claim(claimOf(q, 5)))
+          assert.strictEqual(claimed.length, 5)
+          assertBounded("claim(5) of 3 lanes", claimReads, 100)
 
-        const { reads: heartbeatReads } = yield* readsOf(
-          storage.heartbeatMany(claimed.map((c) => ({ jobId: c.jobId, runLease: c.runLease })))
-        )
-        assertBounded("heartbeat(5)", heartbeatReads, 100)
-
-        const { result: finalized, reads: finalizeReads } = yield* readsOf(
-          storage.finalizeMany(
-            claimed.map((c) => ({
-              jobId: c.jobId,
-              runLease: c.runLease,
-              outcome: { _tag: "Complete" as const }
-            }))
+          const { reads: heartbeatReads } = yield* readsOf(
+            storage.heartbeatMany(claimed.map((c) => ({ jobId: c.jobId, runLease: c.runLease })))
           )
-        )
-        assert.deepStrictEqual(
-          finalized.map((f) => f._tag),
-          ["Applied", "Applied", "Applied", "Applied", "Applied"]
-        )
-        assertBounded("finalize(5)", finalizeReads, 100)
-      })
-    )
+          assertBounded("heartbeat(5)", heartbeatReads, 100)
+
+          const { result: finalized, reads: finalizeReads } = yield* readsOf(
+            storage.finalizeMany(
+              claimed.map((c) => ({
+                jobId: c.jobId,
+                runLease: c.runLease,
+                outcome: { _tag: "Complete" as const }
+              }))
+            )
+          )
+          assert.deepStrictEqual(
+            finalized.map((f) => f._tag),
+            ["Applied", "Applied", "Applied", "Applied", "Applied"]
+          )
+          assertBounded("finalize(5)", finalizeReads, 100)
+
+          // the leader's periodic reads: nothing stale, nothing past its deadline, nothing due
+          const { result: stale, reads: staleReads } = yield* readsOf(
+            storage.rescueStale({ stalenessMs: 3_600_000, limit: 500 })
+          )
+          assert.strictEqual(stale.length, 0)
+          assertBounded("rescue of stale attempts", staleReads, 100)
+          const { reads: deadlineReads } = yield* readsOf(storage.rescueDeadlines(500))
+          assertBounded("rescue of deadlines", deadlineReads, 100)
+          const { reads: promoteReads } = yield* readsOf(storage.promoteDue(500))
+          assertBounded("promote", promoteReads, 100)
+        })
+      )
   )
 })
