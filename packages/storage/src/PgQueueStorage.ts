@@ -40,6 +40,7 @@ import {
   type DlqFilter,
   type DlqRetryOverrides,
   type EnqueuedJob,
+  type FinalizedCounts,
   type FinalizeItem,
   type FinalizeResult,
   type HeartbeatItem,
@@ -50,6 +51,8 @@ import {
   type PruneParams,
   type QueueSettings,
   type QueueStateCount,
+  type QueueStatsOptions,
+  type QueueStatsReport,
   QueueStorage,
   type RescuedAttempt,
   type RotateOutcome,
@@ -62,12 +65,15 @@ import {
   checkFinalizeItems,
   checkInteger,
   checkListLimit,
+  checkStatsWindow,
   maxClaimBatch,
   maxDlqRetentionMs,
   maxErrorMessageLength,
   pruneCarryAfterMsRange,
   rotateMaxAgeMsRange,
-  rotateMinRowsRange
+  rotateMinRowsRange,
+  statsStaleness,
+  statsWindowMsRange
 } from "./StorageChecks.ts"
 import { wakeChannel } from "./StorageSignals.ts"
 
@@ -747,6 +753,27 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
     (rows) => rows.map((r): QueueStateCount => ({ queue: r.queue, state: r.state, count: Number(r.count) }))
   )
 
+  // queue_stats (migration 0030): one statement, one snapshot. The exact variant adds the stored
+  // terminal counts from the jobs view (a scan of every stored job) in a second statement: at
+  // READ COMMITTED its snapshot is a few ms later (a job finalized in between shows in `stored`
+  // and not yet in `finalizedTotal`).
+  const queueStats = (options: QueueStatsOptions = {}) =>
+    Effect.gen(function* () {
+      yield* checkStatsWindow(options.windowMs)
+      const windowMs = options.windowMs ?? statsWindowMsRange.default
+      const exact = options.exact === true
+      const rows = yield* sql<QueueStatsRow>`SELECT * FROM ${s}.queue_stats(${windowMs})`
+      const stored = exact
+        ? yield* sql<{ queue: string; state: string; count: bigint }>`
+              SELECT queue, state, count(*) AS count FROM ${s}.jobs
+              WHERE state IN ('completed', 'failed', 'cancelled') AND dlq_reason IS NULL
+              GROUP BY queue, state`
+        : []
+      const now =
+        rows.length === 0 ? (yield* sql<{ now: Date }>`SELECT now() AS now`)[0]!.now : rows[0]!.as_of
+      return toQueueStatsReport(rows, stored, exact, now, windowMs)
+    })
+
   const cancelJob = (id: bigint, reason: string) =>
     Effect.gen(function* () {
       const [row] = yield* rc(
@@ -978,6 +1005,7 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
     getJob,
     listJobs,
     countByQueueState,
+    queueStats,
     cancelJob,
     cancelByUniqueKey,
     retryJob,
@@ -996,6 +1024,68 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
     status
   })
 })
+
+interface QueueStatsRow {
+  readonly queue: string
+  readonly paused: boolean
+  readonly available: bigint
+  readonly running: bigint
+  readonly scheduled: bigint
+  readonly retryable: bigint
+  readonly dead_lettered: bigint
+  readonly oldest_available_at: Date | null
+  readonly completed_total: bigint
+  readonly failed_total: bigint
+  readonly cancelled_total: bigint
+  readonly recent_completed: bigint
+  readonly recent_failed: bigint
+  readonly recent_cancelled: bigint
+  readonly window_start: Date
+  readonly as_of: Date
+}
+
+/** queue_stats rows (and, exact, stored terminal counts) as the report. */
+const toQueueStatsReport = (
+  rows: ReadonlyArray<QueueStatsRow>,
+  stored: ReadonlyArray<{ readonly queue: string; readonly state: string; readonly count: bigint }>,
+  exact: boolean,
+  now: Date,
+  windowMs: number
+): QueueStatsReport => {
+  const storedOf = (queue: string): FinalizedCounts => {
+    const of = (state: string) =>
+      Number(stored.find((x) => x.queue === queue && x.state === state)?.count ?? 0n)
+    return { completed: of("completed"), failed: of("failed"), cancelled: of("cancelled") }
+  }
+  const first = rows[0]
+  return {
+    asOf: first?.as_of ?? now,
+    exact,
+    windowStart: first?.window_start ?? new Date(now.getTime() - windowMs),
+    staleness: statsStaleness,
+    queues: rows.map((r) => ({
+      queue: r.queue,
+      paused: r.paused,
+      available: Number(r.available),
+      running: Number(r.running),
+      scheduled: Number(r.scheduled),
+      retryable: Number(r.retryable),
+      deadLettered: Number(r.dead_lettered),
+      oldestAvailableAt: r.oldest_available_at,
+      finalizedTotal: {
+        completed: Number(r.completed_total),
+        failed: Number(r.failed_total),
+        cancelled: Number(r.cancelled_total)
+      },
+      recent: {
+        completed: Number(r.recent_completed),
+        failed: Number(r.recent_failed),
+        cancelled: Number(r.recent_cancelled)
+      },
+      stored: exact ? storedOf(r.queue) : null
+    }))
+  }
+}
 
 /** The Postgres storage layer; needs the application's `SqlClient` (`@effect/sql-pg`). */
 export const layer = (options: PgQueueStorageOptions = {}) => Layer.effect(QueueStorage, make(options))

@@ -276,6 +276,66 @@ export interface StorageStatus {
   readonly historyGeneration: bigint
 }
 
+/** Finalizations of one queue, by outcome. */
+export interface FinalizedCounts {
+  readonly completed: number
+  readonly failed: number
+  readonly cancelled: number
+}
+
+/**
+ * One queue's statistics (issue 18; docs/adr/0024-operator-surface.md). The open-work counts are
+ * exact at the report's `asOf`; they cost the queue's live work (backlog, open attempts, deferred
+ * and dead-lettered jobs), never its finished history.
+ */
+export interface QueueStats {
+  readonly queue: string
+  readonly paused: boolean
+  /** Claimable now (parked jobs included). */
+  readonly available: number
+  /** Open attempts. */
+  readonly running: number
+  readonly scheduled: number
+  readonly retryable: number
+  /** Held in the dead letter queue (their state reads `failed`). */
+  readonly deadLettered: number
+  /** `runAt` of the oldest available job (the lane heads); `null` when none is available. */
+  readonly oldestAvailableAt: Date | null
+  /** Jobs finalized since install (retried ones too; dead-lettered ones count in `deadLettered`). */
+  readonly finalizedTotal: FinalizedCounts
+  /** Jobs finalized since the report's `windowStart`. */
+  readonly recent: FinalizedCounts
+  /**
+   * Terminal jobs still stored (history kept for its retention): only in an exact report
+   * (`exact: true`), which counts every stored row; `null` otherwise.
+   */
+  readonly stored: FinalizedCounts | null
+}
+
+export interface QueueStatsOptions {
+  /** Span of `recent`, in ms (1,000–86,400,000; default 300,000). */
+  readonly windowMs?: number | undefined
+  /** Also count stored terminal jobs (`stored`): a scan of every stored job, slow on a large history. */
+  readonly exact?: boolean | undefined
+}
+
+export interface QueueStatsReport {
+  /** The instant every count describes (the database's clock on Postgres). */
+  readonly asOf: Date
+  readonly exact: boolean
+  /**
+   * Start of the `recent` window: `asOf − windowMs`, or later when the storage keeps finer
+   * records only for a shorter span (then the window is shorter, never padded).
+   */
+  readonly windowStart: Date
+  /**
+   * What may lag behind `asOf`, in words: the counts do not; `recent` dates a reclaimed ring slot's
+   * finalizations by when the slot was reclaimed.
+   */
+  readonly staleness: string
+  readonly queues: ReadonlyArray<QueueStats>
+}
+
 export type EnqueueError = ValidationError | UniqueConflict | SqlError.SqlError
 
 export class QueueStorage extends Context.Service<
@@ -336,6 +396,14 @@ export class QueueStorage extends Context.Service<
       filter: ListFilter
     ) => Effect.Effect<ReadonlyArray<JobView>, ValidationError | SqlError.SqlError>
     readonly countByQueueState: Effect.Effect<ReadonlyArray<QueueStateCount>, SqlError.SqlError>
+    /**
+     * Per-queue statistics in one snapshot: open work by state, paused, oldest available job,
+     * finalizations in total and recently. Costs the live work and the queue count, not the
+     * stored history, unless `exact` asks for stored terminal counts too.
+     */
+    readonly queueStats: (
+      options?: QueueStatsOptions
+    ) => Effect.Effect<QueueStatsReport, ValidationError | SqlError.SqlError>
     /** Cancels a job that is not terminal: unclaimed, deferred or running (its attempt closes as cancelled). */
     readonly cancelJob: (
       id: JobId,

@@ -75,6 +75,7 @@ import {
   ValidationError
 } from "@awa/core"
 import { Clock, Effect, Layer, Option, Random } from "effect"
+import type { Mutable } from "effect/Types"
 import {
   type AttemptToken,
   type ClaimedJob,
@@ -85,6 +86,7 @@ import {
   type DlqRetryOverrides,
   type EnqueuedJob,
   type ErrorEntry,
+  type FinalizedCounts,
   type FinalizeItem,
   type FinalizeResult,
   type HeartbeatItem,
@@ -96,6 +98,9 @@ import {
   type PruneParams,
   type QueueSettings,
   type QueueStateCount,
+  type QueueStats,
+  type QueueStatsOptions,
+  type QueueStatsReport,
   QueueStorage,
   type RescuedAttempt,
   type RescueParams,
@@ -109,13 +114,16 @@ import {
   checkFinalizeItems,
   checkInteger,
   checkListLimit,
+  checkStatsWindow,
   defaultListLimit,
   maxClaimBatch,
   maxDlqRetentionMs,
   maxErrorMessageLength,
   pruneCarryAfterMsRange,
   rotateMaxAgeMsRange,
-  rotateMinRowsRange
+  rotateMinRowsRange,
+  statsStaleness,
+  statsWindowMsRange
 } from "./StorageChecks.ts"
 
 /** Newest error entries kept per job. */
@@ -226,6 +234,12 @@ export const make: Effect.Effect<QueueStorage["Service"]> = Effect.gen(function*
   /** Dead-lettered jobs by id (each is also in `jobs`, state `failed`, with `dlq` set). */
   const deadLetters = new Map<JobId, SimJob>()
   const queueSettings = new Map<string, SimQueueSettings>()
+  /** Every finalization outside the DLQ, oldest first, for `queueStats` (totals and `recent`). */
+  const finalizations: Array<{
+    readonly queue: string
+    readonly state: keyof FinalizedCounts
+    readonly at: number
+  }> = []
   let dlqDefault = false
   let nextId = 1n
   let historyGeneration = 0n
@@ -294,10 +308,17 @@ export const make: Effect.Effect<QueueStorage["Service"]> = Effect.gen(function*
     job.heartbeatAt = null
   }
 
-  const finish = (job: SimJob, to: "completed" | "failed" | "cancelled", now: number): JobState => {
+  const finish = (
+    job: SimJob,
+    to: "completed" | "failed" | "cancelled",
+    now: number,
+    toDlq = false
+  ): JobState => {
     if (job.state === "running") closeAttempt(job)
     job.finalizedAt = now
     transition(job, to)
+    // as Postgres's ledgers: a dead-lettered job is counted by the DLQ, not as a finalization
+    if (!toDlq) finalizations.push({ queue: job.queue, state: to, at: now })
     return to
   }
 
@@ -307,8 +328,9 @@ export const make: Effect.Effect<QueueStorage["Service"]> = Effect.gen(function*
   /** Ends a job `failed`, dead-lettering it with `reason` when its queue routes there. */
   const fail = (job: SimJob, reason: DlqReason, now: number): JobState => {
     const originalRunLease = job.runLease
-    finish(job, "failed", now)
-    if (routesToDlq(job.queue)) {
+    const toDlq = routesToDlq(job.queue)
+    finish(job, "failed", now, toDlq)
+    if (toDlq) {
       job.dlq = { reason, at: now, originalRunLease }
       deadLetters.set(job.id, job)
     }
@@ -721,6 +743,83 @@ export const make: Effect.Effect<QueueStorage["Service"]> = Effect.gen(function*
     )
   })
 
+  // Mirrors queue_stats (migration 0030) over the simulation's own records: the open states from
+  // the jobs, totals and `recent` from the finalization log, `stored` from the terminal jobs.
+  const queueStats = (options: QueueStatsOptions = {}) =>
+    Effect.gen(function* () {
+      yield* checkStatsWindow(options.windowMs)
+      const windowMs = options.windowMs ?? statsWindowMsRange.default
+      const exact = options.exact === true
+      const now = yield* Clock.currentTimeMillis
+      const since = now - windowMs
+      const zero = (): Mutable<FinalizedCounts> => ({ completed: 0, failed: 0, cancelled: 0 })
+      type Entry = Omit<Mutable<QueueStats>, "finalizedTotal" | "recent" | "stored"> & {
+        oldest: number | null
+        finalizedTotal: Mutable<FinalizedCounts>
+        recent: Mutable<FinalizedCounts>
+        stored: Mutable<FinalizedCounts> | null
+      }
+      const byQueue = new Map<string, Entry>()
+      const entry = (queue: string) => {
+        let e = byQueue.get(queue)
+        if (e === undefined) {
+          e = {
+            queue,
+            paused: paused.has(queue),
+            available: 0,
+            running: 0,
+            scheduled: 0,
+            retryable: 0,
+            deadLettered: 0,
+            oldestAvailableAt: null,
+            oldest: null,
+            finalizedTotal: zero(),
+            recent: zero(),
+            stored: exact ? zero() : null
+          }
+          byQueue.set(queue, e)
+        }
+        return e
+      }
+      for (const queue of paused) entry(queue)
+      for (const queue of queueSettings.keys()) entry(queue)
+      for (const job of jobs.values()) {
+        const e = entry(job.queue)
+        if (job.dlq !== null) e.deadLettered++
+        else if (job.state === "available") {
+          e.available++
+          if (e.oldest === null || job.runAt < e.oldest) e.oldest = job.runAt
+        } else if (job.state === "running") e.running++
+        else if (job.state === "scheduled") e.scheduled++
+        else if (job.state === "retryable") e.retryable++
+        else if (
+          e.stored !== null &&
+          (job.state === "completed" || job.state === "failed" || job.state === "cancelled")
+        )
+          e.stored[job.state]++
+      }
+      for (const f of finalizations) {
+        const e = entry(f.queue)
+        e.finalizedTotal[f.state]++
+        if (f.at >= since) e.recent[f.state]++
+      }
+      const queues = [...byQueue.values()]
+        .sort((a, b) => CanonicalJson.compareUtf8(a.queue, b.queue))
+        .map(
+          ({ oldest, ...e }): QueueStats => ({
+            ...e,
+            oldestAvailableAt: oldest === null ? null : new Date(oldest)
+          })
+        )
+      return {
+        asOf: new Date(now),
+        exact,
+        windowStart: new Date(since),
+        staleness: statsStaleness,
+        queues
+      } satisfies QueueStatsReport
+    })
+
   // Mirrors cancel_by_unique_key: the key's holder, cancelled only if it is not terminal.
   const cancelByUniqueKey = (key: string, reason: string) =>
     Effect.flatMap(Clock.currentTimeMillis, (now) =>
@@ -987,6 +1086,7 @@ export const make: Effect.Effect<QueueStorage["Service"]> = Effect.gen(function*
     getJob,
     listJobs,
     countByQueueState,
+    queueStats,
     cancelJob,
     cancelByUniqueKey,
     retryJob,

@@ -73,3 +73,18 @@ export const checkBulkFilter = (
   )
   return empty && options.all !== true ? Effect.fail(new UnsafeBulkFilter({ action })) : Effect.void
 }
+
+/** The `recent` window of `queueStats`: 1 s – 24 h, default 5 minutes. */
+export const statsWindowMsRange = { min: 1000, max: 86_400_000, default: 300_000 } as const
+
+export const checkStatsWindow = (windowMs: number | undefined) =>
+  checkInteger(
+    "windowMs",
+    windowMs ?? statsWindowMsRange.default,
+    statsWindowMsRange.min,
+    statsWindowMsRange.max
+  )
+
+/** What `QueueStatsReport.staleness` says on both layers. */
+export const statsStaleness =
+  "counts: none (one snapshot at asOf); recent: a reclaimed ring slot's finalizations are dated when the slot was reclaimed (up to a rotation interval plus the prune lag late)"

@@ -1,0 +1,138 @@
+-- 0030: per-queue statistics without counting stored history (issue 18 item 1,
+-- docs/adr/0024-operator-surface.md). A new read-only function; no table, no hot-path change.
+--
+-- queue_stats(p_window_ms) answers, per queue, from what the engine already keeps:
+--   paused               queue_meta.
+--   available            per lane, the lane's ready rows from its cursor on (lane_cursor) in the
+--                        unpruned slots, less tombstoned ones; plus the queue's parked rows. Costs
+--                        the backlog, not the history.
+--   oldest_available_at  the earliest run_at among each lane's head (ready row at the cursor) and
+--                        its first parked row (the barrier): one index probe per lane.
+--   running              open attempts: claims rows of the unpruned slots without a closure.
+--   scheduled, retryable deferred, grouped by queue and state.
+--   dead_lettered        dlq, grouped by queue.
+--   *_total              jobs finalized completed/failed/cancelled since install (retried failures
+--                        included, dead-lettered ones not: they are in dlq). Pruned queue slots
+--                        are counted by their prune roll-ups (ledger_totals('queue'), which
+--                        trim_ledgers keeps whole), the unpruned slots by their terminal rows.
+--   recent_*             the same, finalized at or after window_start. Pruned slots are
+--                        attributed to their prune time (pruned_at: the finalizations are older
+--                        by up to a rotation interval plus the prune lag); window_start is
+--                        now() - p_window_ms, moved later when trim_ledgers has already folded a
+--                        prune of that span into the totals (then the window is shorter, and says so).
+-- Cost: O(queues x ledger rows) plus the live work (backlog, open attempts, deferred, DLQ) and
+-- the terminal rows of the unpruned queue slots; nothing in the history ring is read. Exact at
+-- as_of for every column: one SQL statement, one snapshot (a STABLE SQL function at any
+-- isolation level; it writes nothing and takes only ACCESS SHARE locks, so it needs no READ
+-- COMMITTED guard: packages/sql/test/Catalog.test.ts checks only PL/pgSQL functions).
+-- Queues listed: every queue with a lane, a queue_meta row, a deferred or DLQ row, or a
+-- finalization in the ledgers.
+CREATE FUNCTION :AWA_SCHEMA.queue_stats(p_window_ms bigint)
+RETURNS TABLE (queue text, paused boolean, available bigint, running bigint, scheduled bigint, retryable bigint,
+               dead_lettered bigint, oldest_available_at timestamptz, completed_total bigint, failed_total bigint,
+               cancelled_total bigint, recent_completed bigint, recent_failed bigint, recent_cancelled bigint,
+               window_start timestamptz, as_of timestamptz)
+LANGUAGE sql STABLE
+SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
+  WITH rng AS MATERIALIZED (SELECT s.lo1, s.hi1, s.lo2, s.hi2 FROM queue_slot_ranges() s),
+  cursors AS MATERIALIZED (
+    SELECT l.queue, l.priority, l.shard, lane_cursor(l.queue, l.priority, l.shard) AS c FROM lanes l
+  ),
+  ready_counts AS (
+    SELECT k.queue, sum(n.n) AS n, min(h.run_at) AS head_at
+    FROM cursors k
+    CROSS JOIN LATERAL (
+      SELECT count(*) AS n FROM ready r, rng
+      WHERE r.queue = k.queue AND r.priority = k.priority AND r.shard = k.shard AND r.lane_seq >= k.c
+        AND (r.slot BETWEEN rng.lo1 AND rng.hi1 OR r.slot BETWEEN rng.lo2 AND rng.hi2)
+        AND NOT EXISTS (SELECT 1 FROM ready_tombstones t
+                        WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard AND t.lane_seq = r.lane_seq)
+    ) n
+    LEFT JOIN LATERAL (
+      SELECT r.run_at FROM ready r, rng
+      WHERE r.queue = k.queue AND r.priority = k.priority AND r.shard = k.shard AND r.lane_seq >= k.c
+        AND (r.slot BETWEEN rng.lo1 AND rng.hi1 OR r.slot BETWEEN rng.lo2 AND rng.hi2)
+        AND NOT EXISTS (SELECT 1 FROM ready_tombstones t
+                        WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard AND t.lane_seq = r.lane_seq)
+      ORDER BY r.lane_seq LIMIT 1
+    ) h ON true
+    GROUP BY k.queue
+  ),
+  parked_counts AS (
+    SELECT p.queue, count(*) AS n, min(p.run_at) AS head_at FROM parked p GROUP BY p.queue
+  ),
+  running_counts AS (
+    SELECT c.queue, count(*) AS n FROM claims c, rng
+    WHERE (c.slot BETWEEN rng.lo1 AND rng.hi1 OR c.slot BETWEEN rng.lo2 AND rng.hi2)
+      AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.job_id = c.job_id AND z.run_lease = c.run_lease)
+    GROUP BY c.queue
+  ),
+  deferred_counts AS (
+    SELECT d.queue, count(*) FILTER (WHERE d.state = 'scheduled') AS scheduled,
+           count(*) FILTER (WHERE d.state = 'retryable') AS retryable
+    FROM deferred d GROUP BY d.queue
+  ),
+  dlq_counts AS (SELECT q.queue, count(*) AS n FROM dlq q GROUP BY q.queue),
+  -- the rate window: the requested span, or the span the ledger still holds row by row
+  win AS MATERIALIZED (
+    SELECT greatest(now() - p_window_ms * interval '1 millisecond',
+                    CASE WHEN (SELECT t.through_generation FROM ring_ledger_totals t WHERE t.ring = 'queue') >= 0
+                         THEN (SELECT min(p.pruned_at) FROM ring_prunes p WHERE p.ring = 'queue') END) AS since
+  ),
+  -- finalizations in pruned slots: "queue:state" -> count (a queue name may contain ':')
+  pruned AS (
+    SELECT left(e.key, length(e.key) - length(substring(e.key FROM '[^:]*$')) - 1) AS queue,
+           substring(e.key FROM '[^:]*$') AS state, e.value::numeric AS n, x.recent
+    FROM (SELECT (ledger_totals('queue')).rollup AS rollup, false AS recent
+          UNION ALL
+          SELECT p.rollup, true FROM ring_prunes p, win WHERE p.ring = 'queue' AND p.pruned_at >= win.since) x,
+         jsonb_each_text(x.rollup) e
+  ),
+  -- finalizations in unpruned slots (a narrow terminal row takes its queue from its ready row)
+  unpruned AS (
+    SELECT coalesce(t.queue, r.queue) AS queue, t.state, 1 AS n, t.finalized_at >= win.since AS recent
+    FROM terminal t
+    CROSS JOIN rng CROSS JOIN win
+    LEFT JOIN ready r ON NOT t.wide AND r.slot = t.slot AND r.job_id = t.job_id AND r.lane_seq = t.lane_seq
+    WHERE (t.slot BETWEEN rng.lo1 AND rng.hi1 OR t.slot BETWEEN rng.lo2 AND rng.hi2)
+  ),
+  -- a total is the ledger's (every pruned slot) plus every unpruned row; recent is the ledger's
+  -- rows in the window plus the unpruned rows finalized in it
+  finals AS (
+    SELECT f.queue,
+           sum(f.n) FILTER (WHERE f.state = 'completed' AND f.total) AS completed_total,
+           sum(f.n) FILTER (WHERE f.state = 'failed' AND f.total) AS failed_total,
+           sum(f.n) FILTER (WHERE f.state = 'cancelled' AND f.total) AS cancelled_total,
+           sum(f.n) FILTER (WHERE f.state = 'completed' AND f.recent) AS recent_completed,
+           sum(f.n) FILTER (WHERE f.state = 'failed' AND f.recent) AS recent_failed,
+           sum(f.n) FILTER (WHERE f.state = 'cancelled' AND f.recent) AS recent_cancelled
+    FROM (SELECT pr.queue, pr.state, pr.n, pr.recent, NOT pr.recent AS total FROM pruned pr
+          UNION ALL
+          SELECT u.queue, u.state, u.n, u.recent, true FROM unpruned u) f
+    GROUP BY f.queue
+  ),
+  names AS (
+    SELECT l.queue FROM lanes l UNION SELECT m.queue FROM queue_meta m UNION SELECT d.queue FROM deferred_counts d
+    UNION SELECT q.queue FROM dlq_counts q UNION SELECT f.queue FROM finals f UNION SELECT p.queue FROM parked_counts p
+  )
+  SELECT n.queue, coalesce(m.paused, false),
+         coalesce(rc.n, 0)::bigint + coalesce(pc.n, 0), coalesce(ru.n, 0), coalesce(dc.scheduled, 0),
+         coalesce(dc.retryable, 0), coalesce(q.n, 0),
+         CASE WHEN rc.head_at IS NULL THEN pc.head_at WHEN pc.head_at IS NULL THEN rc.head_at
+              ELSE least(rc.head_at, pc.head_at) END,
+         coalesce(f.completed_total, 0)::bigint, coalesce(f.failed_total, 0)::bigint,
+         coalesce(f.cancelled_total, 0)::bigint, coalesce(f.recent_completed, 0)::bigint,
+         coalesce(f.recent_failed, 0)::bigint, coalesce(f.recent_cancelled, 0)::bigint,
+         win.since, now()
+  FROM names n
+  CROSS JOIN win
+  LEFT JOIN queue_meta m ON m.queue = n.queue
+  LEFT JOIN ready_counts rc ON rc.queue = n.queue
+  LEFT JOIN parked_counts pc ON pc.queue = n.queue
+  LEFT JOIN running_counts ru ON ru.queue = n.queue
+  LEFT JOIN deferred_counts dc ON dc.queue = n.queue
+  LEFT JOIN dlq_counts q ON q.queue = n.queue
+  LEFT JOIN finals f ON f.queue = n.queue
+  ORDER BY n.queue COLLATE "C"
+$$;
+REVOKE EXECUTE ON FUNCTION :AWA_SCHEMA.queue_stats(bigint) FROM PUBLIC;
