@@ -1,3 +1,4 @@
+export * as Admin from "./Admin.ts"
 export * as Awa from "./Awa.ts"
 export * as AwaClient from "./AwaClient.ts"
 export * as CompletionBatcher from "./CompletionBatcher.ts"

@@ -91,6 +91,16 @@ export const currentVersion = Effect.fn("Migrations.currentVersion")(function* (
 
 // Concurrent DDL can still deadlock against other sessions touching the same catalogs; retried
 // as the spec says: up to 5 times with 50 ms × 2^n backoff.
+/**
+ * The migrations `migrate` would apply now, in version order (known versions not yet recorded),
+ * without writing anything: what `awa migrate --dry-run` lists.
+ */
+export const pending = Effect.fn("Migrations.pending")(function* (options: SchemaOptions = {}) {
+  const schema = yield* checkSchemaName(options.schema ?? defaultSchema)
+  const applied = yield* appliedVersions(schema)
+  return loadMigrations().filter((m) => !applied.has(m.version))
+})
+
 const deadlockRetry = Schedule.exponential("50 millis").pipe(
   Schedule.setInputType<SqlError.SqlError | SchemaTooNew>(),
   Schedule.while(({ input }) => input._tag === "SqlError" && input.reason._tag === "DeadlockError"),

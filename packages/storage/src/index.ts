@@ -1,4 +1,5 @@
 export * as CronStorage from "./CronStorage.ts"
+export * as Diagnostics from "./Diagnostics.ts"
 export * as Heartbeats from "./Heartbeats.ts"
 export * as LeaderLock from "./LeaderLock.ts"
 export * as PgQueueStorage from "./PgQueueStorage.ts"

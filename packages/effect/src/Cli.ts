@@ -1,0 +1,646 @@
+/**
+ * The `awa` command line (issue 18, capabilities.md §29), built with Effect's own `effect/cli`.
+ * Every command is one `Admin` call (packages/runtime/src/Admin.ts) on a connection pool opened
+ * for the command from `--database-url` or `DATABASE_URL`.
+ *
+ * Output: human tables by default, one JSON document with `--json` (bigints as strings, dates as
+ * ISO text). Exit codes (`run` returns them; `bin/awa.ts` sets `process.exitCode`):
+ *   0  done;
+ *   1  error: bad arguments, database unreachable, job not found, …  (message on stderr);
+ *   2  checked and not ready: `doctor` found a warn or fail, `migrate --dry-run` found pending
+ *      migrations, `status` found the schema behind this code.
+ */
+import { Admin } from "@awa/runtime"
+import { CronStorage, PgQueueStorage } from "@awa/storage"
+import { PgClient } from "@effect/sql-pg"
+import { Cause, Console, Effect, Exit, Layer, Option, Redacted, Schema } from "effect"
+import { Argument, Command, Flag } from "effect/cli"
+
+/** Exit code of a check that ran and found something not ready (`doctor`, `migrate --dry-run`). */
+export const exitNotReady = 2
+
+/** A check that ran and found the system not ready: exit code 2, its report already printed. */
+export class NotReady extends Schema.TaggedError<NotReady>()("NotReady", { reason: Schema.String }) {}
+
+/** A command line that cannot work (no database URL): exit code 1 with this message. */
+export class UsageError extends Schema.TaggedError<UsageError>()("UsageError", { message: Schema.String }) {}
+
+// ---------------------------------------------------------------------------------------------
+// Output
+
+const jsonReplacer = (_key: string, value: unknown) => (typeof value === "bigint" ? value.toString() : value)
+
+/** One JSON document, dates as ISO text and bigints as strings. */
+export const toJson = (value: unknown): string => JSON.stringify(value, jsonReplacer, 2)
+
+const cell = (value: unknown): string =>
+  value === null || value === undefined
+    ? "-"
+    : value instanceof Date
+      ? value.toISOString()
+      : typeof value === "object"
+        ? JSON.stringify(value, jsonReplacer)
+        : String(value)
+
+/** A plain table: a header row, a rule, then the rows; columns padded to their widest cell. */
+export const renderTable = (
+  header: ReadonlyArray<string>,
+  rows: ReadonlyArray<ReadonlyArray<unknown>>
+): string => {
+  const text = rows.map((r) => r.map(cell))
+  const widths = header.map((h, i) => Math.max(h.length, ...text.map((r) => r[i]!.length)))
+  const line = (cells: ReadonlyArray<string>) =>
+    cells
+      .map((c, i) => c.padEnd(widths[i]!))
+      .join("  ")
+      .trimEnd()
+  return [line(header), line(widths.map((w) => "-".repeat(w))), ...text.map(line)].join("\n")
+}
+
+/** `key: value` lines for one record. */
+const renderRecord = (record: Readonly<Record<string, unknown>>): string => {
+  const width = Math.max(...Object.keys(record).map((k) => k.length))
+  return Object.entries(record)
+    .map(([k, v]) => `${k.padEnd(width)}  ${cell(v)}`)
+    .join("\n")
+}
+
+const ageOf = (since: Date | null, now: Date): string => {
+  if (since === null) return "-"
+  const s = Math.max(0, Math.round((now.getTime() - since.getTime()) / 1000))
+  return s < 120 ? `${s}s` : s < 7200 ? `${Math.round(s / 60)}m` : `${Math.round(s / 3600)}h`
+}
+
+const bytes = (n: number) =>
+  n < 1024 ? `${n} B` : n < 1024 ** 2 ? `${(n / 1024).toFixed(0)} kB` : `${(n / 1024 ** 2).toFixed(1)} MB`
+
+// ---------------------------------------------------------------------------------------------
+// Commands
+
+const root = Command.make("awa").pipe(
+  Command.withSharedFlags({
+    databaseUrl: Flag.String("database-url").pipe(
+      Flag.withDescription("PostgreSQL URL (default: the DATABASE_URL environment variable)"),
+      Flag.optional
+    ),
+    schema: Flag.String("schema").pipe(
+      Flag.withDescription("schema Awa is installed in"),
+      Flag.withDefault("awa")
+    ),
+    json: Flag.Boolean("json").pipe(
+      Flag.withDescription("print one JSON document instead of tables"),
+      Flag.withDefault(false)
+    )
+  }),
+  Command.withDescription(
+    "Operate an Awa job queue: migrations, status, queues, jobs, dead letters, cron, doctor"
+  )
+)
+
+/** Runs `body` with the `Admin` service on a pool opened for this command, and closed after it. */
+const withAdmin = <A, E>(body: (admin: Admin.Admin["Service"], json: boolean) => Effect.Effect<A, E>) =>
+  Effect.gen(function* () {
+    const flags = yield* root
+    const url = Option.getOrUndefined(flags.databaseUrl) ?? process.env.DATABASE_URL
+    if (url === undefined || url === "")
+      return yield* new UsageError({ message: "no database: pass --database-url or set DATABASE_URL" })
+    const client = PgClient.layer({ url: Redacted.make(url), maxConnections: 2, applicationName: "awa-cli" })
+    const storage = Layer.mergeAll(
+      PgQueueStorage.layer({ schema: flags.schema }),
+      CronStorage.layerPg({ schema: flags.schema })
+    ).pipe(Layer.provideMerge(client))
+    const admin = Admin.layer({ schema: flags.schema }).pipe(Layer.provideMerge(storage))
+    return yield* Effect.flatMap(Admin.Admin, (a) => body(a, flags.json)).pipe(Effect.provide(admin))
+  })
+
+const print = (json: boolean, value: unknown, human: () => string) =>
+  Console.log(json ? toJson(value) : human())
+
+const idArgument = Argument.String("id").pipe(Argument.withDescription("job id"))
+
+/** A job id from the command line, or a usage error. */
+const parseId = (text: string) =>
+  /^[1-9][0-9]{0,18}$/.test(text)
+    ? Effect.succeed(BigInt(text))
+    : Effect.fail(new UsageError({ message: `not a job id: ${text}` }))
+
+// migrate -----------------------------------------------------------------------------------
+
+const migrate = Command.make(
+  "migrate",
+  {
+    dryRun: Flag.Boolean("dry-run").pipe(
+      Flag.withDescription("list what would run; run nothing"),
+      Flag.withDefault(false)
+    )
+  },
+  ({ dryRun }) =>
+    withAdmin((admin, json) =>
+      Effect.gen(function* () {
+        if (dryRun) {
+          const pending = yield* admin.pendingMigrations
+          const list = pending.map((m) => ({ version: m.version, name: m.name, breaking: m.breaking }))
+          yield* print(json, { pending: list }, () =>
+            list.length === 0
+              ? "schema up to date: nothing to run"
+              : `${list.length} migration(s) would run:\n${renderTable(
+                  ["version", "name", "breaking"],
+                  list.map((m) => [m.version, m.name, m.breaking])
+                )}`
+          )
+          if (list.length > 0) return yield* new NotReady({ reason: "pending migrations" })
+          return
+        }
+        const result = yield* admin.migrate
+        yield* print(json, result, () =>
+          result.applied.length === 0
+            ? `schema "${result.schema}" up to date at version ${result.to}`
+            : `schema "${result.schema}": applied ${result.applied.length} migration(s), version ${result.from} -> ${result.to}`
+        )
+      })
+    )
+).pipe(Command.withDescription("apply pending schema migrations (--dry-run lists them)"))
+
+// status ------------------------------------------------------------------------------------
+
+const status = Command.make("status", {}, () =>
+  withAdmin((admin, json) =>
+    Effect.gen(function* () {
+      const report = yield* admin.status
+      yield* print(json, report, () =>
+        [
+          renderRecord({
+            schema: report.schema,
+            "schema version": `${report.schemaVersion} (this code: ${report.latestVersion})`,
+            leader:
+              report.leader === null
+                ? "none"
+                : `pid ${report.leader.pid} (${report.leader.applicationName || "unnamed"}), connected ${ageOf(report.leader.since, report.now)} ago`
+          }),
+          "",
+          renderTable(
+            ["ring", "generation", "slot", "oldest unpruned", "unpruned for", "last prune", "size"],
+            report.rings.map((r) => [
+              r.ring,
+              r.generation,
+              r.slot,
+              r.oldestUnpruned === null
+                ? "-"
+                : `${r.oldestUnpruned.generation} (slot ${r.oldestUnpruned.slot})`,
+              ageOf(r.oldestUnpruned?.since ?? null, report.now),
+              r.lastPrunedAt === null ? "never" : `${ageOf(r.lastPrunedAt, report.now)} ago`,
+              bytes(r.bytes)
+            ])
+          ),
+          "",
+          renderTable(
+            ["table", "size"],
+            report.tables.map((t) => [t.table, bytes(t.bytes)])
+          )
+        ].join("\n")
+      )
+      if (report.schemaVersion < report.latestVersion)
+        return yield* new NotReady({
+          reason: `schema at ${report.schemaVersion}, this code needs ${report.latestVersion}`
+        })
+    })
+  )
+).pipe(Command.withDescription("schema version, leader, ring generations, reclamation and table sizes"))
+
+// queues ------------------------------------------------------------------------------------
+
+const queues = Command.make(
+  "queues",
+  {
+    exact: Flag.Boolean("exact").pipe(
+      Flag.withDescription(
+        "also count stored completed/failed/cancelled jobs (scans every stored job: slow)"
+      ),
+      Flag.withDefault(false)
+    ),
+    window: Flag.Int("window").pipe(
+      Flag.withDescription("seconds covered by the recent counts (1-86400)"),
+      Flag.withDefault(300)
+    )
+  },
+  ({ exact, window }) =>
+    withAdmin((admin, json) =>
+      Effect.gen(function* () {
+        const report = yield* admin.queueStats({ exact, windowMs: window * 1000 })
+        const seconds = Math.max(1, Math.round((report.asOf.getTime() - report.windowStart.getTime()) / 1000))
+        yield* print(json, report, () =>
+          [
+            renderTable(
+              [
+                "queue",
+                "paused",
+                "available",
+                "running",
+                "scheduled",
+                "retryable",
+                "dlq",
+                "oldest",
+                `done/${seconds}s`,
+                `failed/${seconds}s`,
+                "completed total",
+                ...(exact ? ["stored completed", "stored failed", "stored cancelled"] : [])
+              ],
+              report.queues.map((q) => [
+                q.queue,
+                q.paused ? "yes" : "no",
+                q.available,
+                q.running,
+                q.scheduled,
+                q.retryable,
+                q.deadLettered,
+                ageOf(q.oldestAvailableAt, report.asOf),
+                q.recent.completed,
+                q.recent.failed,
+                q.finalizedTotal.completed,
+                ...(q.stored === null ? [] : [q.stored.completed, q.stored.failed, q.stored.cancelled])
+              ])
+            ),
+            `as of ${report.asOf.toISOString()}; ${report.staleness}`
+          ].join("\n")
+        )
+      })
+    )
+).pipe(
+  Command.withDescription(
+    "per-queue statistics: open work by state, oldest job, recent and total finalizations"
+  )
+)
+
+// queue pause|resume|drain ----------------------------------------------------------------------
+
+const queueArgument = Argument.String("queue").pipe(Argument.withDescription("queue name"))
+
+const queuePause = Command.make("pause", { queue: queueArgument }, ({ queue }) =>
+  withAdmin((admin, json) =>
+    Effect.andThen(
+      admin.pauseQueue(queue),
+      print(json, { queue, paused: true }, () => `queue ${queue} paused`)
+    )
+  )
+).pipe(Command.withDescription("stop claims from a queue (running jobs finish)"))
+
+const queueResume = Command.make("resume", { queue: queueArgument }, ({ queue }) =>
+  withAdmin((admin, json) =>
+    Effect.andThen(
+      admin.resumeQueue(queue),
+      print(json, { queue, paused: false }, () => `queue ${queue} resumed`)
+    )
+  )
+).pipe(Command.withDescription("let workers claim from a paused queue again"))
+
+const queueDrain = Command.make(
+  "drain",
+  {
+    queue: queueArgument,
+    reason: Flag.String("reason").pipe(
+      Flag.withDescription("recorded on every cancelled job"),
+      Flag.withDefault("drained by operator")
+    )
+  },
+  ({ queue, reason }) =>
+    withAdmin((admin, json) =>
+      Effect.gen(function* () {
+        if (!json)
+          yield* Console.error(`draining ${queue} in batches of 500 (Ctrl-C keeps the batches done)…`)
+        const cancelled = yield* admin.drainQueue(queue, reason)
+        yield* print(json, { queue, cancelled }, () => `queue ${queue}: ${cancelled} job(s) cancelled`)
+      })
+    )
+).pipe(Command.withDescription("cancel every job of a queue that is not running yet"))
+
+const queue = Command.make("queue").pipe(
+  Command.withSubcommands([queuePause, queueResume, queueDrain]),
+  Command.withDescription("pause, resume or drain one queue")
+)
+
+// jobs list|show|retry|cancel -------------------------------------------------------------------
+
+const jobStates = [
+  "available",
+  "running",
+  "scheduled",
+  "retryable",
+  "completed",
+  "failed",
+  "cancelled",
+  "waiting_external",
+  "waiting_on"
+] as const
+
+const jobsList = Command.make(
+  "list",
+  {
+    queue: Flag.String("queue").pipe(Flag.optional),
+    kind: Flag.String("kind").pipe(Flag.optional),
+    state: Flag.Literals("state", jobStates).pipe(Flag.optional),
+    tag: Flag.String("tag").pipe(Flag.optional),
+    before: Flag.String("before").pipe(
+      Flag.withDescription("only ids below this (next page)"),
+      Flag.optional
+    ),
+    limit: Flag.Int("limit").pipe(Flag.withDescription("1-1000"), Flag.withDefault(50))
+  },
+  (f) =>
+    withAdmin((admin, json) =>
+      Effect.gen(function* () {
+        const jobs = yield* admin.listJobs({
+          queue: Option.getOrUndefined(f.queue),
+          kind: Option.getOrUndefined(f.kind),
+          state: Option.getOrUndefined(f.state),
+          tag: Option.getOrUndefined(f.tag),
+          before: Option.isSome(f.before) ? yield* parseId(f.before.value) : undefined,
+          limit: f.limit
+        })
+        yield* print(json, { jobs }, () =>
+          renderTable(
+            ["id", "state", "queue", "kind", "priority", "attempt", "run at", "finalized at"],
+            jobs.map((j) => [
+              j.id,
+              j.state,
+              j.queue,
+              j.kind,
+              j.priority,
+              `${j.attempt}/${j.maxAttempts}`,
+              j.runAt,
+              j.finalizedAt
+            ])
+          )
+        )
+      })
+    )
+).pipe(Command.withDescription("list jobs, newest first, by queue, kind, state or tag"))
+
+const jobsShow = Command.make("show", { id: idArgument }, ({ id }) =>
+  withAdmin((admin, json) =>
+    Effect.gen(function* () {
+      const job = yield* admin.getJob(yield* parseId(id))
+      yield* print(json, job, () => renderRecord({ ...job }))
+    })
+  )
+).pipe(Command.withDescription("one job with its args, errors and progress"))
+
+const jobsRetry = Command.make("retry", { id: idArgument }, ({ id }) =>
+  withAdmin((admin, json) =>
+    Effect.gen(function* () {
+      const job = yield* admin.retryJob(yield* parseId(id))
+      yield* print(json, job, () => `job ${job.id} is ${job.state} again`)
+    })
+  )
+).pipe(Command.withDescription("make a failed or cancelled job available again"))
+
+const jobsCancel = Command.make(
+  "cancel",
+  { id: idArgument, reason: Flag.String("reason").pipe(Flag.withDefault("cancelled by operator")) },
+  ({ id, reason }) =>
+    withAdmin((admin, json) =>
+      Effect.gen(function* () {
+        const job = yield* admin.cancelJob(yield* parseId(id), reason)
+        yield* print(json, job, () => `job ${job.id} is ${job.state}`)
+      })
+    )
+).pipe(Command.withDescription("cancel a job that has not finished"))
+
+const jobs = Command.make("jobs").pipe(
+  Command.withSubcommands([jobsList, jobsShow, jobsRetry, jobsCancel]),
+  Command.withDescription("list, show, retry or cancel jobs")
+)
+
+// dlq list|show|retry|purge -----------------------------------------------------------------------
+
+const dlqFilterFlags = {
+  queue: Flag.String("queue").pipe(Flag.optional),
+  kind: Flag.String("kind").pipe(Flag.optional),
+  tag: Flag.String("tag").pipe(Flag.optional)
+}
+
+const dlqFilter = (f: {
+  readonly queue: Option.Option<string>
+  readonly kind: Option.Option<string>
+  readonly tag: Option.Option<string>
+}) => ({
+  queue: Option.getOrUndefined(f.queue),
+  kind: Option.getOrUndefined(f.kind),
+  tag: Option.getOrUndefined(f.tag)
+})
+
+const dlqList = Command.make(
+  "list",
+  { ...dlqFilterFlags, limit: Flag.Int("limit").pipe(Flag.withDescription("1-1000"), Flag.withDefault(50)) },
+  (f) =>
+    withAdmin((admin, json) =>
+      Effect.gen(function* () {
+        const entries = yield* admin.listDlq({ ...dlqFilter(f), limit: f.limit })
+        yield* print(json, { entries }, () =>
+          renderTable(
+            ["id", "queue", "kind", "reason", "attempt", "dead-lettered at", "last error"],
+            entries.map((e) => [
+              e.id,
+              e.queue,
+              e.kind,
+              e.reason,
+              `${e.attempt}/${e.maxAttempts}`,
+              e.dlqAt,
+              e.errors.at(-1)?.error ?? "-"
+            ])
+          )
+        )
+      })
+    )
+).pipe(Command.withDescription("list dead-lettered jobs, newest first"))
+
+const dlqShow = Command.make("show", { id: idArgument }, ({ id }) =>
+  withAdmin((admin, json) =>
+    Effect.gen(function* () {
+      const entry = yield* admin.getDlq(yield* parseId(id))
+      yield* print(json, entry, () => renderRecord({ ...entry }))
+    })
+  )
+).pipe(Command.withDescription("one dead-lettered job with its errors"))
+
+const optionalId = Argument.String("id").pipe(
+  Argument.withDescription("one job id; without it, every entry the filter matches"),
+  Argument.optional
+)
+
+const bulkOrOne = (
+  verb: "retry" | "purge",
+  f: {
+    readonly id: Option.Option<string>
+    readonly queue: Option.Option<string>
+    readonly kind: Option.Option<string>
+    readonly tag: Option.Option<string>
+    readonly all: boolean
+  }
+) =>
+  withAdmin((admin, json) =>
+    Effect.gen(function* () {
+      if (Option.isSome(f.id)) {
+        const id = yield* parseId(f.id.value)
+        if (verb === "retry") {
+          const job = yield* admin.retryDlq(id)
+          return yield* print(json, { retried: 1, job }, () => `job ${id} retried: ${job.state}`)
+        }
+        yield* admin.purgeDlq(id)
+        return yield* print(json, { purged: 1 }, () => `job ${id} purged`)
+      }
+      if (!json)
+        yield* Console.error(
+          `${verb === "retry" ? "retrying" : "purging"} in batches of 500 (Ctrl-C keeps the batches done)…`
+        )
+      const n =
+        verb === "retry"
+          ? yield* admin.retryDlqBulk(dlqFilter(f), f.all)
+          : yield* admin.purgeDlqBulk(dlqFilter(f), f.all)
+      yield* print(
+        json,
+        verb === "retry" ? { retried: n } : { purged: n },
+        () => `${n} entr${n === 1 ? "y" : "ies"} ${verb === "retry" ? "retried" : "purged"}`
+      )
+    })
+  )
+
+const allFlag = Flag.Boolean("all").pipe(
+  Flag.withDescription("needed when no filter is given"),
+  Flag.withDefault(false)
+)
+
+const dlqRetry = Command.make("retry", { id: optionalId, ...dlqFilterFlags, all: allFlag }, (f) =>
+  bulkOrOne("retry", f)
+).pipe(Command.withDescription("move one entry, or every entry matching the filter, back to work"))
+
+const dlqPurge = Command.make("purge", { id: optionalId, ...dlqFilterFlags, all: allFlag }, (f) =>
+  bulkOrOne("purge", f)
+).pipe(Command.withDescription("delete one entry, or every entry matching the filter"))
+
+const dlq = Command.make("dlq").pipe(
+  Command.withSubcommands([dlqList, dlqShow, dlqRetry, dlqPurge]),
+  Command.withDescription("the dead letter queue")
+)
+
+// cron list|pause|resume|trigger --------------------------------------------------------------------
+
+const cronName = Argument.String("name").pipe(Argument.withDescription("schedule name"))
+
+const cronList = Command.make("list", {}, () =>
+  withAdmin((admin, json) =>
+    Effect.gen(function* () {
+      const snapshot = yield* admin.listCron
+      yield* print(json, snapshot, () =>
+        renderTable(
+          ["name", "expression", "timezone", "queue", "kind", "paused", "last fire", "stale"],
+          snapshot.schedules.map((s) => [
+            s.name,
+            s.expression,
+            s.timezone,
+            s.job.queue,
+            s.job.kind,
+            s.paused ? "yes" : "no",
+            s.lastFireAt,
+            s.staleSince === null ? "no" : "yes"
+          ])
+        )
+      )
+    })
+  )
+).pipe(Command.withDescription("every cron schedule"))
+
+const cronPause = Command.make("pause", { name: cronName }, ({ name }) =>
+  withAdmin((admin, json) =>
+    Effect.andThen(
+      admin.pauseCron(name),
+      print(json, { name, paused: true }, () => `schedule ${name} paused`)
+    )
+  )
+).pipe(Command.withDescription("stop a schedule from firing"))
+
+const cronResume = Command.make("resume", { name: cronName }, ({ name }) =>
+  withAdmin((admin, json) =>
+    Effect.andThen(
+      admin.resumeCron(name),
+      print(json, { name, paused: false }, () => `schedule ${name} resumed`)
+    )
+  )
+).pipe(Command.withDescription("let a paused schedule fire again"))
+
+const cronTrigger = Command.make("trigger", { name: cronName }, ({ name }) =>
+  withAdmin((admin, json) =>
+    Effect.gen(function* () {
+      const job = yield* admin.triggerCron(name)
+      yield* print(json, job, () => `schedule ${name} enqueued job ${job.id} (${job.state})`)
+    })
+  )
+).pipe(Command.withDescription("enqueue a schedule's job now (pause and timing untouched)"))
+
+const cron = Command.make("cron").pipe(
+  Command.withSubcommands([cronList, cronPause, cronResume, cronTrigger]),
+  Command.withDescription("cron schedules")
+)
+
+// doctor ------------------------------------------------------------------------------------
+
+const doctor = Command.make("doctor", {}, () =>
+  withAdmin((admin, json) =>
+    Effect.gen(function* () {
+      const checks = yield* admin.doctor
+      yield* print(json, { checks }, () =>
+        checks
+          .map(
+            (c) =>
+              `${c.status.toUpperCase().padEnd(4)}  ${c.name}: ${c.detail}${c.fix === "" ? "" : `\n      fix: ${c.fix}`}`
+          )
+          .join("\n")
+      )
+      const bad = checks.filter((c) => c.status !== "pass")
+      if (bad.length > 0) return yield* new NotReady({ reason: bad.map((c) => c.name).join(", ") })
+    })
+  )
+).pipe(Command.withDescription("check the server and schema; exit 2 when something needs attention"))
+
+/** The whole command tree. */
+export const command = root.pipe(
+  Command.withSubcommands([migrate, status, queues, queue, jobs, dlq, cron, doctor])
+)
+
+export const version = "0.1.0"
+
+/** A failure's message for stderr; `undefined` for the ones already reported (help, not-ready). */
+const messageOf = (error: unknown): string | undefined => {
+  if (typeof error !== "object" || error === null) return String(error)
+  const tagged = error as { readonly _tag?: string; readonly message?: string }
+  switch (tagged._tag) {
+    case "NotReady":
+    case "ShowHelp":
+      return undefined
+    case "UsageError":
+      return tagged.message
+    case "SqlError":
+      return `database error: ${tagged.message ?? ""}`
+    default:
+      return `${tagged._tag ?? "error"}: ${tagged.message ?? toJson(error)}`
+  }
+}
+
+/**
+ * Runs the command line `args` (without `node` and the script) and returns its exit code; never
+ * fails. Usage and errors go to `Console.error`, results to `Console.log`.
+ */
+export const run = (args: ReadonlyArray<string>) =>
+  Command.runWith(command, { version })(args).pipe(
+    Effect.exit,
+    Effect.flatMap((exit) => {
+      if (Exit.isSuccess(exit)) return Effect.succeed(0)
+      const error = Cause.findErrorOption(exit.cause)
+      if (Option.isNone(error)) return Effect.as(Console.error(Cause.pretty(exit.cause)), 1)
+      const e = error.value as { readonly _tag?: string; readonly errors?: ReadonlyArray<unknown> }
+      if (e._tag === "NotReady") return Effect.succeed(exitNotReady)
+      // help asked for (no errors) is a success; a parse error was printed with the help
+      if (e._tag === "ShowHelp") return Effect.succeed(e.errors !== undefined && e.errors.length > 0 ? 1 : 0)
+      const message = messageOf(e)
+      return Effect.as(message === undefined ? Effect.void : Console.error(message), 1)
+    })
+  )
