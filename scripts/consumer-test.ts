@@ -12,7 +12,9 @@
  *    `strict`, no `allowImportingTsExtensions`, library declarations checked too).
  * 5. Runs the compiled app on the oldest Node the `engines` field promises (the registry's `node`
  *    package of exactly that version) against Postgres: enqueue inside a transaction, a worker.
- * 6. Bundles it with esbuild and runs the bundle alone in an empty directory (no node_modules).
+ * 6. Runs `npx awa --help` there (the `awa` bin of `@awa/effect`, on that Node) and checks it
+ *    lists the commands.
+ * 7. Bundles it with esbuild and runs the bundle alone in an empty directory (no node_modules).
  *
  * Postgres: `DATABASE_URL` (a role with CREATEDB) or a temporary embedded server. Set
  * `AWA_CONSUMER_KEEP=1` to keep the scratch directory.
@@ -175,6 +177,17 @@ try {
   await step(`run on Node ${version}`, async () => {
     const url = await createDatabase(server.url, "awa_consumer_app")
     run(node, ["dist/app.js"], { cwd: app, env: { ...outside, DATABASE_URL: url }, timeout: 120_000 })
+  })
+
+  // the `awa` bin of @awa/effect (issue 18), found by npx in the app and run by its Node
+  await step(`npx awa --help on Node ${version}`, () => {
+    const path = `${join(app, "node_modules", ".bin")}:${outside["PATH"] ?? ""}`
+    const help = output("npx", ["--no-install", "awa", "--help"], {
+      cwd: app,
+      env: { ...outside, PATH: path }
+    })
+    for (const command of ["migrate", "status", "queues", "doctor"])
+      if (!help.includes(`\n  ${command} `)) throw new Error(`awa --help does not list ${command}:\n${help}`)
   })
 
   await step(`esbuild bundle, run alone on Node ${version}`, async () => {

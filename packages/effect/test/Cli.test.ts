@@ -1,0 +1,312 @@
+/**
+ * The `awa` command line against Postgres (issue 18): every command's output and exit code, run
+ * in process through `Cli.run` (what `bin/awa.ts` runs) with stdout and stderr captured. Each
+ * test uses its own queue names on one database; migrate and doctor get empty databases.
+ */
+import { randomUUID } from "node:crypto"
+import { CronStorage, PgQueueStorage, QueueStorage } from "@awa/storage"
+import { TestDatabase } from "@awa/testing"
+import { NodeServices } from "@effect/platform-node"
+import { PgClient } from "@effect/sql-pg"
+import { assert, describe, it } from "@effect/vitest"
+import { Console, Effect, Layer, Redacted } from "effect"
+import * as Cli from "../src/Cli.ts"
+
+interface Ran {
+  readonly code: number
+  readonly out: string
+  readonly err: string
+}
+
+/** Runs `awa <args>` with `--database-url url`, capturing what it prints. */
+const awa = (url: string, ...args: ReadonlyArray<string>) =>
+  Effect.gen(function* () {
+    const out: Array<string> = []
+    const err: Array<string> = []
+    const capture: Console.Console = {
+      ...globalThis.console,
+      log: (...a: ReadonlyArray<unknown>) => void out.push(a.map(String).join(" ")),
+      error: (...a: ReadonlyArray<unknown>) => void err.push(a.map(String).join(" "))
+    }
+    const code = yield* Cli.run(["--database-url", url, ...args]).pipe(
+      Effect.provideService(Console.Console, capture),
+      Effect.provide(NodeServices.layer)
+    )
+    return { code, out: out.join("\n"), err: err.join("\n") } satisfies Ran
+  })
+
+const json = (ran: Ran) => JSON.parse(ran.out) as Record<string, any>
+
+const fresh = (label: string) => `${label}-${randomUUID().slice(0, 8)}`
+
+/** Storage (queue and cron) on `url`, for seeding what the commands then read and change. */
+const storageOn = (url: string) =>
+  Layer.mergeAll(PgQueueStorage.layer(), CronStorage.layerPg()).pipe(
+    Layer.provideMerge(PgClient.layer({ url: Redacted.make(url), maxConnections: 2 }))
+  )
+
+const withDatabase = <A, E>(
+  body: (url: string) => Effect.Effect<A, E, QueueStorage | CronStorage.CronStorage>,
+  migrated = true
+) =>
+  Effect.scoped(
+    Effect.flatMap(TestDatabase.acquire({ migrated }), ({ url }) =>
+      body(url).pipe(Effect.provide(storageOn(url)))
+    )
+  )
+
+describe("awa CLI", () => {
+  it.live("--help lists every command and exits 0; an unknown command or a missing database exits 1", () =>
+    Effect.gen(function* () {
+      const help = yield* awa("postgres://unused", "--help")
+      assert.strictEqual(help.code, 0)
+      for (const command of ["migrate", "status", "queues", "queue", "jobs", "dlq", "cron", "doctor"])
+        assert.include(help.out, `\n  ${command} `)
+      const unknown = yield* awa("postgres://unused", "frobnicate")
+      assert.strictEqual(unknown.code, 1)
+      const noDatabase = yield* awa("", "queues")
+      assert.deepStrictEqual(
+        [noDatabase.code, noDatabase.err],
+        [1, "no database: pass --database-url or set DATABASE_URL"]
+      )
+    })
+  )
+
+  it.live(
+    "migrate --dry-run lists pending migrations (exit 2), migrate applies them, then nothing is pending (exit 0)",
+    () =>
+      withDatabase(
+        (url) =>
+          Effect.gen(function* () {
+            const dry = yield* awa(url, "migrate", "--dry-run")
+            assert.strictEqual(dry.code, 2)
+            assert.match(dry.out, /^\d+ migration\(s\) would run:\nversion {2}name/)
+            assert.include(dry.out, "1        control")
+            const dryJson = json(yield* awa(url, "--json", "migrate", "--dry-run"))
+            const pending = dryJson.pending as ReadonlyArray<{ version: number }>
+            const ran = yield* awa(url, "migrate")
+            assert.strictEqual(ran.code, 0)
+            assert.strictEqual(
+              ran.out,
+              `schema "awa": applied ${pending.length} migration(s), version 0 -> ${pending.at(-1)!.version}`
+            )
+            const again = yield* awa(url, "migrate", "--dry-run")
+            assert.deepStrictEqual([again.code, again.out], [0, "schema up to date: nothing to run"])
+          }),
+        false
+      )
+  )
+
+  it.live("doctor reports each check with its fix; a schema not installed fails it (exit 2)", () =>
+    withDatabase(
+      (url) =>
+        Effect.gen(function* () {
+          const before = yield* awa(url, "doctor")
+          assert.strictEqual(before.code, 2)
+          assert.include(before.out, 'FAIL  schema: schema "awa" not installed\n      fix: run: awa migrate')
+          yield* awa(url, "migrate")
+          const after = yield* awa(url, "--json", "doctor")
+          const checks = json(after).checks as ReadonlyArray<{ name: string; status: string }>
+          assert.deepStrictEqual(
+            checks.map((c) => c.name),
+            [
+              "server version",
+              "schema",
+              "jit",
+              "default isolation",
+              "lock budget",
+              "privileges",
+              "long transactions"
+            ]
+          )
+          assert.strictEqual(checks.find((c) => c.name === "schema")!.status, "pass")
+          // exit 0 only when every check passes (JIT depends on the server build)
+          assert.strictEqual(after.code, checks.every((c) => c.status === "pass") ? 0 : 2)
+        }),
+      false
+    )
+  )
+
+  it.live("status shows schema version, leader, both rings and table sizes", () =>
+    withDatabase((url) =>
+      Effect.gen(function* () {
+        const ran = yield* awa(url, "status")
+        assert.strictEqual(ran.code, 0)
+        assert.match(ran.out, /^schema {10}awa\nschema version {2}(\d+) \(this code: \1\)\nleader {10}none\n/)
+        assert.match(ran.out, /\nqueue {4}0 +0 +- +- +never/)
+        assert.match(ran.out, /\nhistory {2}0 +0 /)
+        assert.include(ran.out, "\ndeferred ")
+        const report = json(yield* awa(url, "--json", "status"))
+        assert.deepStrictEqual(
+          (report.rings as ReadonlyArray<{ ring: string }>).map((r) => r.ring),
+          ["queue", "history"]
+        )
+      })
+    )
+  )
+
+  it.live("queues prints per-queue statistics; --exact adds stored counts; a bad window exits 1", () =>
+    withDatabase((url) =>
+      Effect.gen(function* () {
+        const storage = yield* QueueStorage
+        const q = fresh("cli-queues")
+        yield* storage.enqueueMany([
+          { kind: "k", queue: q, args: {} },
+          { kind: "k", queue: q, args: {} }
+        ])
+        const [c] = yield* storage.claim({ queue: q, max: 1, deadlineMs: 0, agingIntervalMs: 0 })
+        yield* storage.finalizeMany([
+          { jobId: c!.jobId, runLease: c!.runLease, outcome: { _tag: "Complete" } }
+        ])
+        yield* storage.pauseQueue(q)
+        const ran = yield* awa(url, "queues")
+        assert.strictEqual(ran.code, 0)
+        assert.match(
+          ran.out,
+          /^queue +paused +available +running +scheduled +retryable +dlq +oldest +done\/300s +failed\/300s +completed total\n/
+        )
+        assert.match(ran.out, new RegExp(`\\n${q} +yes +1 +0 +0 +0 +0 +\\d+s +1 +0 +1\\n`))
+        const report = json(yield* awa(url, "--json", "queues", "--exact"))
+        const mine = (report.queues as ReadonlyArray<any>).find((x) => x.queue === q)
+        assert.deepStrictEqual([mine.available, mine.stored], [1, { completed: 1, failed: 0, cancelled: 0 }])
+        const bad = yield* awa(url, "queues", "--window", "0")
+        assert.strictEqual(bad.code, 1)
+        assert.include(bad.err, "ValidationError")
+      })
+    )
+  )
+
+  it.live("queue pause, resume and drain", () =>
+    withDatabase((url) =>
+      Effect.gen(function* () {
+        const storage = yield* QueueStorage
+        const q = fresh("cli-queue")
+        yield* storage.enqueueMany([1, 2, 3].map((n) => ({ kind: "k", queue: q, args: { n } })))
+        assert.deepStrictEqual(yield* awa(url, "queue", "pause", q), {
+          code: 0,
+          out: `queue ${q} paused`,
+          err: ""
+        })
+        assert.isTrue((yield* storage.queueStats()).queues.find((x) => x.queue === q)!.paused)
+        assert.strictEqual((yield* awa(url, "queue", "resume", q)).out, `queue ${q} resumed`)
+        assert.isFalse((yield* storage.queueStats()).queues.find((x) => x.queue === q)!.paused)
+        const drained = yield* awa(url, "queue", "drain", q)
+        assert.deepStrictEqual([drained.code, drained.out], [0, `queue ${q}: 3 job(s) cancelled`])
+        assert.include(drained.err, "batches of 500")
+        assert.deepStrictEqual(json(yield* awa(url, "--json", "queue", "drain", q)), {
+          queue: q,
+          cancelled: 0
+        })
+      })
+    )
+  )
+
+  it.live("jobs list (filters), show, cancel and retry; an unknown or malformed id exits 1", () =>
+    withDatabase((url) =>
+      Effect.gen(function* () {
+        const storage = yield* QueueStorage
+        const q = fresh("cli-jobs")
+        const [a, b] = yield* storage.enqueueMany([
+          { kind: "email", queue: q, args: { to: "a" } },
+          { kind: "sms", queue: q, args: { to: "b" } }
+        ])
+        const listed = json(yield* awa(url, "--json", "jobs", "list", "--queue", q, "--kind", "email"))
+        assert.deepStrictEqual(
+          (listed.jobs as ReadonlyArray<{ id: string }>).map((j) => j.id),
+          [a!.id.toString()]
+        )
+        const table = yield* awa(url, "jobs", "list", "--queue", q)
+        assert.match(table.out, new RegExp(`\\n${b!.id} +available +${q} +sms +2 +0/25 `))
+        const shown = yield* awa(url, "jobs", "show", a!.id.toString())
+        assert.strictEqual(shown.code, 0)
+        assert.match(shown.out, /\nkind +email\n/)
+        assert.match(shown.out, /\nargs +\{"to":"a"\}\n/)
+        const cancelled = yield* awa(url, "jobs", "cancel", a!.id.toString(), "--reason", "not needed")
+        assert.deepStrictEqual([cancelled.code, cancelled.out], [0, `job ${a!.id} is cancelled`])
+        const retried = yield* awa(url, "jobs", "retry", a!.id.toString())
+        assert.deepStrictEqual([retried.code, retried.out], [0, `job ${a!.id} is available again`])
+        const missing = yield* awa(url, "jobs", "show", "999999999")
+        assert.deepStrictEqual([missing.code, missing.err], [1, "JobNotFound: job 999999999 not found"])
+        const malformed = yield* awa(url, "jobs", "show", "abc")
+        assert.deepStrictEqual([malformed.code, malformed.err], [1, "not a job id: abc"])
+        const badState = yield* awa(url, "jobs", "list", "--state", "sleeping")
+        assert.strictEqual(badState.code, 1)
+      })
+    )
+  )
+
+  it.live("dlq list, show, retry one, purge by filter; a bulk action without filter needs --all", () =>
+    withDatabase((url) =>
+      Effect.gen(function* () {
+        const storage = yield* QueueStorage
+        const q = fresh("cli-dlq")
+        yield* storage.configureQueue(q, { dlq: true })
+        yield* storage.enqueueMany(
+          [1, 2, 3].map((n) => ({ kind: "k", queue: q, args: { n }, maxAttempts: 1 }))
+        )
+        const claimed = yield* storage.claim({ queue: q, max: 3, deadlineMs: 0, agingIntervalMs: 0 })
+        yield* storage.finalizeMany(
+          claimed.map((c) => ({
+            jobId: c.jobId,
+            runLease: c.runLease,
+            outcome: { _tag: "Fail" as const, error: "boom" }
+          }))
+        )
+        const [first, second] = claimed.map((c) => c.jobId)
+        const listed = yield* awa(url, "dlq", "list", "--queue", q)
+        assert.strictEqual(listed.code, 0)
+        assert.match(listed.out, new RegExp(`\\n${first} +${q} +k +terminal_error +1/1 +\\S+ +boom`))
+        const shown = yield* awa(url, "dlq", "show", first!.toString())
+        assert.match(shown.out, /\nreason +terminal_error(\n|$)/)
+        const retried = yield* awa(url, "dlq", "retry", first!.toString())
+        assert.deepStrictEqual([retried.code, retried.out], [0, `job ${first} retried: available`])
+        const unsafe = yield* awa(url, "dlq", "purge")
+        assert.strictEqual(unsafe.code, 1)
+        assert.include(unsafe.err, "UnsafeBulkFilter")
+        const purged = yield* awa(url, "--json", "dlq", "purge", "--queue", q)
+        assert.deepStrictEqual(json(purged), { purged: 2 })
+        const gone = yield* awa(url, "dlq", "show", second!.toString())
+        assert.strictEqual(gone.code, 1)
+      })
+    )
+  )
+
+  it.live("cron list, pause, resume and trigger; an unknown schedule exits 1", () =>
+    withDatabase((url) =>
+      Effect.gen(function* () {
+        const cron = yield* CronStorage.CronStorage
+        const name = fresh("cli-cron")
+        const q = fresh("cli-cron-q")
+        yield* cron.upsert([
+          {
+            name,
+            expression: "0 3 * * *",
+            timezone: "UTC",
+            job: {
+              kind: "nightly",
+              queue: q,
+              args: {},
+              priority: 2,
+              maxAttempts: 25,
+              tags: [],
+              metadata: {}
+            },
+            missedFire: { _tag: "Coalesce" }
+          }
+        ])
+        const listed = yield* awa(url, "cron", "list")
+        assert.match(listed.out, new RegExp(`\\n${name} +0 3 \\* \\* \\* +UTC +${q} +nightly +no +- +no`))
+        assert.strictEqual((yield* awa(url, "cron", "pause", name)).out, `schedule ${name} paused`)
+        const paused = json(yield* awa(url, "--json", "cron", "list"))
+        assert.isTrue((paused.schedules as ReadonlyArray<any>).find((s) => s.name === name).paused)
+        assert.strictEqual((yield* awa(url, "cron", "resume", name)).out, `schedule ${name} resumed`)
+        const triggered = yield* awa(url, "cron", "trigger", name)
+        assert.strictEqual(triggered.code, 0)
+        assert.match(triggered.out, new RegExp(`^schedule ${name} enqueued job \\d+ \\(available\\)$`))
+        const missing = yield* awa(url, "cron", "pause", "no-such-schedule")
+        assert.strictEqual(missing.code, 1)
+        assert.include(missing.err, "CronNotFound")
+      })
+    )
+  )
+})
