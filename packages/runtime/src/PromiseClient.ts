@@ -32,11 +32,14 @@
 import { AwaConfigError, Job } from "@awa/core"
 import type {
   CronStorage,
+  Diagnostics,
   DlqFilter,
   DlqRetryOverrides,
   EnqueuedJob,
   JobView,
-  ListFilter
+  ListFilter,
+  QueueStatsOptions,
+  QueueStatsReport
 } from "@awa/storage"
 import type { PgClient } from "@effect/sql-pg"
 import {
@@ -51,6 +54,7 @@ import {
   SchemaTransformation,
   Scope
 } from "effect"
+import * as Admin from "./Admin.ts"
 import * as Awa from "./Awa.ts"
 import { AwaClient } from "./AwaClient.ts"
 import * as Cron from "./Cron.ts"
@@ -184,11 +188,18 @@ export const createClient = async (options: ClientOptions) => {
     url: Redacted.make(options.databaseUrl),
     maxConnections: options.maxConnections ?? 10
   })
-  const runtime = ManagedRuntime.make(Awa.layerPg(options).pipe(Layer.provideMerge(pg)))
+  // Admin (operator reads: statistics, status, doctor) over the same storage and pool (issue 18)
+  const runtime = ManagedRuntime.make(
+    Admin.layer({ schema: options.schema }).pipe(
+      Layer.provideMerge(Awa.layerPg(options).pipe(Layer.provideMerge(pg)))
+    )
+  )
   // resolved once: an insert is then one runPromise of the client's own effect
   const client = await runtime.runPromise(Effect.service(AwaClient))
-  const run = <A, E>(effect: Effect.Effect<A, E, AwaClient | PgClient.PgClient | CronStorage.CronStorage>) =>
-    runtime.runPromise(effect)
+  const run = <A, E>(
+    effect: Effect.Effect<A, E, AwaClient | PgClient.PgClient | CronStorage.CronStorage | Admin.Admin>
+  ) => runtime.runPromise(effect)
+  const admin = await runtime.runPromise(Effect.service(Admin.Admin))
 
   const define = <A, I = A>(spec: {
     readonly kind: string
@@ -238,6 +249,17 @@ export const createClient = async (options: ClientOptions) => {
       runtime.runPromise(client.insert(job, args, opts)),
     insertMany: <A, I>(job: Job.JobDefinition<A, I>, args: ReadonlyArray<A>, opts?: Job.InsertOptions) =>
       runtime.runPromise(client.insertMany(job, args, opts)),
+    /**
+     * Per-queue statistics (open work by state, paused, oldest available job, finalizations in
+     * total and recently) from the live work and ring ledgers; `exact` adds stored terminal
+     * counts (slow on a large history). See `QueueStatsReport.staleness`.
+     */
+    queueStats: (statsOptions?: QueueStatsOptions): Promise<QueueStatsReport> =>
+      run(admin.queueStats(statsOptions)),
+    /** Schema version, leader, both rings (generation, oldest unpruned slot, last prune, size), table sizes. */
+    status: (): Promise<Diagnostics.StorageReport> => run(admin.status),
+    /** Server and schema checks, each pass/warn/fail with its fix (what `awa doctor` prints). */
+    doctor: (): Promise<ReadonlyArray<Diagnostics.DoctorCheck>> => run(admin.doctor),
     getJob: (id: bigint): Promise<JobView> => run(Effect.flatMap(AwaClient, (c) => c.storage.getJob(id))),
     listJobs: (filter: ListFilter = {}) => run(Effect.flatMap(AwaClient, (c) => c.storage.listJobs(filter))),
     cancel: (id: bigint, reason = "cancelled by operator") =>
