@@ -113,6 +113,19 @@ const withAdmin = <A, E>(body: (admin: Admin.Admin["Service"], json: boolean) =>
     return yield* Effect.flatMap(Admin.Admin, (a) => body(a, flags.json)).pipe(Effect.provide(admin))
   })
 
+/**
+ * Progress of a bulk action on stderr, one line per committed batch (`[####----] 500/1000`; the
+ * total is an estimate taken before the action, so the bar may stop short or run past it).
+ */
+const progressTo = (json: boolean, total: number | undefined) => ({
+  onBatch: (done: number) => {
+    if (json) return Effect.void
+    if (total === undefined || total <= 0) return Console.error(`  ${done} done`)
+    const filled = Math.min(20, Math.round((done / total) * 20))
+    return Console.error(`  [${"#".repeat(filled)}${"-".repeat(20 - filled)}] ${done}/${total}`)
+  }
+})
+
 const print = (json: boolean, value: unknown, human: () => string) =>
   Console.log(json ? toJson(value) : human())
 
@@ -307,7 +320,9 @@ const queueDrain = Command.make(
       Effect.gen(function* () {
         if (!json)
           yield* Console.error(`draining ${queue} in batches of 500 (Ctrl-C keeps the batches done)…`)
-        const cancelled = yield* admin.drainQueue(queue, reason)
+        const stats = (yield* admin.queueStats()).queues.find((q) => q.queue === queue)
+        const total = stats === undefined ? undefined : stats.available + stats.scheduled + stats.retryable
+        const cancelled = yield* admin.drainQueue(queue, reason, progressTo(json, total))
         yield* print(json, { queue, cancelled }, () => `queue ${queue}: ${cancelled} job(s) cancelled`)
       })
     )
@@ -492,10 +507,18 @@ const bulkOrOne = (
         yield* Console.error(
           `${verb === "retry" ? "retrying" : "purging"} in batches of 500 (Ctrl-C keeps the batches done)…`
         )
+      // the total is known from the statistics when the filter is at most a queue
+      const filter = dlqFilter(f)
+      const queues =
+        Option.isNone(f.kind) && Option.isNone(f.tag) ? (yield* admin.queueStats()).queues : undefined
+      const total = queues
+        ?.filter((q) => filter.queue === undefined || q.queue === filter.queue)
+        .reduce((n, q) => n + q.deadLettered, 0)
+      const progress = progressTo(json, total)
       const n =
         verb === "retry"
-          ? yield* admin.retryDlqBulk(dlqFilter(f), f.all)
-          : yield* admin.purgeDlqBulk(dlqFilter(f), f.all)
+          ? yield* admin.retryDlqBulk(filter, f.all, progress)
+          : yield* admin.purgeDlqBulk(filter, f.all, progress)
       yield* print(
         json,
         verb === "retry" ? { retried: n } : { purged: n },

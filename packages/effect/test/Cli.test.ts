@@ -201,6 +201,29 @@ describe("awa CLI", () => {
     )
   )
 
+  it.live("bulk actions report progress per committed batch of 500 on stderr", () =>
+    withDatabase((url) =>
+      Effect.gen(function* () {
+        const storage = yield* QueueStorage
+        const q = fresh("cli-progress")
+        yield* storage.enqueueMany(
+          Array.from({ length: 1200 }, (_, n) => ({ kind: "k", queue: q, args: { n } }))
+        )
+        const drained = yield* awa(url, "queue", "drain", q)
+        assert.strictEqual(drained.code, 0)
+        assert.deepStrictEqual(drained.err.split("\n").slice(1), [
+          "  [########------------] 500/1200",
+          "  [#################---] 1000/1200",
+          "  [####################] 1200/1200"
+        ])
+        assert.strictEqual(drained.out, `queue ${q}: 1200 job(s) cancelled`)
+        // --json prints no progress
+        const quiet = yield* awa(url, "--json", "queue", "drain", q)
+        assert.strictEqual(quiet.err, "")
+      })
+    )
+  )
+
   it.live("jobs list (filters), show, cancel and retry; an unknown or malformed id exits 1", () =>
     withDatabase((url) =>
       Effect.gen(function* () {

@@ -18,6 +18,7 @@ import type {
 } from "@awa/core"
 import { Migrations } from "@awa/sql"
 import {
+  type BulkProgress,
   CronStorage,
   Diagnostics,
   type DlqFilter,
@@ -50,7 +51,8 @@ const make = Effect.fnUntraced(function* (options: AdminOptions = {}) {
     migrate: withSql(Migrations.migrate(schema)),
     pauseQueue: storage.pauseQueue,
     resumeQueue: storage.resumeQueue,
-    drainQueue: (queue: string, reason = "drained by operator") => storage.drainQueue(queue, reason),
+    drainQueue: (queue: string, reason = "drained by operator", progress?: BulkProgress) =>
+      storage.drainQueue(queue, reason, progress),
     listJobs: (filter: ListFilter) => storage.listJobs(filter),
     getJob: (id: JobId) => storage.getJob(id),
     retryJob: (id: JobId) => storage.retryJob(id),
@@ -58,9 +60,11 @@ const make = Effect.fnUntraced(function* (options: AdminOptions = {}) {
     listDlq: (filter: DlqFilter) => storage.listDlq(filter),
     getDlq: (id: JobId) => storage.getDlq(id),
     retryDlq: (id: JobId, overrides?: DlqRetryOverrides) => storage.retryFromDlq(id, overrides),
-    retryDlqBulk: (filter: DlqFilter, all = false) => storage.retryDlqBulk(filter, { all }),
+    retryDlqBulk: (filter: DlqFilter, all = false, progress?: BulkProgress) =>
+      storage.retryDlqBulk(filter, { all, ...progress }),
     purgeDlq: (id: JobId) => storage.purgeDlq(id),
-    purgeDlqBulk: (filter: DlqFilter, all = false) => storage.purgeDlqBulk(filter, { all }),
+    purgeDlqBulk: (filter: DlqFilter, all = false, progress?: BulkProgress) =>
+      storage.purgeDlqBulk(filter, { all, ...progress }),
     listCron: cron.list,
     pauseCron: (name: string, by = "operator") => cron.pause(name, by),
     resumeCron: cron.resume,

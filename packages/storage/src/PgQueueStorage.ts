@@ -34,6 +34,7 @@ import { Clock, Effect, Fiber, Layer, Option } from "effect"
 import { SqlClient, SqlError } from "effect/sql"
 import {
   type AttemptToken,
+  type BulkProgress,
   type ClaimedJob,
   type ClaimParams,
   type DlqEntry,
@@ -924,7 +925,7 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
   const dlqBulk = (
     action: "retry" | "purge",
     filter: DlqFilter,
-    options: { readonly all?: boolean | undefined } = {}
+    options: { readonly all?: boolean | undefined } & BulkProgress = {}
   ) =>
     Effect.gen(function* () {
       yield* checkBulkFilter(action === "retry" ? "retryDlqBulk" : "purgeDlqBulk", filter, options)
@@ -945,6 +946,7 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
         if (row?.last == null) return total
         total += row.n
         after = row.last
+        if (options.onBatch !== undefined) yield* options.onBatch(total)
       }
     })
 
@@ -960,7 +962,7 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
   // In batches of `bulkBatch` jobs, each its own transaction (unless the caller's transaction holds
   // them all): no per-job lock, and the queue's lanes are locked one batch at a time (0027). Only
   // jobs that exist when the drain starts: a producer cannot keep it going.
-  const drainQueue = (queue: string, reason: string) =>
+  const drainQueue = (queue: string, reason: string, progress: BulkProgress = {}) =>
     Effect.gen(function* () {
       yield* checkQueueName(queue)
       const [ceiling] = yield* sql<{ id: bigint }>`SELECT last_value AS id FROM ${s}.job_id_seq`
@@ -974,6 +976,7 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
         )
         if (!row || row.n === 0) return total
         total += row.n
+        if (progress.onBatch !== undefined) yield* progress.onBatch(total)
       }
     })
 

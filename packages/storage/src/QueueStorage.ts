@@ -336,6 +336,12 @@ export interface QueueStatsReport {
   readonly queues: ReadonlyArray<QueueStats>
 }
 
+/** Progress of a bulk action that runs in batches (drain, DLQ retry/purge). */
+export interface BulkProgress {
+  /** Called after each committed batch with the running total (not called when nothing matched). */
+  readonly onBatch?: ((done: number) => Effect.Effect<void>) | undefined
+}
+
 export type EnqueueError = ValidationError | UniqueConflict | SqlError.SqlError
 
 export class QueueStorage extends Context.Service<
@@ -458,7 +464,7 @@ export class QueueStorage extends Context.Service<
      */
     readonly retryDlqBulk: (
       filter: DlqFilter,
-      options?: { readonly all?: boolean | undefined }
+      options?: { readonly all?: boolean | undefined } & BulkProgress
     ) => Effect.Effect<number, UnsafeBulkFilter | ValidationError | ReadCommittedRequired | SqlError.SqlError>
     /**
      * Purges every entry matching the filter; an empty filter needs `all: true`. Returns how many.
@@ -466,7 +472,7 @@ export class QueueStorage extends Context.Service<
      */
     readonly purgeDlqBulk: (
       filter: DlqFilter,
-      options?: { readonly all?: boolean | undefined }
+      options?: { readonly all?: boolean | undefined } & BulkProgress
     ) => Effect.Effect<number, UnsafeBulkFilter | ValidationError | ReadCommittedRequired | SqlError.SqlError>
     /** Deletes up to `batch` entries older than their queue's retention (else `defaultRetentionMs`). */
     readonly cleanupDlq: (
@@ -481,7 +487,8 @@ export class QueueStorage extends Context.Service<
      */
     readonly drainQueue: (
       queue: string,
-      reason: string
+      reason: string,
+      progress?: BulkProgress
     ) => Effect.Effect<number, ValidationError | ReadCommittedRequired | SqlError.SqlError>
   }
 >()("@awa/storage/QueueStorage") {}

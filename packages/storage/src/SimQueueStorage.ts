@@ -78,6 +78,7 @@ import { Clock, Effect, Layer, Option, Random } from "effect"
 import type { Mutable } from "effect/Types"
 import {
   type AttemptToken,
+  type BulkProgress,
   type ClaimedJob,
   type ClaimParams,
   type DlqEntry,
@@ -987,33 +988,41 @@ export const make: Effect.Effect<QueueStorage["Service"]> = Effect.gen(function*
       return Effect.void
     })
 
+  // One step: the whole action is one batch (Postgres reports every 500).
+  const reportBatch = (progress: BulkProgress | undefined, done: number) =>
+    progress?.onBatch !== undefined && done > 0 ? progress.onBatch(done) : Effect.void
+
   // Bulk retry goes oldest id first, so of two entries sharing a unique key the older one wins.
   const retryDlqBulk = Effect.fnUntraced(function* (
     filter: DlqFilter,
-    options?: { readonly all?: boolean | undefined }
+    options?: { readonly all?: boolean | undefined } & BulkProgress
   ) {
     yield* checkBulkFilter("retryDlqBulk", filter, options ?? {})
     const now = yield* Clock.currentTimeMillis
-    return yield* Effect.sync(() => {
+    const retried = yield* Effect.sync(() => {
       const none = { queue: undefined, priority: undefined, runAt: undefined }
-      let retried = 0
+      let n = 0
       for (const job of matchingDlq(filter).reverse()) {
-        if (revive(job, none, now) === undefined) retried++
+        if (revive(job, none, now) === undefined) n++
       }
-      return retried
+      return n
     })
+    yield* reportBatch(options, retried)
+    return retried
   })
 
   const purgeDlqBulk = Effect.fnUntraced(function* (
     filter: DlqFilter,
-    options?: { readonly all?: boolean | undefined }
+    options?: { readonly all?: boolean | undefined } & BulkProgress
   ) {
     yield* checkBulkFilter("purgeDlqBulk", filter, options ?? {})
-    return yield* Effect.sync(() => {
+    const purged = yield* Effect.sync(() => {
       const matching = matchingDlq(filter)
       for (const job of matching) remove(job)
       return matching.length
     })
+    yield* reportBatch(options, purged)
+    return purged
   })
 
   const cleanupDlq = (defaultRetentionMs: number, batch: number) =>
@@ -1031,10 +1040,10 @@ export const make: Effect.Effect<QueueStorage["Service"]> = Effect.gen(function*
       })
     )
 
-  const drainQueue = Effect.fnUntraced(function* (queue: string, reason: string) {
+  const drainQueue = Effect.fnUntraced(function* (queue: string, reason: string, progress?: BulkProgress) {
     const name = yield* checkQueueName(queue)
     const now = yield* Clock.currentTimeMillis
-    return yield* Effect.sync(() => {
+    const drained = yield* Effect.sync(() => {
       const waiting = [...jobs.values()].filter(
         (job) =>
           job.queue === name &&
@@ -1043,6 +1052,8 @@ export const make: Effect.Effect<QueueStorage["Service"]> = Effect.gen(function*
       for (const job of waiting) cancel(job, reason, now)
       return waiting.length
     })
+    yield* reportBatch(progress, drained)
+    return drained
   })
 
   const status: StorageStatus = { generation: 0n, slot: 0, oldestUnpruned: null, historyGeneration: 0n }
