@@ -182,10 +182,10 @@ try {
   // the `awa` bin of @awa/effect (issue 18), found by npx in the app and run by its Node
   await step(`npx awa --help on Node ${version}`, () => {
     const path = `${join(app, "node_modules", ".bin")}:${outside["PATH"] ?? ""}`
-    const help = output("npx", ["--no-install", "awa", "--help"], {
-      cwd: app,
-      env: { ...outside, PATH: path }
-    })
+    // a clean environment, as in a user's shell: under `npm run` the inherited npm variables
+    // lead npx back to the workspace's configuration and its "@awa/source" condition
+    const env: NodeJS.ProcessEnv = { PATH: path, HOME: outside["HOME"] ?? "" }
+    const help = output("npx", ["--no-install", "awa", "--help"], { cwd: app, env })
     for (const command of ["migrate", "status", "queues", "doctor"])
       if (!help.includes(`\n  ${command} `)) throw new Error(`awa --help does not list ${command}:\n${help}`)
   })

@@ -10,11 +10,16 @@
  *   2  checked and not ready: `doctor` found a warn or fail, `migrate --dry-run` found pending
  *      migrations, `status` found the schema behind this code.
  */
+
+import { createServer } from "node:http"
 import { Admin } from "@awa/runtime"
 import { CronStorage, PgQueueStorage } from "@awa/storage"
+import { NodeHttpServer } from "@effect/platform-node"
 import { PgClient } from "@effect/sql-pg"
 import { Cause, Console, Effect, Exit, Layer, Option, Redacted, Schema } from "effect"
 import { Argument, Command, Flag } from "effect/cli"
+import { HttpRouter } from "effect/http"
+import * as AdminApi from "./AdminApi.ts"
 
 /** Exit code of a check that ran and found something not ready (`doctor`, `migrate --dry-run`). */
 export const exitNotReady = 2
@@ -98,19 +103,25 @@ const root = Command.make("awa").pipe(
 )
 
 /** Runs `body` with the `Admin` service on a pool opened for this command, and closed after it. */
+/** The `Admin` service (and its `SqlClient`) on a pool to the command's database. */
+const adminLayer = Effect.gen(function* () {
+  const flags = yield* root
+  const url = Option.getOrUndefined(flags.databaseUrl) ?? process.env.DATABASE_URL
+  if (url === undefined || url === "")
+    return yield* new UsageError({ message: "no database: pass --database-url or set DATABASE_URL" })
+  const client = PgClient.layer({ url: Redacted.make(url), maxConnections: 2, applicationName: "awa-cli" })
+  const storage = Layer.mergeAll(
+    PgQueueStorage.layer({ schema: flags.schema }),
+    CronStorage.layerPg({ schema: flags.schema })
+  ).pipe(Layer.provideMerge(client))
+  return { admin: Admin.layer({ schema: flags.schema }).pipe(Layer.provideMerge(storage)), json: flags.json }
+})
+
+/** Runs `body` with the `Admin` service on a pool opened for this command, and closed after it. */
 const withAdmin = <A, E>(body: (admin: Admin.Admin["Service"], json: boolean) => Effect.Effect<A, E>) =>
   Effect.gen(function* () {
-    const flags = yield* root
-    const url = Option.getOrUndefined(flags.databaseUrl) ?? process.env.DATABASE_URL
-    if (url === undefined || url === "")
-      return yield* new UsageError({ message: "no database: pass --database-url or set DATABASE_URL" })
-    const client = PgClient.layer({ url: Redacted.make(url), maxConnections: 2, applicationName: "awa-cli" })
-    const storage = Layer.mergeAll(
-      PgQueueStorage.layer({ schema: flags.schema }),
-      CronStorage.layerPg({ schema: flags.schema })
-    ).pipe(Layer.provideMerge(client))
-    const admin = Admin.layer({ schema: flags.schema }).pipe(Layer.provideMerge(storage))
-    return yield* Effect.flatMap(Admin.Admin, (a) => body(a, flags.json)).pipe(Effect.provide(admin))
+    const { admin, json } = yield* adminLayer
+    return yield* Effect.flatMap(Admin.Admin, (a) => body(a, json)).pipe(Effect.provide(admin))
   })
 
 /**
@@ -624,9 +635,62 @@ const doctor = Command.make("doctor", {}, () =>
   )
 ).pipe(Command.withDescription("check the server and schema; exit 2 when something needs attention"))
 
+// serve -------------------------------------------------------------------------------------
+
+const loopback = (host: string) => host === "127.0.0.1" || host === "::1" || host === "localhost"
+
+const serve = Command.make(
+  "serve",
+  {
+    host: Flag.String("host").pipe(Flag.withDescription("address to bind"), Flag.withDefault("127.0.0.1")),
+    port: Flag.Int("port").pipe(Flag.withDefault(3000)),
+    token: Flag.String("token").pipe(
+      Flag.withDescription("bearer token for actions (default: the AWA_ADMIN_TOKEN environment variable)"),
+      Flag.optional
+    ),
+    authReads: Flag.Boolean("auth-reads").pipe(
+      Flag.withDescription("reads need the token too"),
+      Flag.withDefault(false)
+    ),
+    readOnly: Flag.Boolean("read-only").pipe(
+      Flag.withDescription("refuse every action (503)"),
+      Flag.withDefault(false)
+    ),
+    insecureNoAuth: Flag.Boolean("insecure-no-auth").pipe(
+      Flag.withDescription("allow actions without a token (and a non-loopback bind without one)"),
+      Flag.withDefault(false)
+    )
+  },
+  (f) =>
+    Effect.gen(function* () {
+      const token = Option.getOrUndefined(f.token) ?? process.env.AWA_ADMIN_TOKEN
+      if (!loopback(f.host) && (token === undefined || token === "") && !f.insecureNoAuth)
+        return yield* new UsageError({
+          message: `binding ${f.host} needs an admin token (--token or AWA_ADMIN_TOKEN) or --insecure-no-auth`
+        })
+      const { admin } = yield* adminLayer
+      const server = HttpRouter.serve(
+        AdminApi.layer({
+          token: token === undefined || token === "" ? undefined : Redacted.make(token),
+          authReads: f.authReads,
+          readOnly: f.readOnly,
+          insecureNoAuth: f.insecureNoAuth
+        }),
+        { disableLogger: true }
+      ).pipe(
+        Layer.provide(NodeHttpServer.layer(createServer, { port: f.port, host: f.host })),
+        Layer.provide(admin)
+      )
+      yield* Console.error(`awa admin API on http://${f.host}:${f.port} (OpenAPI: /openapi.json)`)
+      return yield* Layer.launch(server)
+    })
+).pipe(
+  Command.withDescription("serve the admin HTTP API (/api, /healthz, /readyz, /openapi.json) until stopped")
+)
+
 /** The whole command tree. */
 export const command = root.pipe(
-  Command.withSubcommands([migrate, status, queues, queue, jobs, dlq, cron, doctor])
+  Command.withSubcommands([migrate, status, queues, queue, jobs, dlq, cron, doctor, serve])
 )
 
 export const version = "0.1.0"

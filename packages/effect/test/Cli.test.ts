@@ -9,7 +9,7 @@ import { TestDatabase } from "@awa/testing"
 import { NodeServices } from "@effect/platform-node"
 import { PgClient } from "@effect/sql-pg"
 import { assert, describe, it } from "@effect/vitest"
-import { Console, Effect, Layer, Redacted } from "effect"
+import { Console, Effect, Fiber, Layer, Redacted } from "effect"
 import * as Cli from "../src/Cli.ts"
 
 interface Ran {
@@ -331,5 +331,46 @@ describe("awa CLI", () => {
         assert.include(missing.err, "CronNotFound")
       })
     )
+  )
+
+  it.live(
+    "serve runs the admin API until interrupted; a public bind without a token is refused (exit 1)",
+    () =>
+      withDatabase((url) =>
+        Effect.gen(function* () {
+          const refused = yield* awa(url, "serve", "--host", "0.0.0.0")
+          assert.deepStrictEqual(
+            [refused.code, refused.err],
+            [1, "binding 0.0.0.0 needs an admin token (--token or AWA_ADMIN_TOKEN) or --insecure-no-auth"]
+          )
+          const port = 40_000 + Math.floor(Math.random() * 20_000)
+          const fiber = yield* Effect.forkChild(awa(url, "serve", "--port", String(port), "--token", "t0k"))
+          const get = (path: string, init: RequestInit = {}) =>
+            Effect.promise(() =>
+              fetch(`http://127.0.0.1:${port}${path}`, init).then(
+                async (r) => ({ status: r.status, body: await r.text() }),
+                () => ({ status: 0, body: "" })
+              )
+            )
+          // wait for the listener (a condition, not a time)
+          let health = yield* get("/healthz")
+          while (health.status !== 200) {
+            yield* Effect.sleep("50 millis")
+            health = yield* get("/healthz")
+          }
+          assert.deepStrictEqual(JSON.parse(health.body), { status: "ok", database: "reachable" })
+          assert.strictEqual((yield* get("/api/queues/x/pause", { method: "POST" })).status, 401)
+          const paused = yield* get("/api/queues/x/pause", {
+            method: "POST",
+            headers: { authorization: "Bearer t0k" }
+          })
+          assert.deepStrictEqual(
+            [paused.status, JSON.parse(paused.body)],
+            [200, { queue: "x", paused: true }]
+          )
+          yield* Fiber.interrupt(fiber)
+          assert.strictEqual((yield* get("/healthz")).status, 0)
+        })
+      )
   )
 })
