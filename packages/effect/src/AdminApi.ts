@@ -207,8 +207,8 @@ const parseInt10 = (field: string, text: string | undefined) =>
       ? Effect.succeed(Number(text))
       : Effect.fail(new BadRequest({ message: `${field} must be an integer (got ${text})` }))
 
-const bearerOf = (header: string | undefined) =>
-  header !== undefined && header.toLowerCase().startsWith("bearer ") ? header.slice(7).trim() : undefined
+const bearerOf = (header: string | undefined = "") =>
+  header.toLowerCase().startsWith("bearer ") ? header.slice(7).trim() : undefined
 
 const tokenMatches = (options: AdminApiOptions, given: string | undefined) =>
   options.token !== undefined && given !== undefined && given === Redacted.value(options.token)
