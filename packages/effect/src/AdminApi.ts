@@ -20,6 +20,7 @@ import {
   HttpApiSecurity
 } from "effect/http-api"
 import { SqlClient } from "effect/sql"
+import * as QueueMetrics from "./QueueMetrics.ts"
 
 // ---------------------------------------------------------------------------------------------
 // Errors (JSON bodies with a message)
@@ -372,7 +373,11 @@ const middlewareLive = (options: AdminApiOptions) =>
  * document at `/openapi.json`. Needs the `Admin` service and its `SqlClient`.
  */
 export const layer = (options: AdminApiOptions = {}) =>
-  HttpApiBuilder.layer(api, { openapiPath: "/openapi.json" }).pipe(
-    Layer.provide(Layer.mergeAll(readsLive(options), actionsLive, healthLive)),
-    Layer.provide(middlewareLive(options))
+  Layer.mergeAll(
+    HttpApiBuilder.layer(api, { openapiPath: "/openapi.json" }).pipe(
+      Layer.provide(Layer.mergeAll(readsLive(options), actionsLive, healthLive)),
+      Layer.provide(middlewareLive(options))
+    ),
+    // GET /metrics, Prometheus text (open, as /healthz: bind the server to a private address)
+    QueueMetrics.layerPrometheus()
   )

@@ -324,6 +324,31 @@ describe("admin HTTP API", () => {
             ])
               assert.property(openapi.body.paths, path)
             assert.property(openapi.body.components.securitySchemes, "bearer")
+            // Prometheus text: queue depth and finalizations as the statistics count them
+            const storage = yield* QueueStorage
+            const q = fresh("api-metrics")
+            yield* storage.enqueueMany([
+              { kind: "k", queue: q, args: {} },
+              { kind: "k", queue: q, args: {} }
+            ])
+            const [c] = yield* storage.claim({ queue: q, max: 1, deadlineMs: 0, agingIntervalMs: 0 })
+            yield* storage.finalizeMany([
+              { jobId: c!.jobId, runLease: c!.runLease, outcome: { _tag: "Complete" } }
+            ])
+            const client = yield* HttpClient.HttpClient
+            const scrape = () => Effect.flatMap(client.get("/metrics"), (r) => r.text)
+            const first = yield* scrape()
+            assert.include(first, `awa_queue_depth{awa_queue="${q}",state="available"} 1`)
+            assert.include(first, `awa_job_finalized{awa_queue="${q}",outcome="completed"} 1`)
+            assert.include(first, "awa_leader_present 0")
+            // counters advance by what was finalized since the last scrape, not by the total again
+            const [d] = yield* storage.claim({ queue: q, max: 1, deadlineMs: 0, agingIntervalMs: 0 })
+            yield* storage.finalizeMany([
+              { jobId: d!.jobId, runLease: d!.runLease, outcome: { _tag: "Complete" } }
+            ])
+            const second = yield* scrape()
+            assert.include(second, `awa_job_finalized{awa_queue="${q}",outcome="completed"} 2`)
+            assert.include(second, `awa_queue_depth{awa_queue="${q}",state="available"} 0`)
           })
         )
         yield* withApi(
