@@ -3186,14 +3186,23 @@ $function$
 
 CREATE OR REPLACE FUNCTION awa.queue_stats(p_window_ms bigint)
  RETURNS TABLE(queue text, paused boolean, available bigint, running bigint, scheduled bigint, retryable bigint, dead_lettered bigint, oldest_available_at timestamp with time zone, completed_total bigint, failed_total bigint, cancelled_total bigint, recent_completed bigint, recent_failed bigint, recent_cancelled bigint, window_start timestamp with time zone, as_of timestamp with time zone)
- LANGUAGE sql
+ LANGUAGE plpgsql
  STABLE
  SET search_path TO 'awa', 'pg_catalog'
+ SET plan_cache_mode TO 'force_generic_plan'
  SET jit TO 'off'
 AS $function$
+#variable_conflict use_column
+BEGIN
+  RETURN QUERY
   WITH rng AS MATERIALIZED (SELECT s.lo1, s.hi1, s.lo2, s.hi2 FROM queue_slot_ranges() s),
   cursors AS MATERIALIZED (
-    SELECT l.queue, l.priority, l.shard, lane_cursor(l.queue, l.priority, l.shard) AS c FROM lanes l
+    -- = lane_cursor(queue, priority, shard), inline: a function call per lane plans its query again
+    SELECT l.queue, l.priority, l.shard,
+           coalesce((SELECT m.next_lane_seq FROM claim_marks m
+                     WHERE m.queue = l.queue AND m.priority = l.priority AND m.shard = l.shard
+                     ORDER BY m.next_lane_seq DESC LIMIT 1), 0) AS c
+    FROM lanes l
   ),
   ready_counts AS (
     SELECT k.queue, sum(n.n) AS n, min(h.run_at) AS head_at
@@ -3290,7 +3299,8 @@ AS $function$
   LEFT JOIN deferred_counts dc ON dc.queue = n.queue
   LEFT JOIN dlq_counts q ON q.queue = n.queue
   LEFT JOIN finals f ON f.queue = n.queue
-  ORDER BY n.queue COLLATE "C"
+  ORDER BY n.queue COLLATE "C";
+END
 $function$
 -- execute besides the owner: owner only
 
