@@ -19,6 +19,7 @@ import type { EnqueuedJob, EnqueueError, JobView, ListFilter, QueueStateCount } 
 import { QueueStorage } from "@awa/storage"
 import { Clock, Context, Duration, Effect, Layer, type Option, Schema } from "effect"
 import type { SqlError } from "effect/sql"
+import * as RuntimeMetrics from "./RuntimeMetrics.ts"
 
 export interface AwaClientOptions {
   /**
@@ -57,6 +58,7 @@ export class AwaClient extends Context.Service<
 export const make = Effect.fnUntraced(function* (options: AwaClientOptions = {}) {
   const storage = yield* QueueStorage
   const tracing = options.tracing ?? true
+  const metrics = yield* RuntimeMetrics.makeRecorder
 
   interface Prepared {
     readonly merged: Job.InsertOptions
@@ -138,6 +140,12 @@ export const make = Effect.fnUntraced(function* (options: AwaClientOptions = {})
               unique: merged.unique
             }))
           )
+        // counted when the call returned: the caller's transaction may still roll it back
+      ).pipe(
+        Effect.map((jobs) => {
+          if (jobs.length > 0) metrics.enqueued(jobs[0]!.queue, job.kind, jobs.length)
+          return jobs
+        })
       )
     )
 

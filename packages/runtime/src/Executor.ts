@@ -29,6 +29,7 @@ import type { CompletionBatcher } from "./CompletionBatcher.ts"
 import * as Deadlines from "./Deadlines.ts"
 import type { Handler, JobContext } from "./Handler.ts"
 import * as Progress from "./Progress.ts"
+import * as RuntimeMetrics from "./RuntimeMetrics.ts"
 
 export interface ExecutorOptions<R> {
   readonly handlers: ReadonlyMap<string, Handler<R>>
@@ -75,6 +76,8 @@ export interface RunningAttempt {
   /** Set when its hard deadline passed: the interruption is recorded as a retry. */
   deadlineExceeded: boolean
   deadline: Deadlines.DeadlineNode | undefined
+  /** `performance.now()` when its handler began (the handler duration metric). */
+  startedAt: number | undefined
   readonly key: string
 }
 
@@ -175,6 +178,7 @@ const setTo = (
 export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>) {
   const running = new Map<string, RunningAttempt>()
   const deadlines = yield* Deadlines.make()
+  const metrics = yield* RuntimeMetrics.makeRecorder
 
   // Delays come from user code (a custom backoff, a handler's RetryAfter/Snooze) and may be
   // anything, or throw. Storage takes whole milliseconds 0 – 30 days and rejects a finalize call
@@ -385,8 +389,10 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
       closedElsewhere: false,
       deadlineExceeded: false,
       deadline: undefined,
+      startedAt: undefined,
       key: keyOf(job.jobId, job.runLease)
     }
+    metrics.claimed(job)
     if (job.deadlineAt !== null)
       entry.deadline = deadlines.add(
         heldAt,
@@ -441,7 +447,14 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
           ? Effect.void
           : Effect.catchCause(
               // the attempt's progress goes with its outcome, in the same statement (capability 14)
-              Effect.asVoid(options.batcher.submit(entry.job, outcome, entry.progress)),
+              Effect.map(options.batcher.submit(entry.job, outcome, entry.progress), (result) => {
+                if (result._tag === "Applied")
+                  metrics.finished(
+                    entry.job,
+                    result.state,
+                    entry.startedAt === undefined ? undefined : performance.now() - entry.startedAt
+                  )
+              }),
               logFinalizationFailure
             )
       ),
@@ -473,6 +486,7 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
       // Decided when the fiber begins: a cancel or deadline may land between fork and begin.
       const body = Effect.suspend((): Effect.Effect<Job.JobResult | void, unknown, R> => {
         entry.begun = true
+        entry.startedAt = performance.now()
         if (entry.closedElsewhere) return Effect.interrupt
         if (entry.deadlineExceeded) return Effect.fail(new DeadlineExceeded())
         if (handler !== undefined) return traced(entry.job, attempt(handler, entry))

@@ -10,9 +10,17 @@
  * lost connection is noticed): rotate/prune take the ring serializer, promotion skips locked
  * rows, rescue takes per-attempt locks, a cron fire compares-and-swaps its schedule's last fire.
  */
-import { CronStorage, LeaderLock, QueueStorage, type RetentionParams, type RotatePolicy } from "@awa/storage"
+import {
+  CronStorage,
+  LeaderLock,
+  QueueStorage,
+  type RescuedAttempt,
+  type RetentionParams,
+  type RotatePolicy
+} from "@awa/storage"
 import { Clock, Effect, Option, Schedule, SubscriptionRef } from "effect"
 import * as Cron from "./Cron.ts"
+import * as RuntimeMetrics from "./RuntimeMetrics.ts"
 
 export interface MaintenanceConfig {
   readonly electionIntervalMs: number
@@ -46,6 +54,7 @@ const every = (name: string, intervalMs: number, task: Effect.Effect<unknown, un
 
 export const duties = Effect.fnUntraced(function* (config: MaintenanceConfig) {
   const storage = yield* QueueStorage
+  const metrics = yield* RuntimeMetrics.makeRecorder
   const historyRotateAgeMs = Math.max(
     60_000,
     Math.ceil(
@@ -81,6 +90,7 @@ export const duties = Effect.fnUntraced(function* (config: MaintenanceConfig) {
     const outcome = yield* storage.prune(
       force ? { ...pruneParams, forceLockTimeoutMs: Math.min(2000, 200 * 2 ** forcedFailures) } : pruneParams
     )
+    metrics.pruned(outcome._tag.toLowerCase(), "reason" in outcome ? outcome.reason : undefined)
     if (outcome._tag === "Pruned") {
       lockFailures = 0
       forcedFailures = 0
@@ -116,8 +126,22 @@ export const duties = Effect.fnUntraced(function* (config: MaintenanceConfig) {
       ? Effect.void
       : storage.rescueStale({ stalenessMs: config.heartbeatStalenessMs, limit: config.rescueBatch })
   )
-  yield* every("rescue-stale", config.rescueIntervalMs, rescueStale)
-  yield* every("rescue-deadline", config.rescueIntervalMs, storage.rescueDeadlines(config.rescueBatch))
+  const counted = (rescued: ReadonlyArray<RescuedAttempt>) => {
+    metrics.rescued("stale_heartbeat", rescued.filter((r) => r.reason === "stale_heartbeat").length)
+    metrics.rescued("deadline_exceeded", rescued.filter((r) => r.reason === "deadline_exceeded").length)
+  }
+  yield* every(
+    "rescue-stale",
+    config.rescueIntervalMs,
+    Effect.map(rescueStale, (r) => {
+      if (r !== undefined) counted(r)
+    })
+  )
+  yield* every(
+    "rescue-deadline",
+    config.rescueIntervalMs,
+    Effect.map(storage.rescueDeadlines(config.rescueBatch), counted)
+  )
   yield* every("rotate-prune", config.rotateIntervalMs, rotateAndPrune)
   yield* every("history", config.historyIntervalMs, history)
   // DLQ retention: batches of 1,000 until a batch comes back short (at most 10 per tick).
@@ -150,8 +174,15 @@ export const run = Effect.fnUntraced(function* (
     Effect.gen(function* () {
       const acquired = yield* lock.tryAcquire.pipe(Effect.catchCause(() => Effect.succeed(Option.none())))
       if (Option.isNone(acquired)) return
-      yield* Effect.addFinalizer(() => SubscriptionRef.set(isLeader, false))
+      const metrics = yield* RuntimeMetrics.makeRecorder
+      yield* Effect.addFinalizer(() =>
+        Effect.andThen(
+          Effect.sync(() => metrics.leading(false)),
+          SubscriptionRef.set(isLeader, false)
+        )
+      )
       yield* SubscriptionRef.set(isLeader, true)
+      metrics.leading(true)
       yield* Effect.logInfo("became maintenance leader")
       yield* duties(config)
       yield* acquired.value.check.pipe(
