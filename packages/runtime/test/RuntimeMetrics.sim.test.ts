@@ -76,6 +76,8 @@ describe("runtime metrics", () => {
       assert.strictEqual(yield* count(RuntimeMetrics.jobsClaimed), 5)
       assert.strictEqual(yield* count(RuntimeMetrics.jobsRetried), 2)
       // the leader: elected, and its rotate-prune duty has tried to prune
+      const noopPrunes = yield* count(RuntimeMetrics.prunes, { outcome: "noop", reason: "" })
+      assert.isAbove(noopPrunes, 0, "each rotate-prune tick tried to prune")
       const leader = yield* Metric.value(RuntimeMetrics.isLeader)
       assert.strictEqual(leader.value, 1)
       yield* Scope.close(scope, Exit.void)
