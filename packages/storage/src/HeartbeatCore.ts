@@ -7,7 +7,8 @@
  *
  * **Guarantees** Writes are serialized (one round or flush at a time), so a progress value never
  * overwrites a newer one: each attempt's progress has a generation, a write carries the newest
- * known when it starts, and it acknowledges only that generation.
+ * known when it starts, and it acknowledges only that generation. Once `close` returns, no write
+ * is in flight and none follows (the heartbeat thread outlives the worker session it served).
  */
 import { Clock, Duration, Effect, Schedule, Semaphore } from "effect"
 import type { SqlError } from "effect/sql"
@@ -64,8 +65,10 @@ const chunkSize = 500
 export const make = (storage: QueueStorage["Service"], intervalMs: number) => {
   const attempts = new Map<string, Entry>()
   const lock = Semaphore.makeUnsafe(1)
+  let closed = false
 
   const track = (list: ReadonlyArray<TrackedAttempt>) => {
+    if (closed) return
     for (const a of list) {
       const key = keyOf(a)
       if (!attempts.has(key))
@@ -128,6 +131,7 @@ export const make = (storage: QueueStorage["Service"], intervalMs: number) => {
   const flush = (token: AttemptToken, progress: Progress, generation: number) =>
     lock.withPermit(
       Effect.suspend(() => {
+        if (closed) return Effect.void
         const key = keyOf(token)
         setProgress(key, progress, generation)
         return Effect.map(
@@ -140,7 +144,19 @@ export const make = (storage: QueueStorage["Service"], intervalMs: number) => {
       })
     )
 
-  return { track, untrack, setProgress, beat, flush, size: () => attempts.size }
+  /**
+   * Forgets every attempt and stops writing: waits for the write in flight (the lock), after which
+   * rounds find nothing due and flushes write nothing. Tracking what the session let go would
+   * keep those attempts alive under the next session, however long it runs.
+   */
+  const close: Effect.Effect<void> = lock.withPermit(
+    Effect.sync(() => {
+      closed = true
+      attempts.clear()
+    })
+  )
+
+  return { track, untrack, setProgress, beat, flush, close, size: () => attempts.size }
 }
 
 export type HeartbeatCore = ReturnType<typeof make>

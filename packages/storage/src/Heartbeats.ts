@@ -33,7 +33,7 @@ import { PgClient } from "@effect/sql-pg"
 import { Context, Deferred, Duration, Effect, Layer, Queue, Redacted, type Scope, Stream } from "effect"
 import { SqlError, UnknownError } from "effect/sql/SqlError"
 import * as HeartbeatCore from "./HeartbeatCore.ts"
-import type { FromThread, ThreadConnection, ThreadData, ToThread } from "./HeartbeatThread.ts"
+import type { FromThread, SessionData, ThreadConnection, ThreadData, ToThread } from "./HeartbeatThread.ts"
 import { type AttemptToken, QueueStorage } from "./QueueStorage.ts"
 
 export type { TrackedAttempt } from "./HeartbeatCore.ts"
@@ -162,6 +162,12 @@ const threadConnection = (config: PgClient.PgClientConfig) =>
 /**
  * Heartbeats from a thread with its own connection, opened with the application's `PgClient`
  * settings. Falls back to `makeLoop` (with a warning) when those cannot be handed to a thread.
+ *
+ * The threads belong to this layer: the first `start` spawns one (building the layer spawns
+ * nothing, so a producer-only process never loads it), a session that ends hands it back idle,
+ * and the next session reuses it. Concurrent sessions (two workers on one layer) each get a
+ * thread of their own: a second is spawned only while the first is busy. Closing the layer's
+ * scope stops them all.
  */
 export const layerThread = (options: { readonly schema?: string | undefined } = {}) =>
   Layer.effect(
@@ -170,6 +176,7 @@ export const layerThread = (options: { readonly schema?: string | undefined } = 
       const client = yield* PgClient.PgClient
       const storage = yield* QueueStorage
       const schema = yield* Migrations.checkSchemaName(options.schema ?? Migrations.defaultSchema)
+      const threads = yield* makeThreads(schema, storage)
       return Heartbeats.of({
         start: (o) =>
           Effect.gen(function* () {
@@ -178,7 +185,7 @@ export const layerThread = (options: { readonly schema?: string | undefined } = 
               yield* Effect.logWarning(`heartbeats run on the event loop: ${connection}`)
               return yield* Effect.provideService(makeLoop(o), QueueStorage, storage)
             }
-            return yield* startThread(o, connection, schema, storage)
+            return yield* threads.session(o, connection)
           })
       })
     })
@@ -187,66 +194,89 @@ export const layerThread = (options: { readonly schema?: string | undefined } = 
 /** How long a session waits for its thread before it starts with heartbeats on the event loop. */
 const threadStartTimeoutMs = 60_000
 
-const startThread = (
-  options: HeartbeatOptions,
-  connection: ThreadConnection,
-  schema: string,
-  storage: QueueStorage["Service"]
-): Effect.Effect<HeartbeatSession, never, Scope.Scope> =>
-  Effect.gen(function* () {
-    const tickBuffer = new SharedArrayBuffer(8)
-    const tick = new BigInt64Array(tickBuffer)
-    const stamp = () => Atomics.store(tick, 0, BigInt(Date.now()))
-    stamp()
-    const data: ThreadData = {
-      connection,
-      schema,
-      intervalMs: options.intervalMs,
-      maxStallMs: options.maxStallMs,
-      tick: tickBuffer
-    }
-    // What the thread must know again if it is restarted.
-    const held = new Map<string, HeartbeatCore.TrackedAttempt>()
-    const closed = yield* Queue.unbounded<AttemptToken>()
-    const warnings = yield* Queue.unbounded<string>()
-    const flushWaiters = new Map<number, (error: string | undefined) => void>()
-    let nextFlush = 0
-    /** The thread once it is ready (connected); `current` is the latest spawned, ready or not. */
-    let thread: NodeWorker | undefined
-    let current: { readonly worker: NodeWorker; readonly exited: Deferred.Deferred<number> } | undefined
-    let stopping = false
-    let pendingUntrack: Array<string> = []
-    const pendingProgress = new Map<string, readonly [string, Readonly<Record<string, unknown>>, number]>()
+/** How long a thread may take to finish its write when a session ends or the layer closes. */
+const threadStopTimeoutMs = 5000
 
-    // To the current thread, ready or not: a thread queues what arrives before it listens, so
-    // the attempts held meanwhile are covered from the moment it is up, even if the main loop is
-    // blocked by then and never sees its `ready`.
-    const post = (message: ToThread) => current?.worker.postMessage(message)
-    const postTrack = (attempts: Iterable<HeartbeatCore.TrackedAttempt>) => {
+/** One thread spawned, from spawn to exit; `ready` settles once it is connected (or could not be). */
+interface Spawned {
+  readonly worker: NodeWorker
+  readonly ready: Deferred.Deferred<void, SqlError>
+  readonly exited: Deferred.Deferred<number>
+}
+
+/** The main thread's side of a session: what the thread must be told again if it is restarted. */
+interface SessionState {
+  readonly data: SessionData
+  readonly held: Map<string, HeartbeatCore.TrackedAttempt>
+  readonly closed: Queue.Queue<AttemptToken>
+}
+
+/**
+ * A thread of the layer, kept across sessions and restarted by its supervisor when it dies.
+ * `ready` is the thread once connected; `current` the latest spawned, ready or not.
+ */
+interface Slot {
+  current: Spawned | undefined
+  ready: NodeWorker | undefined
+  /** Settles once the slot's first thread is up or could not start. */
+  readonly firstStart: Deferred.Deferred<void>
+  session: SessionState | undefined
+  /** Settles when the thread answers `end` for session `s` (or exits). */
+  ending: { readonly s: number; readonly done: Deferred.Deferred<void> } | undefined
+  /** Terminated after it did not end a session in time: never restarted nor reused. */
+  retired: boolean
+  readonly flushWaiters: Map<number, (error: string | undefined) => void>
+}
+
+/**
+ * The layer's threads: `session` borrows an idle one or spawns one, and gives it back when the
+ * caller's scope closes, with every attempt of that session forgotten by the thread.
+ */
+const makeThreads = (schema: string, storage: QueueStorage["Service"]) =>
+  Effect.gen(function* () {
+    const layerScope = yield* Effect.scope
+    const slots = new Set<Slot>()
+    const idle: Array<Slot> = []
+    const warnings = yield* Queue.unbounded<string>()
+    let nextFlush = 0
+    let nextSession = 0
+    let stopping = false
+    yield* Stream.fromQueue(warnings).pipe(
+      Stream.runForEach((message) => Effect.logWarning(message)),
+      Effect.forkScoped
+    )
+    // Closing the layer: stop every thread, let it close its connection, and only terminate it if
+    // it does not exit in time. Registered before any supervisor is forked into this scope, so it
+    // runs after they are interrupted (none restarts a thread meanwhile).
+    yield* Effect.addFinalizer(() =>
+      Effect.suspend(() => {
+        stopping = true
+        return Effect.forEach(
+          slots,
+          (slot) =>
+            Effect.gen(function* () {
+              const spawned = slot.current
+              if (spawned === undefined) return
+              spawned.worker.postMessage({ t: "stop" } satisfies ToThread)
+              const exited = yield* Deferred.await(spawned.exited).pipe(
+                Effect.timeoutOption(threadStopTimeoutMs)
+              )
+              if (exited._tag === "None") yield* Effect.promise(() => spawned.worker.terminate())
+            }),
+          { concurrency: "unbounded", discard: true }
+        )
+      })
+    )
+
+    const post = (slot: Slot, message: ToThread) => slot.current?.worker.postMessage(message)
+    const postTrack = (slot: Slot, attempts: Iterable<HeartbeatCore.TrackedAttempt>) => {
       const a: Array<readonly [bigint, bigint, number]> = []
       for (const t of attempts) a.push([t.jobId, t.runLease, t.heldAt])
-      if (a.length > 0) post({ t: "track", a })
+      if (a.length > 0) post(slot, { t: "track", a })
     }
 
-    // The main thread's tick: liveness for the watchdog, then what waited for a batch. A plain
-    // timer: it measures the event loop itself, whatever clock the Effect runtime uses.
-    const tickMs = Math.max(10, Math.min(1000, Math.floor(options.intervalMs / 4)))
-    const timer = setInterval(() => {
-      stamp()
-      if (pendingUntrack.length > 0) {
-        post({ t: "untrack", k: pendingUntrack })
-        pendingUntrack = []
-      }
-      if (pendingProgress.size > 0) {
-        post({ t: "progress", p: [...pendingProgress.values()] })
-        pendingProgress.clear()
-      }
-    }, tickMs)
-    timer.unref()
-    yield* Effect.addFinalizer(() => Effect.sync(() => clearInterval(timer)))
-
-    /** One thread, from spawn to exit; `ready` settles once it is connected (or could not be). */
-    const spawn = () => {
+    const spawn = (slot: Slot, connection: ThreadConnection): Spawned => {
+      const data: ThreadData = { connection, schema }
       const worker = new NodeWorker(threadEntry, { workerData: data, name: "awa-heartbeat" })
       const ready = Deferred.makeUnsafe<void, SqlError>()
       const exited = Deferred.makeUnsafe<number>()
@@ -260,11 +290,17 @@ const startThread = (
             Queue.offerUnsafe(warnings, `heartbeat thread failed: ${message.message}`)
             return
           case "closed":
-            for (const [jobId, runLease] of message.tokens) Queue.offerUnsafe(closed, { jobId, runLease })
+            // only the session that tracked them: one that ended has nothing left to interrupt
+            if (slot.session?.data.s === message.s)
+              for (const [jobId, runLease] of message.tokens)
+                Queue.offerUnsafe(slot.session.closed, { jobId, runLease })
             return
           case "flushed":
-            flushWaiters.get(message.id)?.(message.error)
-            flushWaiters.delete(message.id)
+            slot.flushWaiters.get(message.id)?.(message.error)
+            slot.flushWaiters.delete(message.id)
+            return
+          case "ended":
+            if (slot.ending?.s === message.s) Deferred.doneUnsafe(slot.ending.done, Effect.void)
             return
           case "warn":
             Queue.offerUnsafe(warnings, message.message)
@@ -281,127 +317,226 @@ const startThread = (
           Effect.die(new Error(`heartbeat thread exited (${code}) before it was ready`))
         )
         Deferred.doneUnsafe(exited, Effect.succeed(code))
-        for (const waiter of flushWaiters.values()) waiter("heartbeat thread exited")
-        flushWaiters.clear()
+        // a thread that is gone writes nothing more
+        if (slot.ending !== undefined) Deferred.doneUnsafe(slot.ending.done, Effect.void)
+        for (const waiter of slot.flushWaiters.values()) waiter("heartbeat thread exited")
+        slot.flushWaiters.clear()
       })
       return { worker, ready, exited }
     }
 
-    // Supervisor: starts the thread, and replaces one that dies (after 1 s), telling it again
-    // which attempts this process holds. The worker does not wait for it: until a thread is
-    // ready (its start loads Effect again in its own isolate, seconds on a loaded machine),
-    // `bridge` heartbeats on the event loop.
-    const supervise = Effect.gen(function* () {
-      while (!stopping) {
-        const spawned = spawn()
-        current = spawned
-        postTrack(held.values())
-        const started = yield* Effect.exit(Deferred.await(spawned.ready))
-        Deferred.doneUnsafe(firstStart, Effect.void)
-        if (started._tag === "Failure") {
-          yield* Effect.logWarning(
-            "heartbeat thread could not start; heartbeats stay on the event loop",
-            started.cause
-          )
-        } else {
-          thread = spawned.worker
-        }
-        const code = yield* Deferred.await(spawned.exited)
-        thread = undefined
-        if (stopping) return
-        if (started._tag === "Success")
-          yield* Effect.logWarning(`heartbeat thread exited (code ${code}); restarting it in 1 s`)
-        yield* Effect.sleep(1000)
-      }
-    })
-    const firstStart = Deferred.makeUnsafe<void>()
-    yield* Effect.forkScoped(supervise)
-    // The session is handed out once the thread is up (or could not start), so the worker claims
-    // nothing before its heartbeats are off the event loop. Loading Effect again in the thread's
-    // isolate costs about a second of CPU; while three processes did that beside their first
-    // claims on a loaded 2-core machine, the event loop and pool fell so far behind that attempts
-    // went 1.5 s without a heartbeat and were rescued (fault suite, scenario 2; ADR 0019).
-    const up = yield* Deferred.await(firstStart).pipe(Effect.timeoutOption(threadStartTimeoutMs))
-    if (up._tag === "None")
-      yield* Effect.logWarning(
-        `heartbeat thread not ready after ${threadStartTimeoutMs} ms; heartbeats run on the event loop until it is`
-      )
-    // While no thread is ready: the held attempts' heartbeats on the event loop (no progress:
-    // finalization and flushes still write it).
-    const bridge = Effect.gen(function* () {
-      if (thread !== undefined) return
-      const now = Date.now()
-      const due: Array<AttemptToken> = []
-      for (const a of held.values())
-        if (now - a.heldAt >= options.intervalMs / 2) due.push({ jobId: a.jobId, runLease: a.runLease })
-      for (let i = 0; i < due.length; i += 500) {
-        const notOpen = yield* HeartbeatCore.heartbeatOutsideTransaction(storage, due.slice(i, i + 500))
-        yield* Queue.offerAll(closed, notOpen)
-      }
-    })
-    yield* bridge.pipe(
-      Effect.retry(HeartbeatCore.retryRound(options.intervalMs)),
-      Effect.catchCause((cause) => Effect.logWarning("heartbeat failed", cause)),
-      Effect.repeat(HeartbeatCore.roundSchedule(options.intervalMs)),
-      Effect.annotateLogs({ module: "Heartbeats", fiber: "bridge" }),
-      Effect.forkScoped
-    )
-    yield* Stream.fromQueue(warnings).pipe(
-      Stream.runForEach((message) => Effect.logWarning(message)),
-      Effect.forkScoped
-    )
-    // Registered after the supervisor, so it runs first: stop the thread, let it close its
-    // connection, and only terminate it if it does not exit in time.
-    yield* Effect.addFinalizer(() =>
+    // Supervisor of a slot: starts its thread, and replaces one that dies (after 1 s), telling it
+    // again the session it serves and which attempts that session holds.
+    const supervise = (slot: Slot, connection: ThreadConnection) =>
       Effect.gen(function* () {
-        stopping = true
-        const spawned = current
-        if (spawned === undefined) return
-        spawned.worker.postMessage({ t: "stop" } satisfies ToThread)
-        const exited = yield* Deferred.await(spawned.exited).pipe(Effect.timeoutOption(5000))
-        if (exited._tag === "None") yield* Effect.promise(() => spawned.worker.terminate())
-      })
-    )
-    return {
-      mode: "thread",
-      track: (attempts) => {
-        for (const a of attempts) held.set(keyOf(a), a)
-        postTrack(attempts)
-      },
-      untrack: (token) => {
-        const key = keyOf(token)
-        held.delete(key)
-        pendingProgress.delete(key)
-        pendingUntrack.push(key)
-      },
-      progress: (token, progress, generation) => {
-        const key = keyOf(token)
-        pendingProgress.set(key, [key, progress, generation])
-      },
-      flush: (token, progress, generation) =>
-        Effect.callback<void, SqlError>((resume) => {
-          if (thread === undefined) {
-            // no thread ready yet (or restarting): write it from here, and tell the thread, so it
-            // never writes an older value after this one
-            const key = keyOf(token)
-            pendingProgress.delete(key)
-            post({ t: "progress", p: [[key, progress, generation]] })
-            resume(
-              Effect.asVoid(
-                HeartbeatCore.heartbeatOutsideTransaction(storage, [
-                  { jobId: token.jobId, runLease: token.runLease, progress }
-                ])
-              )
-            )
-            return
+        while (!stopping && !slot.retired) {
+          const spawned = spawn(slot, connection)
+          slot.current = spawned
+          if (slot.session !== undefined) {
+            post(slot, { t: "session", ...slot.session.data })
+            postTrack(slot, slot.session.held.values())
           }
-          const id = nextFlush++
-          flushWaiters.set(id, (error) =>
-            resume(error === undefined ? Effect.void : Effect.fail(sqlError(error)))
+          const started = yield* Effect.exit(Deferred.await(spawned.ready))
+          Deferred.doneUnsafe(slot.firstStart, Effect.void)
+          if (started._tag === "Failure") {
+            yield* Effect.logWarning(
+              "heartbeat thread could not start; heartbeats stay on the event loop",
+              started.cause
+            )
+          } else {
+            slot.ready = spawned.worker
+          }
+          const code = yield* Deferred.await(spawned.exited)
+          slot.ready = undefined
+          if (stopping || slot.retired) return
+          if (started._tag === "Success")
+            yield* Effect.logWarning(`heartbeat thread exited (code ${code}); restarting it in 1 s`)
+          yield* Effect.sleep(1000)
+        }
+      }).pipe(Effect.ensuring(Effect.sync(() => slots.delete(slot))))
+
+    /** An idle thread, or a new one (its supervisor lives in the layer's scope). */
+    const borrow = (connection: ThreadConnection) =>
+      Effect.gen(function* () {
+        const reused = idle.pop()
+        if (reused !== undefined) return reused
+        const slot: Slot = {
+          current: undefined,
+          ready: undefined,
+          firstStart: Deferred.makeUnsafe<void>(),
+          session: undefined,
+          ending: undefined,
+          retired: false,
+          flushWaiters: new Map()
+        }
+        slots.add(slot)
+        yield* Effect.forkIn(supervise(slot, connection), layerScope)
+        return slot
+      })
+
+    /**
+     * Ends the slot's session: the thread forgets its attempts once its write in flight is done
+     * (`ended`), then the slot is idle again. A thread that does not answer in time is terminated
+     * and retired, so nothing of the session can be written after this returns.
+     */
+    const giveBack = (slot: Slot, session: SessionState) =>
+      Effect.gen(function* () {
+        const done = Deferred.makeUnsafe<void>()
+        slot.ending = { s: session.data.s, done }
+        slot.session = undefined
+        post(slot, { t: "end", s: session.data.s })
+        // an exited thread (restarting) holds nothing: `exit` settles `done` as well
+        if (slot.current === undefined || Deferred.isDoneUnsafe(slot.current.exited))
+          Deferred.doneUnsafe(done, Effect.void)
+        const ended = yield* Deferred.await(done).pipe(Effect.timeoutOption(threadStopTimeoutMs))
+        slot.ending = undefined
+        if (ended._tag === "Some") {
+          if (!stopping) idle.push(slot)
+          return
+        }
+        slot.retired = true
+        const spawned = slot.current
+        if (spawned !== undefined) {
+          yield* Effect.logWarning(
+            `heartbeat thread did not end its session within ${threadStopTimeoutMs} ms; terminating it`
           )
-          post({ t: "flush", id, jobId: token.jobId, runLease: token.runLease, progress, generation })
-          return Effect.sync(() => void flushWaiters.delete(id))
-        }),
-      closed: Stream.fromQueue(closed)
-    } satisfies HeartbeatSession
+          yield* Effect.promise(() => spawned.worker.terminate())
+        }
+      })
+
+    const session = (
+      options: HeartbeatOptions,
+      connection: ThreadConnection
+    ): Effect.Effect<HeartbeatSession, never, Scope.Scope> =>
+      Effect.gen(function* () {
+        const tickBuffer = new SharedArrayBuffer(8)
+        const tick = new BigInt64Array(tickBuffer)
+        const stamp = () => Atomics.store(tick, 0, BigInt(Date.now()))
+        stamp()
+        const state: SessionState = {
+          data: {
+            s: nextSession++,
+            intervalMs: options.intervalMs,
+            maxStallMs: options.maxStallMs,
+            tick: tickBuffer
+          },
+          held: new Map(),
+          closed: yield* Queue.unbounded<AttemptToken>()
+        }
+        const slot = yield* Effect.acquireRelease(
+          Effect.map(borrow(connection), (slot) => {
+            slot.session = state
+            // to the current thread, ready or not: a thread queues what arrives before it
+            // listens, so what is tracked meanwhile is covered from the moment it is up
+            post(slot, { t: "session", ...state.data })
+            return slot
+          }),
+          (slot) => giveBack(slot, state)
+        )
+        let pendingUntrack: Array<string> = []
+        const pendingProgress = new Map<
+          string,
+          readonly [string, Readonly<Record<string, unknown>>, number]
+        >()
+
+        // The main thread's tick: liveness for the watchdog, then what waited for a batch. A plain
+        // timer: it measures the event loop itself, whatever clock the Effect runtime uses.
+        const tickMs = Math.max(10, Math.min(1000, Math.floor(options.intervalMs / 4)))
+        const timer = setInterval(() => {
+          stamp()
+          if (pendingUntrack.length > 0) {
+            post(slot, { t: "untrack", k: pendingUntrack })
+            pendingUntrack = []
+          }
+          if (pendingProgress.size > 0) {
+            post(slot, { t: "progress", p: [...pendingProgress.values()] })
+            pendingProgress.clear()
+          }
+        }, tickMs)
+        timer.unref()
+        yield* Effect.addFinalizer(() => Effect.sync(() => clearInterval(timer)))
+
+        // The session is handed out once its thread is up (or could not start), so the worker
+        // claims nothing before its heartbeats are off the event loop. Loading Effect again in the
+        // thread's isolate costs about a second of CPU; while three processes did that beside
+        // their first claims on a loaded 2-core machine, the event loop and pool fell so far
+        // behind that attempts went 1.5 s without a heartbeat and were rescued (fault suite,
+        // scenario 2; ADR 0019). A reused thread is up already.
+        const up = yield* Deferred.await(slot.firstStart).pipe(Effect.timeoutOption(threadStartTimeoutMs))
+        if (up._tag === "None")
+          yield* Effect.logWarning(
+            `heartbeat thread not ready after ${threadStartTimeoutMs} ms; heartbeats run on the event loop until it is`
+          )
+        // While no thread is ready (starting, restarting, could not connect): the held attempts'
+        // heartbeats on the event loop (no progress: finalization and flushes still write it).
+        const bridge = Effect.gen(function* () {
+          if (slot.ready !== undefined) return
+          const now = Date.now()
+          const due: Array<AttemptToken> = []
+          for (const a of state.held.values())
+            if (now - a.heldAt >= options.intervalMs / 2) due.push({ jobId: a.jobId, runLease: a.runLease })
+          for (let i = 0; i < due.length; i += 500) {
+            const notOpen = yield* HeartbeatCore.heartbeatOutsideTransaction(storage, due.slice(i, i + 500))
+            yield* Queue.offerAll(state.closed, notOpen)
+          }
+        })
+        yield* bridge.pipe(
+          Effect.retry(HeartbeatCore.retryRound(options.intervalMs)),
+          Effect.catchCause((cause) => Effect.logWarning("heartbeat failed", cause)),
+          Effect.repeat(HeartbeatCore.roundSchedule(options.intervalMs)),
+          Effect.annotateLogs({ module: "Heartbeats", fiber: "bridge" }),
+          Effect.forkScoped
+        )
+        return {
+          mode: "thread",
+          track: (attempts) => {
+            for (const a of attempts) state.held.set(keyOf(a), a)
+            postTrack(slot, attempts)
+          },
+          untrack: (token) => {
+            const key = keyOf(token)
+            state.held.delete(key)
+            pendingProgress.delete(key)
+            pendingUntrack.push(key)
+          },
+          progress: (token, progress, generation) => {
+            const key = keyOf(token)
+            pendingProgress.set(key, [key, progress, generation])
+          },
+          flush: (token, progress, generation) =>
+            Effect.callback<void, SqlError>((resume) => {
+              if (slot.ready === undefined) {
+                // no thread ready yet (or restarting): write it from here, and tell the thread, so
+                // it never writes an older value after this one
+                const key = keyOf(token)
+                pendingProgress.delete(key)
+                post(slot, { t: "progress", p: [[key, progress, generation]] })
+                resume(
+                  Effect.asVoid(
+                    HeartbeatCore.heartbeatOutsideTransaction(storage, [
+                      { jobId: token.jobId, runLease: token.runLease, progress }
+                    ])
+                  )
+                )
+                return
+              }
+              const id = nextFlush++
+              slot.flushWaiters.set(id, (error) =>
+                resume(error === undefined ? Effect.void : Effect.fail(sqlError(error)))
+              )
+              post(slot, {
+                t: "flush",
+                id,
+                jobId: token.jobId,
+                runLease: token.runLease,
+                progress,
+                generation
+              })
+              return Effect.sync(() => void slot.flushWaiters.delete(id))
+            }),
+          closed: Stream.fromQueue(state.closed)
+        } satisfies HeartbeatSession
+      })
+
+    return { session }
   })
