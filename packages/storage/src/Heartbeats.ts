@@ -348,12 +348,14 @@ const makeThreads = (schema: string, storage: QueueStorage["Service"]) =>
           }
           const code = yield* Deferred.await(spawned.exited)
           slot.ready = undefined
-          if (stopping || slot.retired) return
+          if (stopping || slot.retired) break
           if (started._tag === "Success")
             yield* Effect.logWarning(`heartbeat thread exited (code ${code}); restarting it in 1 s`)
           yield* Effect.sleep(1000)
         }
-      }).pipe(Effect.ensuring(Effect.sync(() => slots.delete(slot))))
+        // a retired slot is gone for good; while the layer closes, its finalizer still needs them
+        if (!stopping) slots.delete(slot)
+      })
 
     /** An idle thread, or a new one (its supervisor lives in the layer's scope). */
     const borrow = (connection: ThreadConnection) =>
