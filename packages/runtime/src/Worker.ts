@@ -95,8 +95,9 @@ export interface WatchdogOptions {
    * Heartbeats from a thread of their own (used when the storage layers provide `Heartbeats`, as
    * `Awa.layerPg` does), so a handler blocking the event loop longer than `heartbeatStaleness`
    * does not get this process's attempts rescued. Default true. The worker starts claiming once
-   * the thread is connected (about a second of CPU to load it; ADR 0019). `false`: heartbeats on
-   * the event loop and the application's pool.
+   * the thread is connected (about a second of CPU to load it; ADR 0019). The thread belongs to
+   * the `Heartbeats` layer: a worker started later on the same layer reuses it. `false`:
+   * heartbeats on the event loop and the application's pool.
    */
   readonly thread?: boolean | undefined
   /** Event-loop delay that logs a stall warning. Default 1 s. */

@@ -8,7 +8,9 @@
  *   handler that blocks the main event loop (CPU-bound work, a huge `JSON.parse`) no longer stops
  *   them, so its process's attempts are not falsely rescued. Watchdog: the main thread stamps a
  *   shared clock every tick; after `maxStallMs` without a stamp the thread stops heartbeating, so
- *   a process that never recovers is still rescued.
+ *   a process that never recovers is still rescued. The thread belongs to the layer (loading it
+ *   costs about a second of CPU): spawned by the first session, idle between sessions, reused by
+ *   the next one; a second is spawned only for a session that starts while the first is busy.
  * - `makeLoop` / `layerLoop`: the same heartbeats as a fiber on the main event loop (the
  *   simulation layer, `watchdog: { thread: false }`, or a `PgClient` whose connection settings
  *   cannot be handed to a thread, such as a custom `stream`).
@@ -20,12 +22,16 @@
  * (a slow one is followed by the next at once), and a failed round is retried after 10 ms,
  * backing off to 100 ms, for up to an interval: a terminated connection is replaced on the
  * first retry (`HeartbeatCore.roundSchedule`, `retryRound`).
- * `untrack` and progress are batched onto the next tick. Closing the session's scope stops the
- * thread (it finishes its current write and closes its connection; terminated after 5 s).
+ * `untrack` and progress are batched onto the next tick. Closing the session's scope ends the
+ * session in the thread: once its write in flight is done it forgets every attempt of the session
+ * (none is heartbeated under the next one) and its watchdog is disarmed; a thread that does not
+ * answer within 5 s is terminated. Closing the layer's scope stops the threads (each finishes its
+ * current write and closes its connection; terminated after 5 s).
  *
  * **Gotchas** The thread is loaded from `HeartbeatThread.ts` next to this module when running
  * from source (Node type stripping, vitest) and from `HeartbeatThread.js` in compiled output: see
- * `threadEntry`. It needs a connection of its own, one more per worker process.
+ * `threadEntry`. It needs a connection of its own, one more per worker process (per concurrent
+ * worker session), held until the layer closes.
  */
 import { Worker as NodeWorker } from "node:worker_threads"
 import { Migrations } from "@awa/sql"
@@ -275,6 +281,15 @@ const makeThreads = (schema: string, storage: QueueStorage["Service"]) =>
       if (a.length > 0) post(slot, { t: "track", a })
     }
 
+    /**
+     * An idle thread does not keep the process alive (as before, when it lived only as long as
+     * its worker): only a thread serving a session does.
+     */
+    const holdProcess = (slot: Slot) => {
+      if (slot.session === undefined) slot.current?.worker.unref()
+      else slot.current?.worker.ref()
+    }
+
     const spawn = (slot: Slot, connection: ThreadConnection): Spawned => {
       const data: ThreadData = { connection, schema }
       const worker = new NodeWorker(threadEntry, { workerData: data, name: "awa-heartbeat" })
@@ -332,6 +347,7 @@ const makeThreads = (schema: string, storage: QueueStorage["Service"]) =>
         while (!stopping && !slot.retired) {
           const spawned = spawn(slot, connection)
           slot.current = spawned
+          holdProcess(slot)
           if (slot.session !== undefined) {
             post(slot, { t: "session", ...slot.session.data })
             postTrack(slot, slot.session.held.values())
@@ -393,6 +409,7 @@ const makeThreads = (schema: string, storage: QueueStorage["Service"]) =>
         const ended = yield* Deferred.await(done).pipe(Effect.timeoutOption(threadStopTimeoutMs))
         slot.ending = undefined
         if (ended._tag === "Some") {
+          holdProcess(slot)
           if (!stopping) idle.push(slot)
           return
         }
@@ -428,6 +445,7 @@ const makeThreads = (schema: string, storage: QueueStorage["Service"]) =>
         const slot = yield* Effect.acquireRelease(
           Effect.map(borrow(connection), (slot) => {
             slot.session = state
+            holdProcess(slot)
             // to the current thread, ready or not: a thread queues what arrives before it
             // listens, so what is tracked meanwhile is covered from the moment it is up
             post(slot, { t: "session", ...state.data })
