@@ -186,187 +186,194 @@ const noticeSays = async (page: Page, text: string) => {
   }
 }
 
-describe.skipIf(!runBrowser)("dashboard in chromium", () => {
+describe.skipIf(!runBrowser)("dashboard", () => {
+  // one browser for the file
   let browser: Browser
-  let server: Server
-  let page: Page
-  let seeded: Effect.Success<typeof seed>
-
   beforeAll(async () => {
     browser = await chromium.launch({ executablePath: chromiumPath, headless: true, args: ["--no-sandbox"] })
-    server = await start({ token: Redacted.make(token) })
-    seeded = await server.run(seed)
-    page = await browser.newPage({ viewport: { width: 1280, height: 800 } })
-    page.on("dialog", (dialog) => void dialog.accept())
   })
   afterAll(async () => {
     await browser?.close()
-    await server?.close()
   })
 
-  it("every page opens with the seeded data; screenshots at desktop and narrow width", async () => {
-    await open(page, server, "#/", 'tr[data-queue="work"]')
-    const work = page.locator('tr[data-queue="work"] td')
-    // available, running, scheduled, retryable, dead
-    assert.deepStrictEqual(
-      (await work.allInnerTexts()).slice(1, 6).map((x) => x.trim()),
-      ["0", "1", "0", "1", "0"]
-    )
-    assert.include(await page.locator("main").innerText(), "version")
-    await page.locator("text=pid").waitFor()
-    await shoot(page, "overview")
+  describe("in chromium", () => {
+    let server: Server
+    let page: Page
+    let seeded: Effect.Success<typeof seed>
 
-    await open(page, server, "#/queue/orders", "tr[data-job]")
-    assert.strictEqual(await page.locator("tr[data-job]").count(), 3)
-    await shoot(page, "queue")
+    beforeAll(async () => {
+      server = await start({ token: Redacted.make(token) })
+      seeded = await server.run(seed)
+      page = await browser.newPage({ viewport: { width: 1280, height: 800 } })
+      page.on("dialog", (dialog) => void dialog.accept())
+    })
+    afterAll(async () => {
+      await server?.close()
+    })
 
-    await open(page, server, `#/job/${seeded.traced}`, "#job-state")
-    const job = await page.locator("main").innerText()
-    assert.include(job, '"order": 1042')
-    assert.include(job, "vip, eu")
-    assert.strictEqual(
-      await page.locator(`a[href="https://traces.example/trace/${traceId}"]`).count(),
-      1,
-      "trace link from the template"
-    )
-    await shoot(page, "job")
-
-    await open(page, server, "#/dlq", "tr[data-dlq]")
-    assert.strictEqual(await page.locator("tr[data-dlq]").count(), 3)
-    await shoot(page, "dlq")
-    await open(page, server, `#/dlq/${seeded.dead[0]}`, "pre")
-    assert.include(await page.locator("main").innerText(), "550 mailbox unavailable")
-    await shoot(page, "dlq-entry")
-
-    await open(page, server, "#/cron", 'tr[data-cron="nightly-report"]')
-    // the next fire, 02:30 in Paris, shown in the schedule's own zone
-    assert.match(
-      await page.locator('tr[data-cron="nightly-report"]').innerText(),
-      /2:30:00\sAM\sGMT\+1|02:30:00/
-    )
-    await shoot(page, "cron")
-  })
-
-  it("queue page: filters and keyset pagination are in the URL", async () => {
-    await open(page, server, "#/queue/work", "tr[data-job]")
-    await page.selectOption('select[name="state"]', "retryable")
-    await page.click("#filters button[type=submit]")
-    await page.locator('main[data-route="#/queue/work?state=retryable"] tr[data-job]').first().waitFor()
-    assert.deepStrictEqual(await page.locator("tr[data-job] td:nth-child(3)").allInnerTexts(), ["retryable"])
-
-    await open(page, server, "#/queue/bulk", "#next-page")
-    assert.strictEqual(await page.locator("tr[data-job]").count(), 50)
-    await page.click("#next-page")
-    await page.locator('main[data-route*="before="] tr[data-job]').first().waitFor()
-    assert.strictEqual(await page.locator("tr[data-job]").count(), 10)
-  })
-
-  it("an action without the token is refused and changes nothing", async () => {
-    await page.evaluate(() => sessionStorage.clear())
-    await open(page, server, "#/queue/orders", 'button[data-act="pause"]')
-    await page.click('button[data-act="pause"]')
-    await noticeSays(page, "refused: the admin token is missing or wrong")
-    assert.isFalse((await server.run(stats("orders")))!.paused)
-  })
-
-  it("with the token: pause, resume and drain a queue", async () => {
-    await page.fill("#token", token)
-    await page.press("#token", "Enter")
-    await noticeSays(page, "token kept")
-    await open(page, server, "#/queue/orders", 'button[data-act="pause"]')
-    await page.click('button[data-act="pause"]')
-    await noticeSays(page, "paused orders")
-    await page.locator(".badge.paused").waitFor()
-    assert.isTrue((await server.run(stats("orders")))!.paused)
-    await page.click('button[data-act="resume"]')
-    await noticeSays(page, "resumed orders")
-    assert.isFalse((await server.run(stats("orders")))!.paused)
-
-    await open(page, server, "#/queue/bulk", 'button[data-act="drain"]')
-    await page.click('button[data-act="drain"]')
-    await noticeSays(page, "drained bulk: 60 jobs cancelled")
-    assert.strictEqual((await server.run(stats("bulk")))?.available ?? 0, 0)
-  })
-
-  it("job page: cancel then retry", async () => {
-    await open(page, server, `#/job/${seeded.traced}`, 'button[data-act="cancel"]')
-    await page.click('button[data-act="cancel"]')
-    await page.locator("#job-state", { hasText: "cancelled" }).waitFor()
-    const id = BigInt(seeded.traced)
-    assert.strictEqual((await server.run(withStorage((s) => s.getJob(id)))).state, "cancelled")
-    await page.click('button[data-act="retry"]')
-    await page.locator("#job-state", { hasText: "available" }).waitFor()
-    assert.strictEqual((await server.run(withStorage((s) => s.getJob(id)))).state, "available")
-  })
-
-  it("dead letters: retry one, purge the rest selected, with progress", async () => {
-    const dlq = () => server.run(withStorage((s) => s.listDlq({ queue: "mail" })))
-    await open(
-      page,
-      server,
-      "#/dlq?queue=mail",
-      `tr[data-dlq="${seeded.dead[0]}"] button[data-act="dlq-retry"]`
-    )
-    await page.click(`tr[data-dlq="${seeded.dead[0]}"] button[data-act="dlq-retry"]`)
-    await noticeSays(page, `job ${seeded.dead[0]} is back: available`)
-    assert.deepStrictEqual(
-      (await dlq()).map((e) => e.id.toString()).sort(),
-      [seeded.dead[1]!, seeded.dead[2]!].sort()
-    )
-    await page.locator(`tr[data-dlq="${seeded.dead[0]}"]`).waitFor({ state: "detached" })
-    for (const id of [seeded.dead[1], seeded.dead[2]]) await page.check(`input.pick[value="${id}"]`)
-    await page.click('button[data-bulk="purge"]')
-    await noticeSays(page, "purged 2 of 2 dead letters")
-    assert.deepStrictEqual(await dlq(), [])
-  })
-
-  it("cron: pause, resume, trigger now", async () => {
-    const schedule = () =>
-      server.run(
-        Effect.map(
-          Effect.gen(function* () {
-            return yield* (yield* CronStorage.CronStorage).list
-          }),
-          (s) => s.schedules.find((x) => x.name === "nightly-report")!
-        )
+    it("every page opens with the seeded data; screenshots at desktop and narrow width", async () => {
+      await open(page, server, "#/", 'tr[data-queue="work"]')
+      const work = page.locator('tr[data-queue="work"] td')
+      // available, running, scheduled, retryable, dead
+      assert.deepStrictEqual(
+        (await work.allInnerTexts()).slice(1, 6).map((x) => x.trim()),
+        ["0", "1", "0", "1", "0"]
       )
-    await open(page, server, "#/cron", 'button[data-act="cron-pause"]')
-    await page.click('button[data-act="cron-pause"]')
-    await noticeSays(page, "paused nightly-report")
-    assert.isTrue((await schedule()).paused)
-    await page.click('button[data-act="cron-resume"]')
-    await noticeSays(page, "resumed nightly-report")
-    assert.isFalse((await schedule()).paused)
-    const before = (await server.run(stats("orders")))!.available
-    await page.click('button[data-act="cron-trigger"]')
-    await noticeSays(page, "triggered: job")
-    assert.strictEqual((await server.run(stats("orders")))!.available, before + 1)
-  })
-})
+      assert.include(await page.locator("main").innerText(), "version")
+      await page.locator("text=pid").waitFor()
+      await shoot(page, "overview")
 
-describe.skipIf(!runBrowser)("dashboard in read-only mode", () => {
-  let browser: Browser
-  let server: Server
+      await open(page, server, "#/queue/orders", "tr[data-job]")
+      assert.strictEqual(await page.locator("tr[data-job]").count(), 3)
+      await shoot(page, "queue")
 
-  beforeAll(async () => {
-    browser = await chromium.launch({ executablePath: chromiumPath, headless: true, args: ["--no-sandbox"] })
-    server = await start({ token: Redacted.make(token), readOnly: true })
-    await server.run(seed)
-  })
-  afterAll(async () => {
-    await browser?.close()
-    await server?.close()
+      await open(page, server, `#/job/${seeded.traced}`, "#job-state")
+      const job = await page.locator("main").innerText()
+      assert.include(job, '"order": 1042')
+      assert.include(job, "vip, eu")
+      assert.strictEqual(
+        await page.locator(`a[href="https://traces.example/trace/${traceId}"]`).count(),
+        1,
+        "trace link from the template"
+      )
+      await shoot(page, "job")
+
+      await open(page, server, "#/dlq", "tr[data-dlq]")
+      assert.strictEqual(await page.locator("tr[data-dlq]").count(), 3)
+      await shoot(page, "dlq")
+      await open(page, server, `#/dlq/${seeded.dead[0]}`, "pre")
+      assert.include(await page.locator("main").innerText(), "550 mailbox unavailable")
+      await shoot(page, "dlq-entry")
+
+      await open(page, server, "#/cron", 'tr[data-cron="nightly-report"]')
+      // the next fire, 02:30 in Paris, shown in the schedule's own zone
+      assert.match(
+        await page.locator('tr[data-cron="nightly-report"]').innerText(),
+        /2:30:00\sAM\sGMT\+1|02:30:00/
+      )
+      await shoot(page, "cron")
+    })
+
+    it("queue page: filters and keyset pagination are in the URL", async () => {
+      await open(page, server, "#/queue/work", "tr[data-job]")
+      await page.selectOption('select[name="state"]', "retryable")
+      await page.click("#filters button[type=submit]")
+      await page.locator('main[data-route="#/queue/work?state=retryable"] tr[data-job]').first().waitFor()
+      assert.deepStrictEqual(await page.locator("tr[data-job] td:nth-child(3)").allInnerTexts(), [
+        "retryable"
+      ])
+
+      await open(page, server, "#/queue/bulk", "#next-page")
+      assert.strictEqual(await page.locator("tr[data-job]").count(), 50)
+      await page.click("#next-page")
+      await page.locator('main[data-route*="before="] tr[data-job]').first().waitFor()
+      assert.strictEqual(await page.locator("tr[data-job]").count(), 10)
+    })
+
+    it("an action without the token is refused and changes nothing", async () => {
+      await page.evaluate(() => sessionStorage.clear())
+      await open(page, server, "#/queue/orders", 'button[data-act="pause"]')
+      await page.click('button[data-act="pause"]')
+      await noticeSays(page, "refused: the admin token is missing or wrong")
+      assert.isFalse((await server.run(stats("orders")))!.paused)
+    })
+
+    it("with the token: pause, resume and drain a queue", async () => {
+      await page.fill("#token", token)
+      await page.press("#token", "Enter")
+      await noticeSays(page, "token kept")
+      await open(page, server, "#/queue/orders", 'button[data-act="pause"]')
+      await page.click('button[data-act="pause"]')
+      await noticeSays(page, "paused orders")
+      await page.locator(".badge.paused").waitFor()
+      assert.isTrue((await server.run(stats("orders")))!.paused)
+      await page.click('button[data-act="resume"]')
+      await noticeSays(page, "resumed orders")
+      assert.isFalse((await server.run(stats("orders")))!.paused)
+
+      await open(page, server, "#/queue/bulk", 'button[data-act="drain"]')
+      await page.click('button[data-act="drain"]')
+      await noticeSays(page, "drained bulk: 60 jobs cancelled")
+      assert.strictEqual((await server.run(stats("bulk")))?.available ?? 0, 0)
+    })
+
+    it("job page: cancel then retry", async () => {
+      await open(page, server, `#/job/${seeded.traced}`, 'button[data-act="cancel"]')
+      await page.click('button[data-act="cancel"]')
+      await page.locator("#job-state", { hasText: "cancelled" }).waitFor()
+      const id = BigInt(seeded.traced)
+      assert.strictEqual((await server.run(withStorage((s) => s.getJob(id)))).state, "cancelled")
+      await page.click('button[data-act="retry"]')
+      await page.locator("#job-state", { hasText: "available" }).waitFor()
+      assert.strictEqual((await server.run(withStorage((s) => s.getJob(id)))).state, "available")
+    })
+
+    it("dead letters: retry one, purge the rest selected, with progress", async () => {
+      const dlq = () => server.run(withStorage((s) => s.listDlq({ queue: "mail" })))
+      await open(
+        page,
+        server,
+        "#/dlq?queue=mail",
+        `tr[data-dlq="${seeded.dead[0]}"] button[data-act="dlq-retry"]`
+      )
+      await page.click(`tr[data-dlq="${seeded.dead[0]}"] button[data-act="dlq-retry"]`)
+      await noticeSays(page, `job ${seeded.dead[0]} is back: available`)
+      assert.deepStrictEqual(
+        (await dlq()).map((e) => e.id.toString()).sort(),
+        [seeded.dead[1]!, seeded.dead[2]!].sort()
+      )
+      await page.locator(`tr[data-dlq="${seeded.dead[0]}"]`).waitFor({ state: "detached" })
+      for (const id of [seeded.dead[1], seeded.dead[2]]) await page.check(`input.pick[value="${id}"]`)
+      await page.click('button[data-bulk="purge"]')
+      await noticeSays(page, "purged 2 of 2 dead letters")
+      assert.deepStrictEqual(await dlq(), [])
+    })
+
+    it("cron: pause, resume, trigger now", async () => {
+      const schedule = () =>
+        server.run(
+          Effect.map(
+            Effect.gen(function* () {
+              return yield* (yield* CronStorage.CronStorage).list
+            }),
+            (s) => s.schedules.find((x) => x.name === "nightly-report")!
+          )
+        )
+      await open(page, server, "#/cron", 'button[data-act="cron-pause"]')
+      await page.click('button[data-act="cron-pause"]')
+      await noticeSays(page, "paused nightly-report")
+      assert.isTrue((await schedule()).paused)
+      await page.click('button[data-act="cron-resume"]')
+      await noticeSays(page, "resumed nightly-report")
+      assert.isFalse((await schedule()).paused)
+      const before = (await server.run(stats("orders")))!.available
+      await page.click('button[data-act="cron-trigger"]')
+      await noticeSays(page, "triggered: job")
+      assert.strictEqual((await server.run(stats("orders")))!.available, before + 1)
+    })
   })
 
-  it("shows the data and hides every action and the token field", async () => {
-    const page = await browser.newPage()
-    await open(page, server, "#/queue/orders", "tr[data-job]")
-    await page.locator("#mode", { hasText: "read-only" }).waitFor()
-    assert.strictEqual(await page.locator("main button[data-act]").count(), 0)
-    assert.isTrue(await page.locator("#token").isHidden())
-    await open(page, server, "#/dlq", "tr[data-dlq]")
-    assert.strictEqual(await page.locator("button[data-act], button[data-bulk], input.pick").count(), 0)
-    await open(page, server, "#/cron", "tr[data-cron]")
-    assert.strictEqual(await page.locator("button[data-act]").count(), 0)
+  describe("in read-only mode", () => {
+    let server: Server
+
+    beforeAll(async () => {
+      server = await start({ token: Redacted.make(token), readOnly: true })
+      await server.run(seed)
+    })
+    afterAll(async () => {
+      await server?.close()
+    })
+
+    it("shows the data and hides every action and the token field", async () => {
+      const page = await browser.newPage()
+      await open(page, server, "#/queue/orders", "tr[data-job]")
+      await page.locator("#mode", { hasText: "read-only" }).waitFor()
+      assert.strictEqual(await page.locator("main button[data-act]").count(), 0)
+      assert.isTrue(await page.locator("#token").isHidden())
+      await open(page, server, "#/dlq", "tr[data-dlq]")
+      assert.strictEqual(await page.locator("button[data-act], button[data-bulk], input.pick").count(), 0)
+      await open(page, server, "#/cron", "tr[data-cron]")
+      assert.strictEqual(await page.locator("button[data-act]").count(), 0)
+    })
   })
 })
