@@ -50,7 +50,11 @@ const serverLayer = (options: AdminApi.AdminApiOptions) =>
       const leader = Layer.effectDiscard(Effect.flatMap(LeaderLock.LeaderLock, (lock) => lock.tryAcquire))
       const app = Layer.mergeAll(
         AdminApi.layer(options),
-        Dashboard.layer({ ...options, traceLinkTemplate: "https://traces.example/trace/{traceId}" })
+        Dashboard.layer({
+          ...options,
+          pollIntervalMs: 1000,
+          traceLinkTemplate: "https://traces.example/trace/{traceId}"
+        })
       )
       return HttpRouter.serve(app, { disableListenLog: true, disableLogger: true }).pipe(
         Layer.provideMerge(NodeHttpServer.layer(createServer, { port: 0, host: "127.0.0.1" })),
@@ -146,7 +150,7 @@ const seed = Effect.gen(function* () {
     Array.from({ length: 60 }, (_, n) => ({ kind: "noop", queue: "bulk", args: { n } }))
   )
   yield* cron.upsert([cronDeclaration("nightly-report", "orders")])
-  return { traced: traced!.id.toString(), dead: dead.map((d) => d.id.toString()) }
+  return { traced: traced!.id.toString(), dead: dead.map((d) => d.id.toString()), running: token(4) }
 })
 
 const withStorage = <A, E>(f: (storage: QueueStorage["Service"]) => Effect.Effect<A, E>) =>
@@ -221,6 +225,13 @@ describe.skipIf(!runBrowser)("dashboard", () => {
       )
       assert.include(await page.locator("main").innerText(), "version")
       await page.locator("text=pid").waitFor()
+      // a job finishing while the page is open moves the count and draws the sparkline (from the
+      // page's own samples, one per poll)
+      await server.run(
+        withStorage((s) => s.finalizeMany([{ ...seeded.running, outcome: { _tag: "Complete" } }]))
+      )
+      await page.locator('tr[data-queue="work"] td:nth-child(8)', { hasText: "2" }).waitFor()
+      await page.locator('tr[data-queue="work"] svg.spark polyline.done').waitFor()
       await shoot(page, "overview")
 
       await open(page, server, "#/queue/orders", "tr[data-job]")

@@ -10,6 +10,8 @@ let timer
 let renderSeq = 0
 // finalization samples per queue, kept in the page for the sparklines (the last hour)
 const samples = new Map()
+// dead letters ticked for a bulk action, kept across the page's redraws
+const picked = new Set()
 
 const esc = (value) =>
   String(value ?? "").replace(
@@ -235,7 +237,7 @@ async function dlqPage(params) {
   const rows = entries.map(
     (
       e
-    ) => `<tr data-dlq="${esc(e.id)}">${caps.actions ? `<td><input type="checkbox" class="pick" value="${esc(e.id)}" aria-label="select ${esc(e.id)}"></td>` : ""}
+    ) => `<tr data-dlq="${esc(e.id)}">${caps.actions ? `<td><input type="checkbox" class="pick" value="${esc(e.id)}"${picked.has(String(e.id)) ? " checked" : ""} aria-label="select ${esc(e.id)}"></td>` : ""}
       <td><a href="#/dlq/${esc(e.id)}">${esc(e.id)}</a></td><td>${esc(e.queue)}</td><td>${esc(e.kind)}</td><td>${esc(e.reason)}</td><td class="wide-only">${when(e.dlqAt)}</td>
       <td>${button("Retry", `data-act="dlq-retry" data-path="/api/dlq/${esc(e.id)}/retry"`)} ${button("Purge", `data-act="dlq-purge" data-method="DELETE" data-path="/api/dlq/${esc(e.id)}"`, true)}</td></tr>`
   )
@@ -340,6 +342,7 @@ function schedule() {
 
 async function bulk(kind) {
   const ids = [...view.querySelectorAll("input.pick:checked")].map((x) => x.value)
+  picked.clear()
   if (ids.length === 0) return say("select dead letters first")
   if (kind === "purge" && !window.confirm(`Purge ${ids.length} dead letters for good?`)) return
   const progress = document.getElementById("bulk-progress")
@@ -367,6 +370,13 @@ view.addEventListener("click", (event) => {
   if (target.dataset.bulk) return void bulk(target.dataset.bulk)
   const act_ = target.dataset.act
   void act(target.dataset.method ?? "POST", target.dataset.path, questions[act_], outcomes[act_])
+})
+
+view.addEventListener("change", (event) => {
+  const box = event.target
+  if (!box.classList?.contains("pick")) return
+  if (box.checked) picked.add(box.value)
+  else picked.delete(box.value)
 })
 
 view.addEventListener("submit", (event) => {
