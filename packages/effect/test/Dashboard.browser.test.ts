@@ -308,6 +308,22 @@ describe.skipIf(!runBrowser)("dashboard", () => {
       assert.strictEqual((await server.run(stats("bulk")))?.available ?? 0, 0)
     })
 
+    it("keyboard: the focused button keeps focus across the poll's redraw, and Enter acts", async () => {
+      await open(page, server, "#/queue/orders", 'button[data-act="pause"]')
+      await page.focus('button[data-act="pause"]')
+      const before = await page.locator("#updated").innerText()
+      // a redraw has happened once the footer's time changes
+      await page.waitForFunction((text) => document.getElementById("updated")?.textContent !== text, before)
+      assert.strictEqual(await page.evaluate(() => document.activeElement?.getAttribute("data-act")), "pause")
+      await page.keyboard.press("Enter")
+      await noticeSays(page, "paused orders")
+      assert.isTrue((await server.run(stats("orders")))!.paused)
+      await page.focus('button[data-act="resume"]')
+      await page.keyboard.press("Enter")
+      await noticeSays(page, "resumed orders")
+      assert.isFalse((await server.run(stats("orders")))!.paused)
+    })
+
     it("job page: cancel then retry", async () => {
       await open(page, server, `#/job/${seeded.traced}`, 'button[data-act="cancel"]')
       await page.click('button[data-act="cancel"]')

@@ -314,6 +314,13 @@ async function page() {
   return overview()
 }
 
+/** A selector for the focused control inside the view, to find it again after a redraw. */
+function focusKey(element) {
+  if (!element || !view.contains(element) || element === view) return null
+  const attr = ["data-path", "data-bulk", "href", "value"].find((name) => element.hasAttribute(name))
+  return attr ? `${element.tagName.toLowerCase()}[${attr}="${CSS.escape(element.getAttribute(attr))}"]` : null
+}
+
 async function render() {
   const seq = ++renderSeq
   try {
@@ -321,7 +328,10 @@ async function render() {
     if (seq !== renderSeq) return
     // keep focus and filter edits across a poll: skip the redraw while a form field is being edited
     if (document.activeElement?.closest?.("#filters")) return
+    const focused = focusKey(document.activeElement)
     view.innerHTML = html
+    // a keyboard user's focus survives the redraw: the same link, button or box is focused again
+    if (focused) view.querySelector(focused)?.focus()
     view.dataset.page = route().parts[0] ?? "overview"
     // what the view now shows (tests and scripts wait for it)
     view.dataset.route = location.hash || "#/"
