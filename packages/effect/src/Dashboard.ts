@@ -11,6 +11,7 @@
  * reads do (docs/adr/0026-dashboard.md).
  */
 import { Cron } from "@awa/runtime"
+import { CronStorage } from "@awa/storage"
 import { Effect, Layer, Redacted } from "effect"
 import { HttpRouter, HttpServerRequest, HttpServerResponse } from "effect/http"
 import type { AdminApiOptions } from "./AdminApi.ts"
@@ -39,10 +40,13 @@ const json = (value: unknown, status = 200) =>
   })
 
 /** The dashboard's routes on the application's `HttpRouter`. Needs `CronStorage` (for next fires). */
-export const layer = (options: DashboardOptions = {}) =>
+export const layer = (
+  options: DashboardOptions = {}
+): Layer.Layer<never, never, HttpRouter.HttpRouter | CronStorage.CronStorage> =>
   Layer.effectDiscard(
     Effect.gen(function* () {
       const router = yield* HttpRouter.HttpRouter
+      const cronStorage = yield* CronStorage.CronStorage
       const base = options.path ?? "/dashboard"
       const config = JSON.stringify({
         apiBase: "",
@@ -75,6 +79,7 @@ export const layer = (options: DashboardOptions = {}) =>
           )
             return json({ _tag: "Unauthorized", message: "missing or wrong bearer token" }, 401)
           return yield* Cron.list.pipe(
+            Effect.provideService(CronStorage.CronStorage, cronStorage),
             Effect.map((schedules) => json({ schedules })),
             Effect.catch((error) =>
               Effect.succeed(json({ _tag: "Unavailable", message: error.message }, 503))
