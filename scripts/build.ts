@@ -1,7 +1,8 @@
 /**
  * `npm run build`: the publishable output of every package, in dependency order.
  *
- * 1. Regenerates `packages/sql/src/migrations.generated.ts` from the .sql files.
+ * 1. Regenerates `packages/sql/src/migrations.generated.ts` from the .sql files, and the
+ *    dashboard's embedded assets (`packages/effect/src/dashboard/assets.generated.ts`).
  * 2. Compiles each package's `src/` to `dist/` (ESM JavaScript, `.d.ts`, declaration and source
  *    maps) with its `tsconfig.build.json`. Without the "@awa/source" condition a package compiles
  *    against the declarations of the packages built before it, as an application would.
@@ -14,6 +15,7 @@
 import { execFileSync } from "node:child_process"
 import { readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs"
 import { fileURLToPath } from "node:url"
+import * as Dashboard from "./gen-dashboard.ts"
 import { generatedFile, readMigrationFiles, render } from "./gen-migrations.ts"
 
 /** The published packages, each after the ones it depends on. */
@@ -41,6 +43,7 @@ export const rewriteDeclarationSpecifiers = (dir: string): number => {
 
 if (import.meta.main) {
   writeFileSync(generatedFile, render(readMigrationFiles()))
+  writeFileSync(Dashboard.generatedFile, Dashboard.render())
   for (const name of publishedPackages) {
     const dir = `${root}packages/${name}`
     rmSync(`${dir}/dist`, { recursive: true, force: true })
