@@ -20,6 +20,7 @@ import { Cause, Console, Effect, Exit, Layer, Option, Redacted, Schema } from "e
 import { Argument, Command, Flag } from "effect/cli"
 import { HttpRouter } from "effect/http"
 import * as AdminApi from "./AdminApi.ts"
+import * as Dashboard from "./Dashboard.ts"
 
 /** Exit code of a check that ran and found something not ready (`doctor`, `migrate --dry-run`). */
 export const exitNotReady = 2
@@ -659,6 +660,12 @@ const serve = Command.make(
     insecureNoAuth: Flag.Boolean("insecure-no-auth").pipe(
       Flag.withDescription("allow actions without a token (and a non-loopback bind without one)"),
       Flag.withDefault(false)
+    ),
+    traceLink: Flag.String("trace-link").pipe(
+      Flag.withDescription(
+        "the dashboard's link for a trace id, {traceId} replaced (e.g. https://tempo/trace/{traceId})"
+      ),
+      Flag.optional
     )
   },
   (f) =>
@@ -669,23 +676,35 @@ const serve = Command.make(
           message: `binding ${f.host} needs an admin token (--token or AWA_ADMIN_TOKEN) or --insecure-no-auth`
         })
       const { admin } = yield* adminLayer
+      const secret = token === undefined || token === "" ? undefined : Redacted.make(token)
       const server = HttpRouter.serve(
-        AdminApi.layer({
-          token: token === undefined || token === "" ? undefined : Redacted.make(token),
-          authReads: f.authReads,
-          readOnly: f.readOnly,
-          insecureNoAuth: f.insecureNoAuth
-        }),
+        Layer.mergeAll(
+          AdminApi.layer({
+            token: secret,
+            authReads: f.authReads,
+            readOnly: f.readOnly,
+            insecureNoAuth: f.insecureNoAuth
+          }),
+          Dashboard.layer({
+            token: secret,
+            authReads: f.authReads,
+            traceLinkTemplate: Option.getOrUndefined(f.traceLink)
+          })
+        ),
         { disableLogger: true }
       ).pipe(
         Layer.provide(NodeHttpServer.layer(createServer, { port: f.port, host: f.host })),
         Layer.provide(admin)
       )
-      yield* Console.error(`awa admin API on http://${f.host}:${f.port} (OpenAPI: /openapi.json)`)
+      yield* Console.error(
+        `awa admin API on http://${f.host}:${f.port} (dashboard: /dashboard, OpenAPI: /openapi.json)`
+      )
       return yield* Layer.launch(server)
     })
 ).pipe(
-  Command.withDescription("serve the admin HTTP API (/api, /healthz, /readyz, /openapi.json) until stopped")
+  Command.withDescription(
+    "serve the admin HTTP API (/api, /healthz, /readyz, /openapi.json) and the dashboard (/dashboard) until stopped"
+  )
 )
 
 /** The whole command tree. */

@@ -334,7 +334,7 @@ describe("awa CLI", () => {
   )
 
   it.live(
-    "serve runs the admin API until interrupted; a public bind without a token is refused (exit 1)",
+    "serve runs the admin API and the dashboard until interrupted; a public bind without a token is refused (exit 1)",
     () =>
       withDatabase((url) =>
         Effect.gen(function* () {
@@ -368,6 +368,10 @@ describe("awa CLI", () => {
             [paused.status, JSON.parse(paused.body)],
             [200, { queue: "x", paused: true }]
           )
+          // the dashboard is served beside the API
+          const page = yield* get("/dashboard")
+          assert.strictEqual(page.status, 200)
+          assert.include(page.body, "app.js")
           yield* Fiber.interrupt(fiber)
           assert.strictEqual((yield* get("/healthz")).status, 0)
         })
