@@ -512,7 +512,7 @@ export const scale = (ctx: PhaseContext, processes: number) =>
     const correctness: Correctness = {
       ok,
       detail: ok
-        ? `${v.expected} jobs ran exactly once over ${processes} processes; none open`
+        ? `${v.expected} jobs ran exactly once over ${processes} process${processes === 1 ? "" : "es"}; none open`
         : `of ${v.expected}: ${v.executedOnce} once, ${v.missing} missing, ${v.duplicates} duplicate runs, ` +
           `${v.outside} unexpected; ${open} open`,
       verification: v,
