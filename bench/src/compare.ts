@@ -41,6 +41,7 @@ import { NodeRuntime } from "@effect/platform-node"
 import { Console, Effect } from "effect"
 import { type Child, spawnChild } from "./compare/childProcess.ts"
 import { enableStatements, postmasterPid, renderServer, serverDescription } from "./compare/observer.ts"
+import { type RawInsert, rawInsert } from "./compare/pgbench.ts"
 import {
   drain,
   enqueueBatch,
@@ -93,6 +94,8 @@ interface Options {
     | { readonly durationMs: number; readonly pinnedReader: boolean; readonly rate: number }
     | undefined
   readonly statements: boolean
+  /** Measure the server's raw multi-row INSERT rate with pgbench (with the enqueue-batch phase). */
+  readonly pgbench: boolean
 }
 
 const parseDuration = (text: string): number => {
@@ -113,8 +116,11 @@ const help = `npm run bench -- [options]   (Awa, graphile-worker and pg-boss sid
   --phases <list>           ${phaseNames.join(",")} (default: all)
   --profile <list>          Awa's profiles: tuned (tracing off; results "awa"), defaults (only
                             maxConcurrency set; results "awa-defaults"); default: tuned,defaults
+                            (quick: tuned)
   --cpu-prof <systems>      V8 CPU profile of those systems' children, per phase
   --statements              top pg_stat_statements per phase (server preloads it)
+  --no-pgbench              skip the raw multi-row INSERT rate (pgbench, 1,000 rows per statement)
+                            measured after the phases when enqueue-batch is among them
   --max-other-cores <n>     start a phase once other processes use fewer cores (default 0.5)
   --max-quiet-wait <dur>    …or after this long (default 20s, quick 3s)
   --soak <dur> [--rate n] [--pinned-reader]   steady load per system instead (compare/soak.ts)
@@ -143,7 +149,8 @@ const parseArgs = (argv: ReadonlyArray<string>): Options => {
     quick,
     server,
     systems: list("--systems", systemNames),
-    profiles: list("--profile", profiles),
+    // both profiles cost a fourth entrant: a third more time, too much for quick mode (ADR 0025)
+    profiles: value("--profile") === undefined && quick ? ["tuned"] : list("--profile", profiles),
     phases: list("--phases", phaseNames),
     cpuProf: cpuProf === undefined ? [] : list("--cpu-prof", systemNames),
     hygiene: {
@@ -158,7 +165,8 @@ const parseArgs = (argv: ReadonlyArray<string>): Options => {
             pinnedReader: argv.includes("--pinned-reader"),
             rate: Number(value("--rate") ?? 200)
           },
-    statements: argv.includes("--statements")
+    statements: argv.includes("--statements"),
+    pgbench: !argv.includes("--no-pgbench")
   }
 }
 
@@ -233,6 +241,21 @@ const runPhase = (
     case "latency":
       return latency(ctx)
   }
+}
+
+const renderRawInsert = (
+  raw: RawInsert | { readonly error: string },
+  summaries: ReadonlyArray<SystemSummary>
+): string => {
+  if ("error" in raw) return `Raw multi-row INSERT (pgbench): FAILED ${raw.error.split("\n")[0]}`
+  const ratios = summaries
+    .filter((s) => s.enqueueBatchPerSec !== null)
+    .map((s) => `${s.system} ${Math.round((100 * s.enqueueBatchPerSec!) / raw.rowsPerSec)} %`)
+  return (
+    `Raw multi-row INSERT (${raw.pgbench}, 1 client, ${raw.rowsPerStatement.toLocaleString("en-US")} rows per ` +
+    `statement, ${raw.seconds} s): ${raw.rowsPerSec.toLocaleString("en-US")} rows/s, ${raw.walBytesPerRow} B WAL/row, ` +
+    `Postgres CPU ${raw.postgresCpuMsPer1000Rows ?? "n/a"} ms / 1,000 rows\n  enqueue in chunks of 1,000 as a share of it: ${ratios.join(", ")}`
+  )
 }
 
 /** The child's environment: Awa's profile. */
@@ -351,9 +374,14 @@ const program = Effect.gen(function* () {
         const result: PhaseResult = yield* runPhase(phase, ctx, closeChild, processes)
         return result
       }).pipe(Effect.scoped, Effect.ensuring(Effect.suspend(() => dropDatabase(server.url, name))))
+      const began = performance.now()
       const outcome = yield* Effect.result(run)
       if (outcome._tag === "Success") {
-        const r: PhaseResult = outcome.success
+        // wall time of the whole phase (clone, child start, warm-up, waits): where a run's time goes
+        const r: PhaseResult = {
+          ...outcome.success,
+          wallSeconds: round((performance.now() - began) / 1000, 1)
+        }
         results.push(r)
         const extra =
           r.latency !== undefined
@@ -370,6 +398,15 @@ const program = Effect.gen(function* () {
       }
     }
   }
+
+  // the server's raw multi-row insert rate, same sitting (issue 17's alternative batch goal)
+  const raw = !(options.pgbench && options.phases.includes("enqueue-batch"))
+    ? undefined
+    : yield* Effect.result(rawInsert(server.url, pgPid, options.quick ? 5 : 10)).pipe(
+        Effect.map((r) => (r._tag === "Success" ? r.success : { error: String(r.failure) }))
+      )
+  if (raw === undefined && options.pgbench && options.phases.includes("enqueue-batch"))
+    yield* Console.error("pgbench: not found (PGBENCH, /usr/lib/postgresql/15/bin/pgbench, PATH); skipped")
 
   const summaries: Array<SystemSummary> = entrants.map((e) =>
     summarize(e.label, e.profile, descriptions.get(e.label)!, results, errors.get(e.label)!)
@@ -400,6 +437,7 @@ const program = Effect.gen(function* () {
     systems: summaries,
     comparison: compare(summaries),
     comparisons: Object.fromEntries(awaLabels.map((l) => [l, compare(summaries, l)])),
+    rawInsert: raw ?? null,
     phases: results
   }
   yield* Console.log(
@@ -408,6 +446,7 @@ const program = Effect.gen(function* () {
       renderServer(described),
       "",
       renderSummary(summaries),
+      ...(raw === undefined ? [] : ["", renderRawInsert(raw, summaries)]),
       "",
       "Phases (other cores: CPU used by other processes on the machine, before / during the interval):",
       renderPhases(results),

@@ -177,6 +177,8 @@ export interface PhaseResult {
   /** Concurrent producers and the queues they spread over (`enqueue-one-8`, `enqueue-one-8q`). */
   readonly producers?: number | undefined
   readonly queues?: number | undefined
+  /** Wall time of the whole phase: clone, child start, warm-up, waits, checks (set by compare.ts). */
+  readonly wallSeconds?: number | undefined
   readonly jobs: number
   readonly seconds: number
   readonly jobsPerSec: number
