@@ -309,8 +309,11 @@ const program = Effect.gen(function* () {
   }
 
   if (options.soak !== undefined) {
-    // the soak runs each system once, Awa in its tuned profile
-    const soakDescriptions = new Map(options.systems.map((s) => [s, descriptions.get(s)!] as const))
+    // the soak runs each system once, Awa in the first profile listed (tuned by default)
+    const first = (s: SystemName) => entrants.find((e) => e.system === s)!
+    const soakDescriptions = new Map(
+      options.systems.map((s) => [s, descriptions.get(first(s).label)!] as const)
+    )
     return yield* runSoak({
       serverUrl: server.url,
       templates,
@@ -322,7 +325,8 @@ const program = Effect.gen(function* () {
       postmasterPid: pgPid,
       resultsDir,
       stamp,
-      clone: (name, template) => retryingClone(server.url, name, template)
+      clone: (name, template) => retryingClone(server.url, name, template),
+      env: (s) => childEnv(first(s))
     })
   }
 
