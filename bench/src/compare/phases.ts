@@ -465,8 +465,11 @@ export const latency = (ctx: PhaseContext) =>
 export const scale = (ctx: PhaseContext, processes: number) =>
   Effect.gen(function* () {
     const { drain: n, drainWarm: warm, chunk } = ctx.sizes
-    const children: Array<Child> = [ctx.child]
-    for (let i = 1; i < processes; i++) children.push(yield* ctx.spawnMore)
+    // the other processes start side by side (each child's start-up is ~1-3 s of module loading)
+    const more = yield* Effect.forEach(Array.from({ length: processes - 1 }), () => ctx.spawnMore, {
+      concurrency: "unbounded"
+    })
+    const children: ReadonlyArray<Child> = [ctx.child, ...more]
     const split = shares(inFlight, processes)
     const all = <A>(f: (child: Child, i: number) => Effect.Effect<A, ChildError>) =>
       Effect.forEach(children, f, { concurrency: "unbounded" })
