@@ -1,6 +1,6 @@
 /**
  * One system's Node process: `node bench/src/compare/child.ts <system> <database url>`, forked by
- * `compare.ts` with an IPC channel (`AWA_BENCH_PROFILE`: Awa's profile, default `tuned`). It runs the requests of `protocol.ts` one at a time against
+XX
  * its adapter and counts every handler start per job (`seq`), so the orchestrator can check that
  * each job ran exactly once.
  */
