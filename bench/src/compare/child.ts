@@ -1,8 +1,9 @@
 /**
  * One system's Node process: `node bench/src/compare/child.ts <system> <database url>`, forked by
-XX
- * its adapter and counts every handler start per job (`seq`), so the orchestrator can check that
- * each job ran exactly once.
+ * `compare.ts` with an IPC channel; `AWA_BENCH_PROFILE` is Awa's profile (default `tuned`). It
+ * runs the requests of `protocol.ts` one at a time against its adapter and counts every handler
+ * start per job (`seq`), so the orchestrator can check that each job ran exactly once (summed
+ * over processes in the scale phase: `executions`).
  */
 import { now, quantile, round, sum, summarize } from "../lib.ts"
 import {
