@@ -72,16 +72,21 @@ export const table = (
 // Server and databases
 
 /**
- * `DATABASE_URL` when set, otherwise a temporary embedded PostgreSQL with durability ON (fsync,
- * synchronous_commit and full_page_writes at their defaults), stopped and deleted when the scope
- * closes.
+ * `url` (e.g. `--server`) or else `DATABASE_URL` when set, otherwise a temporary embedded
+ * PostgreSQL with durability ON (fsync, synchronous_commit and full_page_writes at their
+ * defaults), stopped and deleted when the scope closes.
  */
-export const acquireServer = Effect.acquireRelease(
-  Effect.promise(() =>
-    EmbeddedPostgres.resolve(process.env, () => EmbeddedPostgres.startTemporary({ durable: true }))
-  ),
-  (server) => Effect.promise(() => server.stop())
-)
+export const acquireServerAt = (url: string | undefined) =>
+  Effect.acquireRelease(
+    Effect.promise(() =>
+      EmbeddedPostgres.resolve(url === undefined ? process.env : { DATABASE_URL: url }, () =>
+        EmbeddedPostgres.startTemporary({ durable: true })
+      )
+    ),
+    (server) => Effect.promise(() => server.stop())
+  )
+
+export const acquireServer = acquireServerAt(undefined)
 
 /** Runs `f` on a one-connection client to `url`, closed afterwards. */
 export const withClient = <A, E>(url: string, f: (sql: PgClient.PgClient) => Effect.Effect<A, E>) =>

@@ -1,12 +1,29 @@
 /**
  * One system's Node process: `node bench/src/compare/child.ts <system> <database url>`, forked by
- * `compare.ts` with an IPC channel. It runs the requests of `protocol.ts` one at a time against
- * its adapter and counts every handler start per job (`seq`), so the orchestrator can check that
- * each job ran exactly once.
+ * `compare.ts` with an IPC channel; `AWA_BENCH_PROFILE` is Awa's profile (default `tuned`). It
+ * runs the requests of `protocol.ts` one at a time against its adapter and counts every handler
+ * start per job (`seq`), so the orchestrator can check that each job ran exactly once (summed
+ * over processes in the scale phase: `executions`).
  */
 import { now, quantile, round, sum, summarize } from "../lib.ts"
-import type { AdapterFactory, SystemAdapter, SystemName } from "../systems/types.ts"
-import type { DrainTimes, Latencies, Request, Response, Sample, Timed, Verification } from "./protocol.ts"
+import {
+  type AdapterFactory,
+  type Profile,
+  profiles,
+  queueName,
+  type SystemAdapter,
+  type SystemName
+} from "../systems/types.ts"
+import type {
+  DrainTimes,
+  Executions,
+  Latencies,
+  Request,
+  Response,
+  Sample,
+  Timed,
+  Verification
+} from "./protocol.ts"
 
 const factories: Record<SystemName, () => Promise<AdapterFactory>> = {
   awa: async () => (await import("../systems/awa.ts")).make,
@@ -77,12 +94,14 @@ const main = async () => {
   const url = process.argv[3]!
   const factory = factories[system]
   if (factory === undefined || url === undefined) throw new Error("usage: child.ts <system> <database url>")
-  const adapter = await (await factory())(url)
+  const profile = (process.env.AWA_BENCH_PROFILE ?? "tuned") as Profile
+  if (!profiles.includes(profile)) throw new Error(`AWA_BENCH_PROFILE: unknown ${profile}`)
+  const adapter = await (await factory())(url, { profile })
   let running = false
 
-  const startWorkers = async () => {
+  const startWorkers = async (concurrency?: number) => {
     if (running) return
-    await adapter.startWorkers(onStart)
+    await adapter.startWorkers(onStart, concurrency)
     running = true
   }
   const stopWorkers = async () => {
@@ -114,8 +133,22 @@ const main = async () => {
         }
         return { ms: now() - start, calls: summarize(samples) } satisfies Timed
       }
+      case "enqueueConcurrent": {
+        const samples: Array<number> = []
+        const producer = async (p: number) => {
+          const queue = queueName(p % request.queues)
+          for (let i = p; i < request.count; i += request.producers) {
+            const t = now()
+            await adapter.enqueueOne(request.from + i, queue)
+            samples.push(now() - t)
+          }
+        }
+        const start = now()
+        await Promise.all(Array.from({ length: request.producers }, (_, p) => producer(p)))
+        return { ms: now() - start, calls: summarize(samples) } satisfies Timed
+      }
       case "startWorkers":
-        return startWorkers()
+        return startWorkers(request.concurrency)
       case "stopWorkers": {
         const start = now()
         await stopWorkers()
@@ -218,6 +251,13 @@ const main = async () => {
       }
       case "openJobs":
         return adapter.openJobs()
+      case "executions":
+        return {
+          counts: request.ranges.map((r) => range(r.from, r.count).map((seq) => executions.get(seq) ?? 0)),
+          total
+        } satisfies Executions
+      case "total":
+        return total
       case "produce": {
         await startWorkers()
         const n = Math.round(request.rate * request.seconds)

@@ -82,18 +82,71 @@ export const tableStats = (dbUrl: string) =>
     )
   )
 
-export const serverSettings = (serverUrl: string) =>
+/** Settings recorded with every figure (issue 17): durability, JIT, memory, locks, isolation. */
+const describedSettings = [
+  "server_version",
+  "server_version_num",
+  "jit",
+  "jit_above_cost",
+  "jit_inline_above_cost",
+  "jit_optimize_above_cost",
+  "shared_buffers",
+  "work_mem",
+  "synchronous_commit",
+  "fsync",
+  "full_page_writes",
+  "wal_level",
+  "wal_compression",
+  "max_wal_size",
+  "checkpoint_timeout",
+  "default_transaction_isolation",
+  "max_locks_per_transaction",
+  "max_connections",
+  "autovacuum_naptime",
+  "shared_preload_libraries"
+]
+
+/** The server a run (and each of its phases) ran on. */
+export interface ServerDescription {
+  /** `embedded`: the temporary server this run started; `external`: `--server` / `DATABASE_URL`. */
+  readonly kind: "embedded" | "external"
+  /** `SELECT version()`. */
+  readonly version: string
+  /** Whether JIT compilation can happen at all: `jit` on and the server built with LLVM (`pg_jit_available()`). */
+  readonly jitActive: boolean
+  /** `current_setting` of each of `describedSettings` (units as `SHOW` prints them). */
+  readonly settings: Readonly<Record<string, string>>
+}
+
+export const serverDescription = (serverUrl: string, kind: ServerDescription["kind"]) =>
   withClient(serverUrl, (sql) =>
-    Effect.map(
-      sql<{ name: string; setting: string }>`
+    Effect.gen(function* () {
+      const rows = yield* sql<{ name: string; setting: string }>`
         SELECT name, current_setting(name) AS setting FROM pg_settings
-        WHERE name IN ('server_version', 'fsync', 'synchronous_commit', 'full_page_writes', 'wal_level',
-                       'shared_buffers', 'max_wal_size', 'checkpoint_timeout', 'wal_compression',
-                       'autovacuum_naptime', 'max_connections', 'jit')
-        ORDER BY name`,
-      (rows) => Object.fromEntries(rows.map((r) => [r.name, r.setting]))
-    )
+        WHERE name IN ${sql.in(describedSettings)} ORDER BY name`
+      const [info] = yield* sql<{ version: string; jit: boolean }>`
+        SELECT version() AS version, pg_jit_available() AS jit`
+      const settings = Object.fromEntries(rows.map((r) => [r.name, r.setting]))
+      return {
+        kind,
+        version: info!.version,
+        jitActive: settings.jit === "on" && info!.jit,
+        settings
+      } satisfies ServerDescription
+    })
   )
+
+/** One line for the stdout header: version, JIT, and the settings that move the figures most. */
+export const renderServer = (d: ServerDescription): string => {
+  const s = d.settings
+  const jit = `jit ${s.jit}${s.jit === "on" ? (d.jitActive ? ` (active, jit_above_cost ${s.jit_above_cost})` : " (no LLVM: inactive)") : ""}`
+  return [
+    `PostgreSQL ${s.server_version} (${d.kind}): ${d.version}`,
+    `  ${jit}; shared_buffers ${s.shared_buffers}, work_mem ${s.work_mem}, synchronous_commit ${s.synchronous_commit}, ` +
+      `fsync ${s.fsync}, full_page_writes ${s.full_page_writes}, default_transaction_isolation ${s.default_transaction_isolation}, ` +
+      `max_locks_per_transaction ${s.max_locks_per_transaction}, max_connections ${s.max_connections}`
+  ].join("\n")
+}
 
 /**
  * The postmaster's pid: from the embedded server's data directory, or (`DATABASE_URL`) from

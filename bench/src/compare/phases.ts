@@ -3,48 +3,79 @@
  * fresh database (cloned from the system's migrated template) and a fresh child process:
  *
  * - `enqueue-one`: sequential one-at-a-time enqueue (each job its own transaction);
+ * - `enqueue-one-8` / `enqueue-one-8q`: the same with 8 concurrent producers in the child, on one
+ *   queue / spread over 8 queues (issue 17);
  * - `enqueue-batch`: enqueue in chunks of 1,000 (one call each);
  * - `enqueue-bulk`: one call with the whole batch (Awa's bulk path; the peers' batch call too);
  * - `drain`: a queued backlog, then start workers and time until storage shows all completed,
  *   with WAL, dead tuples and CPU measured over the same interval;
+ * - `scale`: the drain with 1, 2 and 4 worker processes, 50 in flight split between them
+ *   (issue 17); timed by the orchestrator, which sums the processes' handler starts;
  * - `latency`: a fixed rate offered to idle workers; handler start minus enqueue commit.
+ *
+ * Every result records the server it ran on and Awa's profile (`server`, `profile`).
  *
  * Hygiene per measured interval: a fixed warm-up in the same process first, a wait for a quiet
  * machine (other processes below a CPU threshold), `CHECKPOINT` before (so WAL figures start from
  * the same full-page-image state), and an exactly-once check after (every job's handler started
  * once, and storage shows none open).
  */
-import { Effect } from "effect"
-import { perJob, round } from "../lib.ts"
-import type { SystemName } from "../systems/types.ts"
-import type { Child } from "./childProcess.ts"
+import { Effect, type Scope } from "effect"
+import { now, perJob, round, sum } from "../lib.ts"
+import { inFlight, type Profile, queueCount } from "../systems/types.ts"
+import { type Child, ChildError } from "./childProcess.ts"
 import {
   analyze,
   checkpoint,
   currentLsn,
   resetStatements,
+  type ServerDescription,
   type Statement,
   type TableStats,
   tableStats,
   topStatements,
   walBytes
 } from "./observer.ts"
-import { cpuDelta, loadAverage, type QuietWait, readCpu, waitQuiet } from "./proc.ts"
-import type { DrainTimes, Latencies, Timed, Verification } from "./protocol.ts"
+import { type ChildPids, cpuDelta, loadAverage, type QuietWait, readCpu, waitQuiet } from "./proc.ts"
+import type { DrainTimes, Executions, Latencies, Timed, Verification } from "./protocol.ts"
 
-export type PhaseName = "enqueue-one" | "enqueue-batch" | "enqueue-bulk" | "drain" | "latency"
+export type PhaseName =
+  | "enqueue-one"
+  | "enqueue-one-8"
+  | "enqueue-one-8q"
+  | "enqueue-batch"
+  | "enqueue-bulk"
+  | "drain"
+  | "scale"
+  | "latency"
 
 export const phaseNames: ReadonlyArray<PhaseName> = [
   "enqueue-one",
+  "enqueue-one-8",
+  "enqueue-one-8q",
   "enqueue-batch",
   "enqueue-bulk",
   "drain",
+  "scale",
   "latency"
 ]
+
+/** Producers of `enqueue-one-8` and `enqueue-one-8q`. */
+export const concurrentProducers = 8
+
+/** Worker processes of the `scale` phase, one run each. */
+export const scaleProcesses: ReadonlyArray<number> = [1, 2, 4]
+
+/** `total` split into `parts` shares differing by at most one (50 over 4: 13, 13, 12, 12). */
+export const shares = (total: number, parts: number): ReadonlyArray<number> =>
+  Array.from({ length: parts }, (_, i) => Math.floor(total / parts) + (i < total % parts ? 1 : 0))
 
 export interface Sizes {
   readonly enqueueOne: number
   readonly enqueueOneWarm: number
+  /** All producers together, `enqueue-one-8` and `enqueue-one-8q`. */
+  readonly enqueueOne8: number
+  readonly enqueueOne8Warm: number
   readonly enqueueBatch: number
   readonly enqueueBatchWarm: number
   readonly chunk: number
@@ -60,6 +91,8 @@ export interface Sizes {
 export const fullSizes: Sizes = {
   enqueueOne: 2_000,
   enqueueOneWarm: 200,
+  enqueueOne8: 4_000,
+  enqueueOne8Warm: 400,
   enqueueBatch: 20_000,
   enqueueBatchWarm: 2_000,
   chunk: 1_000,
@@ -75,6 +108,8 @@ export const fullSizes: Sizes = {
 export const quickSizes: Sizes = {
   enqueueOne: 500,
   enqueueOneWarm: 100,
+  enqueueOne8: 1_000,
+  enqueueOne8Warm: 200,
   enqueueBatch: 5_000,
   enqueueBatchWarm: 1_000,
   chunk: 1_000,
@@ -95,7 +130,14 @@ export interface Hygiene {
 }
 
 export interface PhaseContext {
+  /** The entrant's name in results: the system, or `awa-defaults` for Awa's defaults profile. */
+  readonly label: string
+  /** Awa's profile; undefined for the peers. */
+  readonly profile: Profile | undefined
+  readonly server: ServerDescription
   readonly child: Child
+  /** Another child of the same system on the same database (the scale phase), closed with the scope. */
+  readonly spawnMore: Effect.Effect<Child, ChildError, Scope.Scope>
   readonly serverUrl: string
   readonly dbUrl: string
   readonly postmasterPid: number | undefined
@@ -124,7 +166,19 @@ export interface Correctness {
 
 export interface PhaseResult {
   readonly phase: PhaseName
-  readonly system: SystemName
+  /** The entrant: the system's name, or `awa-defaults` (Awa's defaults profile). */
+  readonly system: string
+  /** Awa's profile (`tuned` or `defaults`); absent for the peers. */
+  readonly profile?: Profile | undefined
+  /** The server this phase ran on. */
+  readonly server: ServerDescription
+  /** Worker processes (the scale phase). */
+  readonly processes?: number | undefined
+  /** Concurrent producers and the queues they spread over (`enqueue-one-8`, `enqueue-one-8q`). */
+  readonly producers?: number | undefined
+  readonly queues?: number | undefined
+  /** Wall time of the whole phase: clone, child start, warm-up, waits, checks (set by compare.ts). */
+  readonly wallSeconds?: number | undefined
   readonly jobs: number
   readonly seconds: number
   readonly jobsPerSec: number
@@ -149,17 +203,17 @@ export interface PhaseResult {
 const minute = 60_000
 
 /** The measured interval: quiet wait, CHECKPOINT, readings before and after `body`. */
-const measure = <A, E>(ctx: PhaseContext, body: Effect.Effect<A, E>) =>
+const measure = <A, E>(ctx: PhaseContext, body: Effect.Effect<A, E>, childPids: ChildPids = ctx.child.pid) =>
   Effect.gen(function* () {
     const quiet = yield* Effect.promise(() =>
-      waitQuiet(ctx.hygiene.maxOtherCores, ctx.hygiene.maxQuietWaitMs, ctx.postmasterPid, ctx.child.pid)
+      waitQuiet(ctx.hygiene.maxOtherCores, ctx.hygiene.maxQuietWaitMs, ctx.postmasterPid, childPids)
     )
     const checkpointed = yield* checkpoint(ctx.serverUrl)
     if (ctx.statements) yield* resetStatements(ctx.serverUrl)
     const lsn = yield* currentLsn(ctx.serverUrl)
-    const cpu0 = readCpu(ctx.postmasterPid, ctx.child.pid)
+    const cpu0 = readCpu(ctx.postmasterPid, childPids)
     const value = yield* body
-    const cpu1 = readCpu(ctx.postmasterPid, ctx.child.pid)
+    const cpu1 = readCpu(ctx.postmasterPid, childPids)
     const lsn1 = yield* currentLsn(ctx.serverUrl)
     const wal = yield* walBytes(ctx.serverUrl, lsn, lsn1)
     const statements: ReadonlyArray<Statement> | undefined = ctx.statements
@@ -179,7 +233,9 @@ const common = (
   correctness: Correctness
 ) => ({
   phase,
-  system: ctx.child.system,
+  system: ctx.label,
+  ...(ctx.profile === undefined ? {} : { profile: ctx.profile }),
+  server: ctx.server,
   jobs,
   seconds: round(ms / 1000, 3),
   jobsPerSec: Math.round(perJob(jobs * 1000, ms)),
@@ -238,6 +294,29 @@ export const enqueueOne = (ctx: PhaseContext) =>
     )
     const correctness = yield* checkStored(ctx, n + warm)
     return common(ctx, "enqueue-one", n, m.value.ms, m, correctness) satisfies PhaseResult
+  })
+
+/** `enqueue-one-8` (queues 1) and `enqueue-one-8q` (queues 8): 8 producers, one job per transaction. */
+export const enqueueConcurrent = (ctx: PhaseContext, phase: "enqueue-one-8" | "enqueue-one-8q") =>
+  Effect.gen(function* () {
+    const { enqueueOne8: n, enqueueOne8Warm: warm } = ctx.sizes
+    const producers = concurrentProducers
+    const queues = phase === "enqueue-one-8" ? 1 : queueCount
+    yield* ctx.child.call({ op: "enqueueConcurrent", from: 0, count: warm, producers, queues }, 5 * minute)
+    const m = yield* measure(
+      ctx,
+      ctx.child.call<Timed>(
+        { op: "enqueueConcurrent", from: measuredFrom, count: n, producers, queues },
+        10 * minute
+      )
+    )
+    const correctness = yield* checkStored(ctx, n + warm)
+    return {
+      ...common(ctx, phase, n, m.value.ms, m, correctness),
+      producers,
+      queues,
+      calls: m.value.calls
+    } satisfies PhaseResult
   })
 
 export const enqueueBatch = (ctx: PhaseContext) =>
@@ -374,3 +453,105 @@ export const latency = (ctx: PhaseContext) =>
       shutdownMs: Math.round(shutdown.ms)
     } satisfies PhaseResult
   })
+
+/**
+ * Scale-out: the drain's workload with `processes` worker processes on one database, the 50 jobs
+ * in flight split between them (`shares`). The backlog is enqueued by the first process. The
+ * orchestrator times from the calls that start every process's workers until the processes'
+ * handler starts add up to the backlog (polled over IPC every 10 ms) and storage shows none open;
+ * so even the one-process figure is timed differently from `drain` (and without its table
+ * statistics). Exactly once: handler starts per seq summed over the processes.
+ */
+export const scale = (ctx: PhaseContext, processes: number) =>
+  Effect.gen(function* () {
+    const { drain: n, drainWarm: warm, chunk } = ctx.sizes
+    // the other processes start side by side (each child's start-up is ~1-3 s of module loading)
+    const more = yield* Effect.forEach(Array.from({ length: processes - 1 }), () => ctx.spawnMore, {
+      concurrency: "unbounded"
+    })
+    const children: ReadonlyArray<Child> = [ctx.child, ...more]
+    const split = shares(inFlight, processes)
+    const all = <A>(f: (child: Child, i: number) => Effect.Effect<A, ChildError>) =>
+      Effect.forEach(children, f, { concurrency: "unbounded" })
+    const totalStarts = Effect.map(
+      all((c) => c.call<number>({ op: "total" }, minute)),
+      (totals) => sum(totals)
+    )
+    /** Starts every process's workers; resolves once `target` handler starts and none open. */
+    const runUntil = (target: number, timeoutMs: number) =>
+      Effect.gen(function* () {
+        const start = now()
+        yield* all((c, i) => c.call({ op: "startWorkers", concurrency: split[i] }, minute))
+        while ((yield* totalStarts) < target) {
+          if (now() - start > timeoutMs)
+            return yield* Effect.fail(new ChildError(`scale: timed out before ${target} handler starts`))
+          yield* Effect.sleep(10)
+        }
+        while ((yield* ctx.child.call<number>({ op: "openJobs" }, minute)) > 0) {
+          if (now() - start > timeoutMs)
+            return yield* Effect.fail(new ChildError("scale: timed out with jobs still open"))
+          yield* Effect.sleep(10)
+        }
+        return now() - start
+      })
+    const stopAll = all((c) => c.call({ op: "stopWorkers" }, 2 * minute))
+    yield* ctx.child.call({ op: "enqueueBatches", from: 0, count: warm, chunk }, 5 * minute)
+    yield* runUntil(warm, 5 * minute)
+    yield* stopAll
+    yield* ctx.child.call({ op: "enqueueBatches", from: measuredFrom, count: n, chunk }, 10 * minute)
+    yield* analyze(ctx.dbUrl)
+    const m = yield* measure(
+      ctx,
+      runUntil(warm + n, 10 * minute),
+      children.map((c) => c.pid)
+    )
+    yield* stopAll
+    const ranges = [
+      { from: 0, count: warm },
+      { from: measuredFrom, count: n }
+    ]
+    const answers = yield* all((c) => c.call<Executions>({ op: "executions", ranges }, minute))
+    const open = yield* ctx.child.call<number>({ op: "openJobs" }, 5 * minute)
+    const v = sumExecutions(ranges, answers)
+    const ok = v.executedOnce === v.expected && v.duplicates === 0 && v.outside === 0 && open === 0
+    const correctness: Correctness = {
+      ok,
+      detail: ok
+        ? `${v.expected} jobs ran exactly once over ${processes} process${processes === 1 ? "" : "es"}; none open`
+        : `of ${v.expected}: ${v.executedOnce} once, ${v.missing} missing, ${v.duplicates} duplicate runs, ` +
+          `${v.outside} unexpected; ${open} open`,
+      verification: v,
+      openJobs: open
+    }
+    return {
+      ...common(ctx, "scale", n, m.value, m, correctness),
+      processes
+    } satisfies PhaseResult
+  })
+
+/** The exactly-once check of `ranges` over the handler starts of several processes. */
+export const sumExecutions = (
+  ranges: ReadonlyArray<{ from: number; count: number }>,
+  answers: ReadonlyArray<Executions>
+): Verification => {
+  let executedOnce = 0
+  let missing = 0
+  let duplicates = 0
+  let inRanges = 0
+  ranges.forEach((r, ri) => {
+    for (let i = 0; i < r.count; i++) {
+      const c = sum(answers.map((a) => a.counts[ri]![i]!))
+      inRanges += c
+      if (c === 0) missing++
+      else if (c === 1) executedOnce++
+      else duplicates += c - 1
+    }
+  })
+  return {
+    expected: sum(ranges.map((r) => r.count)),
+    executedOnce,
+    missing,
+    duplicates,
+    outside: sum(answers.map((a) => a.total)) - inRanges
+  }
+}

@@ -88,13 +88,27 @@ export interface CpuReading {
   readonly self: number
 }
 
-export const readCpu = (postmasterPid: number | undefined, childPid: number | undefined): CpuReading => {
+/** The child processes a phase runs in: one, or several (the scale phase), summed. */
+export type ChildPids = number | ReadonlyArray<number> | undefined
+
+const childrenCpu = (pids: ChildPids): number | undefined => {
+  if (pids === undefined) return undefined
+  let total = 0
+  for (const pid of typeof pids === "number" ? [pids] : pids) {
+    const cpu = processCpu(pid)
+    if (cpu === undefined) return undefined
+    total += cpu
+  }
+  return total
+}
+
+export const readCpu = (postmasterPid: number | undefined, childPids: ChildPids): CpuReading => {
   const usage = process.cpuUsage()
   return {
     at: performance.now(),
     machine: machineCpu(),
     postgres: postmasterPid === undefined ? undefined : treeCpu(postmasterPid),
-    child: childPid === undefined ? undefined : processCpu(childPid),
+    child: childrenCpu(childPids),
     self: (usage.user + usage.system) / 1e6
   }
 }
@@ -146,7 +160,7 @@ export const waitQuiet = async (
   maxOtherCores: number,
   maxWaitMs: number,
   postmasterPid: number | undefined,
-  childPid: number | undefined
+  childPid: ChildPids
 ): Promise<QuietWait> => {
   const start = performance.now()
   let otherCores: number | undefined

@@ -6,7 +6,19 @@ export type Request =
   | { readonly op: "describe" }
   | { readonly op: "enqueueSequential"; readonly from: number; readonly count: number }
   | { readonly op: "enqueueBatches"; readonly from: number; readonly count: number; readonly chunk: number }
-  | { readonly op: "startWorkers" }
+  /**
+   * 1 producer (one-at-a-time, each insert its own transaction) per `producers`, concurrently in
+   * this process; producer p enqueues seqs from + p, from + p + producers, … on queue p mod `queues`.
+   */
+  | {
+      readonly op: "enqueueConcurrent"
+      readonly from: number
+      readonly count: number
+      readonly producers: number
+      readonly queues: number
+    }
+  /** Starts the workers (`concurrency` in flight, default 50) if they are not running. */
+  | { readonly op: "startWorkers"; readonly concurrency?: number | undefined }
   | { readonly op: "stopWorkers" }
   /** Starts the workers if they are not running, then waits for `expected` new executions and an empty queue. */
   | { readonly op: "runUntilDone"; readonly expected: number; readonly timeoutMs: number }
@@ -23,6 +35,13 @@ export type Request =
       readonly ranges: ReadonlyArray<{ readonly from: number; readonly count: number }>
     }
   | { readonly op: "openJobs" }
+  /** Handler starts per seq of each range (for a check summed over processes), and in all. */
+  | {
+      readonly op: "executions"
+      readonly ranges: ReadonlyArray<{ readonly from: number; readonly count: number }>
+    }
+  /** Handler starts in all. */
+  | { readonly op: "total" }
   /** Soak: offers `rate` jobs/s for `seconds` (open loop); resolves once every insert returned. */
   | { readonly op: "produce"; readonly from: number; readonly rate: number; readonly seconds: number }
   /** Soak: counters, and pickup latency of the jobs started since the previous sample. */
@@ -72,6 +91,12 @@ export interface Latencies {
   readonly insert: Calls
   /** How far behind its schedule the producer fell at worst, ms. */
   readonly maxScheduleLagMs: number
+}
+
+/** Answer to `executions`: `counts[r][i]` handler starts of seq `ranges[r].from + i`. */
+export interface Executions {
+  readonly counts: ReadonlyArray<ReadonlyArray<number>>
+  readonly total: number
 }
 
 /** Exactly-once check of the seqs in the given ranges, plus handler starts of any other seq. */

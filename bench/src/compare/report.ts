@@ -3,18 +3,26 @@
  * issue 5, and the plain-text tables printed at the end of a run.
  */
 import { round, table } from "../lib.ts"
-import type { SystemName } from "../systems/types.ts"
-import type { PhaseName, PhaseResult, TableDelta } from "./phases.ts"
+import type { Profile } from "../systems/types.ts"
+import { type PhaseName, type PhaseResult, scaleProcesses, type TableDelta } from "./phases.ts"
 
 export interface SystemSummary {
-  readonly system: SystemName
+  /** The entrant: the system's name, or `awa-defaults` for Awa's defaults profile. */
+  readonly system: string
+  /** Awa's profile; absent for the peers. */
+  readonly profile?: Profile | undefined
   readonly version: string
   readonly settings: Readonly<Record<string, unknown>>
   readonly enqueueOnePerSec: number | null
+  /** 8 concurrent producers, one job per transaction: on one queue, and over 8 queues. */
+  readonly enqueueOne8PerSec: number | null
+  readonly enqueueOne8QueuesPerSec: number | null
   readonly enqueueBatchPerSec: number | null
   /** One call with the whole bulk batch (Awa's bulk path; the peers' batch call with the same size). */
   readonly enqueueBulkPerSec: number | null
   readonly drainPerSec: number | null
+  /** The scale phase: drain jobs/s by number of worker processes ("1", "2", "4"). */
+  readonly scalePerSec: Readonly<Record<string, number>> | null
   readonly latencyMs: { readonly p50: number; readonly p95: number; readonly p99: number } | null
   /** During the drain. */
   readonly walBytesPerJob: number | null
@@ -48,6 +56,18 @@ export const metrics: ReadonlyArray<Metric> = [
     goal: { ratio: 3, text: "≥ 3× best peer" }
   },
   {
+    key: "enqueueOne8PerSec",
+    label: "enqueue one, 8 producers, 1 queue (jobs/s)",
+    direction: "higher",
+    value: (s) => s.enqueueOne8PerSec
+  },
+  {
+    key: "enqueueOne8QueuesPerSec",
+    label: "enqueue one, 8 producers, 8 queues (jobs/s)",
+    direction: "higher",
+    value: (s) => s.enqueueOne8QueuesPerSec
+  },
+  {
     key: "enqueueBatchPerSec",
     label: "enqueue in chunks of 1,000 (jobs/s)",
     direction: "higher",
@@ -68,6 +88,14 @@ export const metrics: ReadonlyArray<Metric> = [
     value: (s) => s.drainPerSec,
     goal: { ratio: 1.25, text: "≥ 1.25× best peer" }
   },
+  ...scaleProcesses.map(
+    (p): Metric => ({
+      key: `scale${p}PerSec`,
+      label: `drain, ${p} worker process${p === 1 ? "" : "es"} (jobs/s)`,
+      direction: "higher",
+      value: (s) => s.scalePerSec?.[String(p)]
+    })
+  ),
   { key: "latencyP50", label: "pickup p50 (ms)", direction: "lower", value: (s) => s.latencyMs?.p50 },
   { key: "latencyP95", label: "pickup p95 (ms)", direction: "lower", value: (s) => s.latencyMs?.p95 },
   {
@@ -109,7 +137,7 @@ export interface Comparison {
   readonly metric: string
   readonly direction: Direction
   readonly awa: number | null
-  readonly bestPeer: { readonly system: SystemName; readonly value: number } | null
+  readonly bestPeer: { readonly system: string; readonly value: number } | null
   /** Awa ÷ best peer. */
   readonly ratio: number | null
   readonly goal: string | null
@@ -118,12 +146,18 @@ export interface Comparison {
 
 const isNumber = (v: number | null | undefined): v is number => typeof v === "number" && Number.isFinite(v)
 
-export const compare = (summaries: ReadonlyArray<SystemSummary>): ReadonlyArray<Comparison> =>
+const isAwa = (s: SystemSummary) => s.profile !== undefined
+
+/** Ratios of the Awa entrant `awaLabel` (default: the first Awa entrant) to the best peer. */
+export const compare = (
+  summaries: ReadonlyArray<SystemSummary>,
+  awaLabel?: string
+): ReadonlyArray<Comparison> =>
   metrics.map((m) => {
-    const awa = summaries.find((s) => s.system === "awa")
+    const awa = summaries.find((s) => (awaLabel === undefined ? isAwa(s) : s.system === awaLabel))
     const awaValue = awa === undefined ? undefined : m.value(awa)
     const peers = summaries
-      .filter((s) => s.system !== "awa")
+      .filter((s) => !isAwa(s))
       .flatMap((s) => {
         const v = m.value(s)
         return isNumber(v) ? [{ system: s.system, value: v }] : []
@@ -160,18 +194,28 @@ const fmt = (v: number | null | undefined): string => {
 }
 
 export const renderSummary = (summaries: ReadonlyArray<SystemSummary>): string => {
-  const comparisons = compare(summaries)
-  const header = ["metric", ...summaries.map((s) => s.system), "Awa ÷ best peer", "goal", "met"]
-  const rows = metrics.map((m, i) => {
-    const c = comparisons[i]!
-    return [
-      `${m.label} ${m.direction === "higher" ? "↑" : "↓"}`,
-      ...summaries.map((s) => fmt(m.value(s))),
-      c.ratio === null ? "n/a" : `${c.ratio.toFixed(2)}×${c.bestPeer ? ` (${c.bestPeer.system})` : ""}`,
-      c.goal ?? "",
-      c.met === null ? "" : c.met ? "yes" : "NO"
-    ]
-  })
+  const awas = summaries.filter(isAwa)
+  const comparisons = awas.map((a) => compare(summaries, a.system))
+  const header = [
+    "metric",
+    ...summaries.map((s) => s.system),
+    ...awas.map((a) => `${a.system} ÷ best peer`),
+    "goal",
+    ...awas.map((a) => (awas.length === 1 ? "met" : `met (${a.system})`))
+  ]
+  const rows = metrics.map((m, i) => [
+    `${m.label} ${m.direction === "higher" ? "↑" : "↓"}`,
+    ...summaries.map((s) => fmt(m.value(s))),
+    ...comparisons.map((cs) => {
+      const c = cs[i]!
+      return c.ratio === null ? "n/a" : `${c.ratio.toFixed(2)}×${c.bestPeer ? ` (${c.bestPeer.system})` : ""}`
+    }),
+    m.goal?.text ?? "",
+    ...comparisons.map((cs) => {
+      const c = cs[i]!
+      return c.met === null ? "" : c.met ? "yes" : "NO"
+    })
+  ])
   const correctness = summaries.map(
     (s) => `${s.system}: ${s.correct ? "every phase exactly once" : `FAILED ${s.errors.join("; ")}`}`
   )
@@ -196,7 +240,7 @@ export const renderPhases = (results: ReadonlyArray<PhaseResult>): string =>
       "check"
     ],
     results.map((r) => [
-      r.phase,
+      r.processes !== undefined ? `${r.phase} ×${r.processes}` : r.phase,
       r.system,
       r.jobs,
       r.seconds,
@@ -265,9 +309,10 @@ export const renderLatency = (results: ReadonlyArray<PhaseResult>): string =>
       })
   )
 
-/** Per system, the figures of its phases (null where a phase failed or was not run). */
+/** Per entrant, the figures of its phases (null where a phase failed or was not run). */
 export const summarize = (
-  system: SystemName,
+  system: string,
+  profile: Profile | undefined,
   description: { version: string; settings: Readonly<Record<string, unknown>> },
   results: ReadonlyArray<PhaseResult>,
   errors: ReadonlyArray<string>
@@ -277,14 +322,20 @@ export const summarize = (
   const latency = of("latency")
   const mine = results.filter((r) => r.system === system)
   const failed = mine.filter((r) => !r.correctness.ok).map((r) => `${r.phase}: ${r.correctness.detail}`)
+  const scaled = mine.filter((r) => r.phase === "scale" && r.processes !== undefined)
   return {
     system,
+    ...(profile === undefined ? {} : { profile }),
     version: description.version,
     settings: description.settings,
     enqueueOnePerSec: of("enqueue-one")?.jobsPerSec ?? null,
+    enqueueOne8PerSec: of("enqueue-one-8")?.jobsPerSec ?? null,
+    enqueueOne8QueuesPerSec: of("enqueue-one-8q")?.jobsPerSec ?? null,
     enqueueBatchPerSec: of("enqueue-batch")?.jobsPerSec ?? null,
     enqueueBulkPerSec: of("enqueue-bulk")?.jobsPerSec ?? null,
     drainPerSec: drain?.jobsPerSec ?? null,
+    scalePerSec:
+      scaled.length === 0 ? null : Object.fromEntries(scaled.map((r) => [String(r.processes), r.jobsPerSec])),
     latencyMs:
       latency?.latency === undefined
         ? null

@@ -35,6 +35,8 @@ export interface SoakOptions {
   readonly resultsDir: string
   readonly stamp: string
   readonly clone: (name: string, template: string) => Effect.Effect<string, unknown>
+  /** Extra environment of a system's child (Awa's profile: the first of `--profile`). */
+  readonly env?: ((system: SystemName) => Readonly<Record<string, string>> | undefined) | undefined
 }
 
 const sampleEveryMs = 5_000
@@ -80,7 +82,7 @@ const soakOne = (o: SoakOptions, system: SystemName) =>
     const name = databaseName(`bench_soak_${system.replace("-", "")}`)
     yield* Effect.addFinalizer(() => dropDatabase(o.serverUrl, name))
     const dbUrl = yield* o.clone(name, o.templates.get(system)!)
-    const child = yield* spawnChild(system, dbUrl)
+    const child = yield* spawnChild(system, dbUrl, { env: o.env?.(system) })
     yield* child.call({ op: "startWorkers" }, 60_000)
     if (o.pinnedReader) yield* pinReader(dbUrl)
     const seconds = o.durationMs / 1000

@@ -2,19 +2,23 @@
  * Awa through its Effect API: `Awa.layerPg` + `AwaClient.insert` / `insertMany` for producers,
  * `Awa.worker` with an Effect handler for consumers.
  *
- * Settings: `maxConcurrency: 50`, defaults otherwise (claim-ahead `prefetch` up to 512, sized to
- * measured throughput; poll 200 ms as a fallback to LISTEN/NOTIFY; completion batches of up to 512
- * with 1 ms linger, two in flight; enqueue chunks of 5,000; leader maintenance on), except
- * `tracing: false`: with tracing on (the default) every job stores its producer's
- * `traceparent` in its metadata, which the peers do not do.
+ * Two profiles (issue 17, `--profile`):
+ * - `tuned` (the comparison's setting since issue 5): `maxConcurrency: 50`, defaults otherwise
+ *   (claim-ahead `prefetch` up to 512, sized to measured throughput; poll 200 ms as a fallback to
+ *   LISTEN/NOTIFY; completion batches of up to 512 with 1 ms linger, two in flight; enqueue chunks
+ *   of 5,000; leader maintenance on), except `tracing: false` on client and worker (with tracing
+ *   on, the default, every job stores its producer's `traceparent` in its metadata, which the
+ *   peers do not do) and a 10 s shutdown timeout.
+ * - `defaults`: what a user gets from `Awa.layerPg` + `Awa.worker` with only `maxConcurrency`
+ *   set: tracing on with no tracer installed, maintenance and ring policy at their defaults.
+ * Both use `migrateOnStart` (install only) and the same pool of 10.
  */
 import { Job } from "@awa/core"
 import { Awa, AwaClient, Handler } from "@awa/runtime"
 import { PgClient } from "@effect/sql-pg"
 import { Effect, Exit, Layer, ManagedRuntime, Redacted, References, Schema, Scope } from "effect"
-import { type AdapterFactory, inFlight } from "./types.ts"
+import { type AdapterFactory, inFlight, benchQueue as queue } from "./types.ts"
 
-const queue = "bench"
 const poolSize = 10
 
 const BenchJob = Job.define({ kind: "bench", args: Schema.Struct({ seq: Schema.Number }), queue })
@@ -25,14 +29,15 @@ const BenchJob = Job.define({ kind: "bench", args: Schema.Struct({ seq: Schema.N
  */
 const overrides = JSON.parse(process.env.AWA_WORKER_OPTIONS ?? "{}") as Record<string, unknown>
 
-export const make: AdapterFactory = async (url) => {
+export const make: AdapterFactory = async (url, options = { profile: "tuned" }) => {
+  const tuned = options.profile === "tuned"
   const pg = PgClient.layer({
     url: Redacted.make(url),
     maxConnections: poolSize,
     applicationName: "bench-awa"
   })
   const runtime = ManagedRuntime.make(
-    Awa.layerPg({ migrateOnStart: true, tracing: false }).pipe(
+    Awa.layerPg(tuned ? { migrateOnStart: true, tracing: false } : { migrateOnStart: true }).pipe(
       Layer.provideMerge(pg),
       // warnings and errors only, as for the peers ("became maintenance leader" is info)
       Layer.provideMerge(Layer.succeed(References.MinimumLogLevel, "Warn"))
@@ -46,9 +51,11 @@ export const make: AdapterFactory = async (url) => {
     name: "awa",
     version: "0.1.0 (this repository)",
     settings: {
+      profile: options.profile,
       maxConcurrency: inFlight,
       pollInterval: "200 ms (default; fallback to LISTEN/NOTIFY)",
-      tracing: false,
+      tracing: tuned ? false : "true (default; no tracer installed)",
+      shutdownTimeout: tuned ? "10 seconds" : "default",
       prefetch:
         "512 (default: at most 512 claimed ahead, about two claim round trips of measured throughput)",
       completion: "default: batches ≤ 512, linger 1 ms, 2 in flight",
@@ -62,7 +69,12 @@ export const make: AdapterFactory = async (url) => {
     install: async () => {},
     enqueueSequential: (seqs) =>
       runtime.runPromise(Effect.forEach(seqs, (seq) => client.insert(BenchJob, { seq }), { discard: true })),
-    enqueueOne: (seq) => runtime.runPromise(Effect.asVoid(client.insert(BenchJob, { seq }))),
+    enqueueOne: (seq, onQueue) =>
+      runtime.runPromise(
+        Effect.asVoid(
+          client.insert(BenchJob, { seq }, onQueue === undefined ? undefined : { queue: onQueue })
+        )
+      ),
     enqueueBatch: (seqs) =>
       runtime.runPromise(
         Effect.asVoid(
@@ -72,18 +84,22 @@ export const make: AdapterFactory = async (url) => {
           )
         )
       ),
-    startWorkers: async (onStart) => {
+    startWorkers: async (onStart, concurrency = inFlight) => {
       const handler = Handler.handler(BenchJob, ({ seq }) => Effect.sync(() => onStart(seq)))
       const scope = await runtime.runPromise(Scope.make())
       await runtime.runPromise(
         Layer.buildWithScope(
-          Awa.worker({
-            queues: { [queue]: { maxConcurrency: inFlight } },
-            handlers: [handler],
-            tracing: false,
-            shutdownTimeout: "10 seconds",
-            ...overrides
-          }),
+          Awa.worker(
+            tuned
+              ? {
+                  queues: { [queue]: { maxConcurrency: concurrency } },
+                  handlers: [handler],
+                  tracing: false,
+                  shutdownTimeout: "10 seconds",
+                  ...overrides
+                }
+              : { queues: { [queue]: { maxConcurrency: concurrency } }, handlers: [handler], ...overrides }
+          ),
           scope
         )
       )
@@ -97,7 +113,7 @@ export const make: AdapterFactory = async (url) => {
     openJobs: async () => {
       const counts = await runtime.runPromise(client.storage.countByQueueState)
       return counts
-        .filter((c) => c.queue === queue && c.state !== "completed")
+        .filter((c) => (c.queue === queue || c.queue.startsWith(`${queue}_`)) && c.state !== "completed")
         .reduce((n, c) => n + c.count, 0)
     },
     close: () => runtime.dispose()

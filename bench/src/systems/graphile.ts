@@ -5,11 +5,15 @@
  * with `concurrentJobs` 50 here (24 there) and a pool of `concurrentJobs + 2` as its docs advise.
  * LISTEN/NOTIFY is always on. Producers use `addJob` / `addJobs` of `WorkerUtils`. The logger
  * prints warnings and errors only (the default logs a line per job at `info`).
+ *
+ * "Queue" `bench_i` (the multi-queue producers phase) is the task identifier `bench_i`: a
+ * graphile-worker `queueName` would make its jobs run one at a time, which Awa's and pg-boss's
+ * queues do not; jobs without one are graphile-worker's parallel default.
  */
 import { Logger, makeWorkerUtils, type Runner, run } from "graphile-worker"
-import { type AdapterFactory, inFlight, packageVersion } from "./types.ts"
+import { type AdapterFactory, benchQueue, inFlight, packageVersion } from "./types.ts"
 
-const task = "bench"
+const task = benchQueue
 const version = packageVersion("graphile-worker")
 
 const logger = new Logger(() => (level, message) => {
@@ -45,17 +49,17 @@ export const make: AdapterFactory = async (url) => {
     enqueueSequential: async (seqs) => {
       for (const seq of seqs) await utils.addJob(task, { seq })
     },
-    enqueueOne: async (seq) => {
-      await utils.addJob(task, { seq })
+    enqueueOne: async (seq, queue = task) => {
+      await utils.addJob(queue, { seq })
     },
     enqueueBatch: async (seqs) => {
       await utils.addJobs(seqs.map((seq) => ({ identifier: task, payload: { seq } })))
     },
-    startWorkers: async (onStart) => {
+    startWorkers: async (onStart, concurrency = inFlight) => {
       runner = await run({
         connectionString: url,
-        concurrency: inFlight,
-        maxPoolSize: inFlight + 2,
+        concurrency,
+        maxPoolSize: concurrency + 2,
         noHandleSignals: true,
         logger,
         preset,
@@ -74,8 +78,8 @@ export const make: AdapterFactory = async (url) => {
     openJobs: () =>
       utils.withPgClient(async (client) => {
         const result = await client.query<{ n: number }>(
-          "SELECT count(*)::int AS n FROM graphile_worker.jobs WHERE task_identifier = $1",
-          [task]
+          "SELECT count(*)::int AS n FROM graphile_worker.jobs WHERE task_identifier = $1 OR task_identifier LIKE $2",
+          [task, `${task}\\_%`]
         )
         return result.rows[0]!.n
       }),

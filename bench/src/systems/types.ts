@@ -12,8 +12,30 @@ export type SystemName = "awa" | "graphile-worker" | "pg-boss"
 
 export const systemNames: ReadonlyArray<SystemName> = ["awa", "graphile-worker", "pg-boss"]
 
-/** Jobs in flight per system: the same for everyone. */
+/** Jobs in flight per system: the same for everyone (split over the processes of the scale phase). */
 export const inFlight = 50
+
+/** The queue every phase uses; the multi-queue producers phase adds `bench_1` … `bench_7`. */
+export const benchQueue = "bench"
+
+/** Queue `i` of `queueCount` (i = 0 is `bench`); jobs of every such queue count as the system's. */
+export const queueName = (i: number) => (i === 0 ? benchQueue : `${benchQueue}_${i}`)
+
+/** Queues the multi-queue producers phase spreads its jobs over (installed up front where needed). */
+export const queueCount = 8
+
+/**
+ * How Awa is configured (issue 17): `tuned` is the comparison's long-standing setting (tracing
+ * off, see `awa.ts`); `defaults` is what `Awa.layerPg` + `Awa.worker` give with only
+ * `maxConcurrency` set. The peers have one configuration each.
+ */
+export type Profile = "tuned" | "defaults"
+
+export const profiles: ReadonlyArray<Profile> = ["tuned", "defaults"]
+
+export interface AdapterOptions {
+  readonly profile: Profile
+}
 
 export interface SystemAdapter {
   readonly name: SystemName
@@ -25,23 +47,23 @@ export interface SystemAdapter {
   readonly install: () => Promise<void>
   /** Enqueues one job per seq, one call (and one transaction) each, waiting for each. */
   readonly enqueueSequential: (seqs: ReadonlyArray<number>) => Promise<void>
-  /** Enqueues one job in its own transaction; resolves once it is committed. */
-  readonly enqueueOne: (seq: number) => Promise<void>
+  /** Enqueues one job in its own transaction (on `queue`, default `bench`); resolves once committed. */
+  readonly enqueueOne: (seq: number, queue?: string) => Promise<void>
   /** Enqueues all of `seqs` in one call (the system's batch API). */
   readonly enqueueBatch: (seqs: ReadonlyArray<number>) => Promise<void>
   /**
-   * Starts workers with `inFlight` jobs in flight; the no-op handler calls `onStart(seq)` first
-   * thing. Resolves once the workers are started.
+   * Starts workers with `concurrency` (default `inFlight`) jobs in flight on the `bench` queue;
+   * the no-op handler calls `onStart(seq)` first thing. Resolves once the workers are started.
    */
-  readonly startWorkers: (onStart: (seq: number) => void) => Promise<void>
+  readonly startWorkers: (onStart: (seq: number) => void, concurrency?: number) => Promise<void>
   /** Stops the workers cleanly (in-flight handlers finish, completions are flushed). */
   readonly stopWorkers: () => Promise<void>
-  /** Jobs of the `bench` queue that are not completed (queued, running, retrying or failed). */
+  /** Jobs of the `bench` queues (`queueName`) that are not completed (queued, running, retrying or failed). */
   readonly openJobs: () => Promise<number>
   readonly close: () => Promise<void>
 }
 
-export type AdapterFactory = (url: string) => Promise<SystemAdapter>
+export type AdapterFactory = (url: string, options?: AdapterOptions) => Promise<SystemAdapter>
 
 /** The version of an installed package (found from its entry point; `package.json` may not be exported). */
 export const packageVersion = (name: string): string => {
