@@ -17,20 +17,12 @@ import {
 } from "@opentelemetry/sdk-metrics"
 import { BasicTracerProvider, InMemorySpanExporter, SimpleSpanProcessor } from "@opentelemetry/sdk-trace-base"
 import { Effect, Exit, Layer, Metric, Schema, Scope } from "effect"
-import { TestClock } from "effect/testing"
 import * as Awa from "../src/Awa.ts"
 import { AwaClient } from "../src/AwaClient.ts"
 import { handler } from "../src/Handler.ts"
+import { advance } from "./support.ts"
 
 const Task = Job.define({ kind: "task", args: Schema.Struct({ n: Schema.Number }), queue: "otel" })
-
-const advance = (ms: number, stepMs = 10) =>
-  Effect.gen(function* () {
-    for (let t = 0; t < ms; t += stepMs) {
-      yield* TestClock.adjust(Math.min(stepMs, ms - t))
-      for (let i = 0; i < 5; i++) yield* Effect.yieldNow
-    }
-  })
 
 describe("OpenTelemetry export", () => {
   it.effect("the SDK's in-memory exporters receive the job's spans and the runtime's metrics", () => {

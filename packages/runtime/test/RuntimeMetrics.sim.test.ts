@@ -8,21 +8,13 @@ import { Job } from "@awa/core"
 import { QueueStorage } from "@awa/storage"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect, Exit, Layer, Metric, Schema, Scope } from "effect"
-import { TestClock } from "effect/testing"
 import * as Awa from "../src/Awa.ts"
 import { AwaClient } from "../src/AwaClient.ts"
 import { handler } from "../src/Handler.ts"
 import * as RuntimeMetrics from "../src/RuntimeMetrics.ts"
+import { advance } from "./support.ts"
 
 const Task = Job.define({ kind: "task", args: Schema.Struct({ n: Schema.Number }), queue: "metrics" })
-
-const advance = (ms: number, stepMs = 10) =>
-  Effect.gen(function* () {
-    for (let t = 0; t < ms; t += stepMs) {
-      yield* TestClock.adjust(Math.min(stepMs, ms - t))
-      for (let i = 0; i < 5; i++) yield* Effect.yieldNow
-    }
-  })
 
 const byTask = { "awa.queue": "metrics", "awa.job.kind": "task" }
 const count = (

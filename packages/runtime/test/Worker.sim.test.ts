@@ -18,22 +18,13 @@ import {
   Schema,
   Scope
 } from "effect"
-import { TestClock } from "effect/testing"
 import * as Awa from "../src/Awa.ts"
 import { AwaClient } from "../src/AwaClient.ts"
 import { handler } from "../src/Handler.ts"
 import { Worker, type WorkerOptions } from "../src/Worker.ts"
+import { advance } from "./support.ts"
 
 const Task = Job.define({ kind: "task", args: Schema.Struct({ n: Schema.Number }), queue: "sim" })
-
-/** Moves virtual time forward in small steps, letting every fiber run between steps. */
-const advance = (ms: number, stepMs = 10) =>
-  Effect.gen(function* () {
-    for (let t = 0; t < ms; t += stepMs) {
-      yield* TestClock.adjust(Math.min(stepMs, ms - t))
-      for (let i = 0; i < 5; i++) yield* Effect.yieldNow
-    }
-  })
 
 const maintenance = {
   electionInterval: "100 millis",

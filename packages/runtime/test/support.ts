@@ -1,5 +1,6 @@
 /** Helpers shared by the runtime tests. */
 import { Effect, Schedule, Tracer } from "effect"
+import { TestClock } from "effect/testing"
 
 /** Re-runs `check` until it returns true, or fails after `timeoutMs` (real time). */
 export const eventually = <E, R>(
@@ -28,3 +29,12 @@ export const recordingTracer = () => {
   })
   return { spans, tracer }
 }
+
+/** Moves virtual time forward in small steps, letting every fiber run between steps. */
+export const advance = (ms: number, stepMs = 10) =>
+  Effect.gen(function* () {
+    for (let t = 0; t < ms; t += stepMs) {
+      yield* TestClock.adjust(Math.min(stepMs, ms - t))
+      for (let i = 0; i < 5; i++) yield* Effect.yieldNow
+    }
+  })
