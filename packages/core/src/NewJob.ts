@@ -286,7 +286,7 @@ const withConcurrencyKey = (job: NewJob, metadataJson: string): string | Validat
   // A unique mask that takes its key at claim ('running' without 'available') is claimed by a
   // path the keyed claim does not take (docs/adr/0029-key-execution-grants.md).
   const states = job.unique === undefined ? undefined : (job.unique.states ?? defaultUniqueStates)
-  if (states !== undefined && states.includes("running") && !states.includes("available")) {
+  if (states?.includes("running") && !states.includes("available")) {
     return fail(
       "concurrencyKey",
       "cannot be combined with a unique mask holding 'running' but not 'available'"
