@@ -1171,8 +1171,11 @@ BEGIN
             v_contended := true;
             EXIT;
           END IF;
-          -- a statement of its own, after the lock: it sees the previous holder's grants
-          v_open := key_open_grants(p_policy, v_d);
+          -- a statement of its own, after the lock: it sees the previous holder's grants. (As
+          -- key_open_grants, written out so its plan is cached with this function's.)
+          SELECT count(*)::int INTO v_open FROM claims c
+          WHERE c.key_policy = p_policy AND c.key_digest = v_d
+            AND NOT EXISTS (SELECT 1 FROM closures x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease AND x.slot = c.slot);
           v_keys := v_keys || v_d;
           v_held := v_held || v_open;
           v_pos := cardinality(v_keys);
