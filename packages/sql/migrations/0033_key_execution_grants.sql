@@ -76,12 +76,13 @@ REVOKE EXECUTE ON FUNCTION :AWA_SCHEMA.key_open_grants(text, bytea) FROM PUBLIC;
 --   2. the cursor, in its own statement after the lock (as claim);
 --   3. the window: up to min(p_max left, 64) rows from the cursor in position order, with claim's
 --      filters (slot ranges, tombstones, paused, the parked barrier);
---   4. walk it in order: an unkeyed row is admitted; a keyed row needs its key's try-lock (taken
---      once per key per call, at most 32 keys), then, in a statement after the lock, the key's
---      open grants plus those admitted in this call below the limit; a unique row that takes its
---      key at claim ends the walk (left to claim's path, not supported here: ADR 0029). The walk
---      stops at the first row not admitted: the admitted rows are a contiguous prefix;
---   5. claims (with policy and digest for keyed rows) for the prefix and a mark one past its last
+--   4. try-lock the window's new keys (once per key per call, at most 32 keys per call), in one
+--      statement; count their open grants in the next statement (after the locks are held);
+--   5. walk the window in order: an unkeyed row is admitted; a keyed row needs its key's lock and
+--      its open grants plus those admitted in this call below the limit; a unique row that takes
+--      its key at claim ends the walk (not supported here: ADR 0029). The walk stops at the first
+--      row not admitted: the admitted rows are a contiguous prefix;
+--   6. claims (with policy and digest for keyed rows) for the prefix and a mark one past its last
 --      position; a lane whose head is not admitted writes nothing (its cursor does not move) and
 --      the next lane is probed.
 -- Why exact: a key's grants are inserted only by a transaction holding that key's lock, and it
@@ -125,9 +126,12 @@ DECLARE
   v_admit int;
   v_d bytea;
   v_pos int;
-  v_keys bytea[] := '{}'; -- keys locked by this call
-  v_held int[] := '{}';   -- per locked key: open grants plus those admitted in this call
-  v_open int;
+  v_keys bytea[] := '{}';        -- keys tried by this call
+  v_locked_keys boolean[] := '{}'; -- per key: its lock is ours
+  v_held int[] := '{}';          -- per key: open grants plus those admitted in this call
+  v_new bytea[];
+  v_new_locked boolean[];
+  v_new_held int[];
   v_gated boolean := false;
   v_contended boolean := false;
 BEGIN
@@ -208,6 +212,33 @@ BEGIN
       INTO v_ids, v_seqs, v_digests, v_at_claim
     FROM w;
     CONTINUE WHEN v_ids IS NULL;
+    -- The window's keys not seen yet in this call, in order of first appearance (at most 32 per
+    -- call in all: the lock-table budget), each try-locked once, in one statement.
+    IF v_state = 'active' THEN
+      SELECT coalesce(array_agg(k.d ORDER BY k.first), '{}'),
+             coalesce(array_agg(pg_try_advisory_xact_lock(lock_ns('key'),
+                                  (get_byte(k.d, 0) << 24) | (get_byte(k.d, 1) << 16) | (get_byte(k.d, 2) << 8) | get_byte(k.d, 3))
+                                ORDER BY k.first), '{}')
+        INTO v_new, v_new_locked
+      FROM (SELECT u.d, min(u.i) AS first FROM unnest(v_digests) WITH ORDINALITY u(d, i)
+            WHERE u.d IS NOT NULL AND NOT (u.d = ANY (v_keys))
+            GROUP BY u.d ORDER BY min(u.i) LIMIT 32 - cardinality(v_keys)) k;
+      -- Their open grants, in a statement that starts after the locks are held: it sees every
+      -- grant committed by an earlier holder of each lock. (Keys whose lock another claimer
+      -- holds are not counted: the walk stops at them.) In every slot: the slot ranges read for
+      -- the pick may predate a rotation, and a grant of this key can sit in any lane's newer slot.
+      SELECT coalesce(array_agg(CASE WHEN v_new_locked[k.i] THEN
+                                  (SELECT count(*) FROM claims c
+                                   WHERE c.key_policy = p_policy AND c.key_digest = k.d
+                                     AND NOT EXISTS (SELECT 1 FROM closures x
+                                                     WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease AND x.slot = c.slot))::int
+                                END ORDER BY k.i), '{}')
+        INTO v_new_held
+      FROM unnest(v_new) WITH ORDINALITY k(d, i);
+      v_keys := v_keys || v_new;
+      v_locked_keys := v_locked_keys || v_new_locked;
+      v_held := v_held || v_new_held;
+    END IF;
     -- The admitted prefix.
     v_admit := 0;
     FOR v_i IN 1 .. cardinality(v_ids) LOOP
@@ -219,21 +250,10 @@ BEGIN
           EXIT;
         END IF;
         v_pos := array_position(v_keys, v_d);
-        IF v_pos IS NULL THEN
-          EXIT WHEN cardinality(v_keys) >= 32; -- lock-table budget: 32 keys per call
-          IF NOT pg_try_advisory_xact_lock(lock_ns('key'),
-                                           (get_byte(v_d, 0) << 24) | (get_byte(v_d, 1) << 16) | (get_byte(v_d, 2) << 8) | get_byte(v_d, 3)) THEN
-            v_contended := true;
-            EXIT;
-          END IF;
-          -- a statement of its own, after the lock: it sees the previous holder's grants. (As
-          -- key_open_grants, written out so its plan is cached with this function's.)
-          SELECT count(*)::int INTO v_open FROM claims c
-          WHERE c.key_policy = p_policy AND c.key_digest = v_d
-            AND NOT EXISTS (SELECT 1 FROM closures x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease AND x.slot = c.slot);
-          v_keys := v_keys || v_d;
-          v_held := v_held || v_open;
-          v_pos := cardinality(v_keys);
+        EXIT WHEN v_pos IS NULL; -- past the 32 keys of this call
+        IF NOT v_locked_keys[v_pos] THEN
+          v_contended := true;
+          EXIT;
         END IF;
         IF v_held[v_pos] >= v_limit THEN
           v_gated := true;
