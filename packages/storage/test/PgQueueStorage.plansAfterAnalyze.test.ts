@@ -203,6 +203,19 @@ describe("hot-path plans after ANALYZE of large ring tables", () => {
           yield* sql`ANALYZE awa.closures`
           yield* sql`ANALYZE awa.terminal`
           yield* sql`ANALYZE awa.claim_marks`
+          // pg_stat_force_next_flush is PostgreSQL 15+: on 14 (CI matrix) the keyed claim is only run
+          const [{ v }] = yield* sql<{ v: number }>`SELECT current_setting('server_version_num')::int AS v`
+          if (v < 150000) {
+            const claimed = yield* grants.claim({
+              queue: q,
+              policy: p,
+              max: 5,
+              deadlineMs: 0,
+              agingIntervalMs: 0
+            })
+            assert.strictEqual(claimed._tag === "Claimed" ? claimed.jobs.length : 0, 5)
+            return
+          }
           const { result, reads } = yield* flushedReadsOf(
             grants.claim({ queue: q, policy: p, max: 5, deadlineMs: 0, agingIntervalMs: 0 })
           )
