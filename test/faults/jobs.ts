@@ -133,7 +133,10 @@ export const StaleWriter = Job.define({
  * Records `start` with its key in `key_log`, sleeps `ms`, records `end`, completes: the suite
  * checks from `key_log` that no key ever ran more than its policy allows.
  */
-export const Keyed = Job.define({ kind: "keyed", args: Schema.Struct({ key: Schema.String, ms: Schema.Number }) })
+export const Keyed = Job.define({
+  kind: "keyed",
+  args: Schema.Struct({ key: Schema.String, ms: Schema.Number })
+})
 
 /** DDL of the key-grant execution log; created by `keyGrants.test.ts`. */
 export const keyLogDdl = `

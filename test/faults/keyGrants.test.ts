@@ -10,10 +10,22 @@ import { TestDatabase } from "@awa/testing"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
 import { SqlClient } from "effect/sql"
-import { createFaultLog, describeWorker, eventually, startWorkers, suiteLayer, unfinished } from "./harness.ts"
+import {
+  createFaultLog,
+  describeWorker,
+  eventually,
+  startWorkers,
+  suiteLayer,
+  unfinished
+} from "./harness.ts"
 import { keyLogDdl, type WorkerConfig } from "./jobs.ts"
 
-const maintenance = { electionInterval: 500, promoteInterval: 50, rescueInterval: 200, rotateInterval: 1000 } as const
+const maintenance = {
+  electionInterval: 500,
+  promoteInterval: 50,
+  rescueInterval: 200,
+  rotateInterval: 1000
+} as const
 
 const workerConfig = (name: string, queues: Record<string, unknown>): WorkerConfig => ({
   name,
