@@ -220,6 +220,7 @@ export const make = Effect.fnUntraced(function* <R>(
     // Uninterruptible from the call to the hand-over: claimed jobs interrupted on the way would
     // stay claimed with nobody running them until rescued as stale.
     let busy: KeyedDispatch.ClaimBatch["busy"]
+    let capped = false
     const claimed = yield* claimBatch({
       queue: config.queue,
       max: want,
@@ -234,6 +235,7 @@ export const make = Effect.fnUntraced(function* <R>(
           claimLatencyMs += smoothing * (Math.max(1, heldAt - now) - claimLatencyMs)
           for (const job of batch.jobs) buffer.push(executor.hold(job, heldAt))
           busy = batch.busy
+          capped = batch.capped
           return batch.jobs.length
         })
       ),
@@ -249,9 +251,9 @@ export const make = Effect.fnUntraced(function* <R>(
     // Keys at their limit or a busy key lock are not an idle queue: no idle backoff (§23).
     idleClaims = claimed === 0 && busy === undefined ? idleClaims + 1 : 0
     if (claimed === 0 && busy === "contended") return yield* KeyedDispatch.contendedBackoff
-    // A full batch means more may be waiting: claim again at once. Gated: until a closure's
-    // wake-up, or the poll interval at the latest.
-    if (claimed < want) yield* waitForWork
+    // A full batch (or a keyed claim cut at its per-call cap) means more may be waiting: claim
+    // again at once. Gated: until a closure's wake-up, or the poll interval at the latest.
+    if (claimed < want && !capped) yield* waitForWork
   })
 
   const stop = Effect.suspend(() => {

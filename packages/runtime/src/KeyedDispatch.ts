@@ -28,14 +28,21 @@ export interface ClaimBatch {
   readonly jobs: ReadonlyArray<ClaimedJob>
   /** Why nothing was claimed although there may be work: keys at their limit, or a busy lock. */
   readonly busy: "gated" | "contended" | undefined
+  /** The claim stopped at a per-call cap, not for want of work: claim again at once. */
+  readonly capped: boolean
 }
+
+/** A keyed claim takes at most this many keys per call (claim_keyed, migration 0033)... */
+export const keysPerClaim = 32
+/** ...and at most this many jobs. */
+export const jobsPerKeyedClaim = 64
 
 /** The claim of one queue: the plain claim, or the keyed claim of its policy. */
 export const claimer = Effect.fnUntraced(function* (queue: string, keyPolicy: string | undefined) {
   const storage = yield* QueueStorage
   if (keyPolicy === undefined) {
     return (params: ClaimParams) =>
-      Effect.map(storage.claim(params), (jobs): ClaimBatch => ({ jobs, busy: undefined }))
+      Effect.map(storage.claim(params), (jobs): ClaimBatch => ({ jobs, busy: undefined, capped: false }))
   }
   const grants = yield* Effect.serviceOption(KeyGrants)
   if (Option.isNone(grants)) {
@@ -47,13 +54,20 @@ export const claimer = Effect.fnUntraced(function* (queue: string, keyPolicy: st
     Effect.flatMap(grants.value.claim({ ...params, policy: keyPolicy }), (c): Effect.Effect<ClaimBatch> => {
       switch (c._tag) {
         case "Claimed":
-          return Effect.succeed({ jobs: c.jobs, busy: undefined })
+          return Effect.succeed({
+            jobs: c.jobs,
+            busy: undefined,
+            // as many as a call takes, or as many keys (each job has at most one): maybe more
+            capped:
+              c.jobs.length < params.max &&
+              (c.jobs.length >= jobsPerKeyedClaim || c.jobs.length >= keysPerClaim)
+          })
         case "Idle":
-          return Effect.succeed({ jobs: [], busy: undefined })
+          return Effect.succeed({ jobs: [], busy: undefined, capped: false })
         case "KeyGated":
-          return Effect.as(Metric.update(gated, 1), { jobs: [], busy: "gated" })
+          return Effect.as(Metric.update(gated, 1), { jobs: [], busy: "gated", capped: false })
         case "KeyLockContended":
-          return Effect.as(Metric.update(contended, 1), { jobs: [], busy: "contended" })
+          return Effect.as(Metric.update(contended, 1), { jobs: [], busy: "contended", capped: false })
       }
     })
 })
