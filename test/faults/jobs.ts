@@ -127,6 +127,29 @@ export const StaleWriter = Job.define({
   args: Schema.Struct({ firstMs: Schema.Number, maxMs: Schema.Number })
 })
 
+// --- key-execution grants (keyGrants.test.ts) -------------------------------------------------
+
+/**
+ * Records `start` with its key in `key_log`, sleeps `ms`, records `end`, completes: the suite
+ * checks from `key_log` that no key ever ran more than its policy allows.
+ */
+export const Keyed = Job.define({
+  kind: "keyed",
+  args: Schema.Struct({ key: Schema.String, ms: Schema.Number })
+})
+
+/** DDL of the key-grant execution log; created by `keyGrants.test.ts`. */
+export const keyLogDdl = `
+  CREATE TABLE IF NOT EXISTS key_log (
+    id bigserial PRIMARY KEY,
+    job_id bigint NOT NULL,
+    run_lease bigint NOT NULL,
+    key text NOT NULL,
+    worker text NOT NULL,
+    event text NOT NULL,
+    at timestamptz NOT NULL DEFAULT clock_timestamp()
+  )`
+
 // --- worker configuration --------------------------------------------------------------------
 
 /** What `worker-process.ts` reads from `AWA_FAULT_WORKER` (durations in milliseconds). */

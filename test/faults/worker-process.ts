@@ -49,6 +49,15 @@ const record = (job: { id: bigint; runLease: bigint; attempt: number; kind: stri
       VALUES (${job.id}, ${job.runLease}, ${job.attempt}, ${job.kind}, ${config.name}, ${process.pid}, ${event})`
   ).pipe(Effect.retry({ schedule: Schedule.spaced("100 millis"), times: 600 }), Effect.asVoid)
 
+/** Records one key-grant event in `key_log` (retried like `record`). */
+const recordKey = (job: { id: bigint; runLease: bigint }, key: string, event: string) =>
+  Effect.flatMap(
+    SqlClient.SqlClient,
+    (sql) => sql`
+      INSERT INTO key_log (job_id, run_lease, key, worker, event)
+      VALUES (${job.id}, ${job.runLease}, ${key}, ${config.name}, ${event})`
+  ).pipe(Effect.retry({ schedule: Schedule.spaced("100 millis"), times: 600 }), Effect.asVoid)
+
 /** Waits until the suite released the job (a `release` row in `fault_log`), or `maxMs`. */
 const untilReleased = (jobId: bigint, maxMs: number) =>
   Effect.flatMap(SqlClient.SqlClient, (sql) =>
@@ -122,6 +131,12 @@ const effectHandlers = [
       : Effect.void
   ),
   logged(Jobs.Injected, () => Effect.void),
+  Handler.handler(Jobs.Keyed, ({ key, ms }, ctx) =>
+    recordKey(ctx.job, key, "start").pipe(
+      Effect.andThen(Effect.sleep(ms)),
+      Effect.andThen(recordKey(ctx.job, key, "end"))
+    )
+  ),
   logged(Jobs.StaleWriter, ({ firstMs, maxMs }, ctx) =>
     (ctx.job.attempt === 1 ? Effect.sleep(firstMs) : untilReleased(ctx.job.id, maxMs)).pipe(
       Effect.andThen(record(ctx.job, "end"))

@@ -26,6 +26,11 @@ export interface InsertOptions {
   /** At most 20, each 1–100 characters. */
   readonly tags?: ReadonlyArray<string> | undefined
   readonly unique?: UniqueOptions | undefined
+  /**
+   * Per-key execution control (capabilities.md §23): 1–1,024 UTF-8 bytes. Counts against the
+   * key policy of the queue, if it has one (`keyPolicy` worker option).
+   */
+  readonly concurrencyKey?: string | undefined
 }
 
 export interface JobDefinition<A, I = A> {

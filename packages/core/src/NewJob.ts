@@ -21,8 +21,17 @@ export const limits = {
   maxTags: 20,
   tagMaxLength: 100,
   /** Default `maxArgsBytes`: encoded args larger than this are rejected. */
-  defaultMaxArgsBytes: 1024 * 1024
+  defaultMaxArgsBytes: 1024 * 1024,
+  /** Longest `concurrencyKey`, in UTF-8 bytes (capabilities.md §23, chosen). */
+  concurrencyKeyMaxBytes: 1024
 } as const
+
+/**
+ * Metadata entry carrying a job's concurrency key (capabilities.md §23): set from
+ * `NewJob.concurrencyKey` (users cannot write `awa:` keys themselves); SQL producers write it in
+ * the metadata object. The claim of a queue bound to a key policy digests it (`key_digest`).
+ */
+export const concurrencyKeyMetadata = "awa:concurrencyKey"
 
 export interface UniqueOptions {
   /** Include the queue in the key. Default false. */
@@ -50,6 +59,12 @@ export interface NewJob {
   /** None or at/before the database's now ⇒ available; later ⇒ scheduled. */
   readonly runAt?: Date | undefined
   readonly unique?: UniqueOptions | undefined
+  /**
+   * Per-key execution control (capabilities.md §23): in a queue bound to a key policy, at most
+   * the policy's `maxInFlight` jobs with the same key run at once across the fleet. 1–1,024 UTF-8
+   * bytes, no NUL. Ignored by queues without a key policy (the key is still stored).
+   */
+  readonly concurrencyKey?: string | undefined
 }
 
 /** A job that passed every check, with its JSON already rendered. */
@@ -180,6 +195,11 @@ export const checkNewJobSync = (
       memo.metadataJson = metadataJson
     }
   }
+  if (job.concurrencyKey !== undefined) {
+    const keyed = withConcurrencyKey(job, metadataJson)
+    if (keyed instanceof ValidationError) return keyed
+    metadataJson = keyed
+  }
   const tags = job.tags ?? noTags
   let tagsCopy: ReadonlyArray<string>
   if (memo !== undefined && tags === memo.tags) tagsCopy = memo.tagsCopy
@@ -249,6 +269,34 @@ export const checkNewJobSync = (
     uniqueKey: key,
     uniqueStates
   }
+}
+
+/**
+ * The metadata JSON with the job's concurrency key added (a keyed job's metadata is rendered per
+ * job, so the batch memo, which shares one rendering by identity, is not touched).
+ */
+const withConcurrencyKey = (job: NewJob, metadataJson: string): string | ValidationError => {
+  const key = job.concurrencyKey
+  if (typeof key !== "string") return fail("concurrencyKey", "must be a string")
+  const bytes = Buffer.byteLength(key)
+  if (bytes < 1 || bytes > limits.concurrencyKeyMaxBytes) {
+    return fail("concurrencyKey", `must be 1–${limits.concurrencyKeyMaxBytes} UTF-8 bytes (got ${bytes})`)
+  }
+  if (key.includes("\u0000")) return fail("concurrencyKey", "must not contain NUL")
+  // A unique mask that takes its key at claim ('running' without 'available') is claimed by a
+  // path the keyed claim does not take (docs/adr/0029-key-execution-grants.md).
+  const states = job.unique === undefined ? undefined : (job.unique.states ?? defaultUniqueStates)
+  if (states?.includes("running") && !states.includes("available")) {
+    return fail(
+      "concurrencyKey",
+      "cannot be combined with a unique mask holding 'running' but not 'available'"
+    )
+  }
+  const rendered = json(
+    { ...(JSON.parse(metadataJson) as object), [concurrencyKeyMetadata]: key },
+    "metadata"
+  )
+  return rendered
 }
 
 /** Runs every check of capabilities.md §1 on a job; nothing is written by anyone before this passes. */

@@ -14,7 +14,9 @@ import {
   CronStorage,
   Heartbeats,
   LeaderLock,
+  PgKeyGrants,
   PgQueueStorage,
+  SimKeyGrants,
   SimQueueStorage,
   StorageSignals
 } from "@awa/storage"
@@ -30,8 +32,8 @@ export interface AwaPgOptions extends PgQueueStorage.PgQueueStorageOptions, AwaC
 }
 
 /**
- * Storage, cron storage, signals, leader lock, heartbeats (from a thread with its own connection)
- * and client on Postgres, behind the schema-version fence.
+ * Storage, key grants, cron storage, signals, leader lock, heartbeats (from a thread with its own
+ * connection) and client on Postgres, behind the schema-version fence.
  */
 export const layerPg = (options: AwaPgOptions = {}) => {
   const fence = Layer.effectDiscard(
@@ -44,7 +46,8 @@ export const layerPg = (options: AwaPgOptions = {}) => {
     PgQueueStorage.layer(options),
     StorageSignals.layerPg(options),
     LeaderLock.layerPg(options),
-    CronStorage.layerPg(options)
+    CronStorage.layerPg(options),
+    PgKeyGrants.layer(options)
   ).pipe(Layer.provide(fence))
   return AwaClient.layer(options).pipe(
     Layer.provideMerge(Heartbeats.layerThread(options).pipe(Layer.provideMerge(engine)))
@@ -56,9 +59,12 @@ export const layerSim = (options: AwaClient.AwaClientOptions = {}) =>
   AwaClient.layer(options).pipe(
     Layer.provideMerge(
       // cron enqueues into the same in-memory queue
-      Layer.mergeAll(CronStorage.layerSim, StorageSignals.layerSilent, LeaderLock.layerMemory).pipe(
-        Layer.provideMerge(SimQueueStorage.layer)
-      )
+      Layer.mergeAll(
+        CronStorage.layerSim,
+        StorageSignals.layerSilent,
+        LeaderLock.layerMemory,
+        SimKeyGrants.layer
+      ).pipe(Layer.provideMerge(SimQueueStorage.layer))
     )
   )
 

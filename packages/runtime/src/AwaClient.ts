@@ -137,7 +137,8 @@ export const make = Effect.fnUntraced(function* (options: AwaClientOptions = {})
               metadata,
               tags: merged.tags,
               runAt,
-              unique: merged.unique
+              unique: merged.unique,
+              concurrencyKey: merged.concurrencyKey
             }))
           )
         // counted when the call returned: the caller's transaction may still roll it back

@@ -26,9 +26,9 @@
  * retried after the poll interval (the dispatcher never dies on a database error). On `stop`,
  * jobs still waiting are given back (snoozed with no delay) instead of starting.
  */
-import { QueueStorage } from "@awa/storage"
 import { Clock, Effect, type FiberSet, Queue, Random } from "effect"
 import type { Executor, RunningAttempt } from "./Executor.ts"
+import * as KeyedDispatch from "./KeyedDispatch.ts"
 
 export interface DispatcherConfig {
   readonly queue: string
@@ -42,6 +42,10 @@ export interface DispatcherConfig {
   readonly agingIntervalMs: number
   /** Trace claims (span `awa.claim <queue>`); off: the claim emits no span at all. */
   readonly backgroundSpans: boolean
+  /** Claim through this key policy (capabilities.md §23 tier 2; KeyedDispatch.ts). */
+  readonly keyPolicy?: string | undefined
+  /** At most this many running attempts per concurrency key in this process (tier 1). */
+  readonly localKeyLimit?: number | undefined
 }
 
 /** Longest wait for more capacity before claiming into a small free slot count. */
@@ -76,14 +80,16 @@ export const make = Effect.fnUntraced(function* <R>(
   executor: Executor<R>,
   wakes: WakeSource = alwaysPoll
 ) {
-  const storage = yield* QueueStorage
+  const claimBatch = yield* KeyedDispatch.claimer(config.queue, config.keyPolicy)
+  const localKeys =
+    config.localKeyLimit === undefined ? undefined : KeyedDispatch.makeLocalKeyGate(config.localKeyLimit)
   // Plain mutable state: every reader and writer runs on the JS thread between fiber yields, and
   // a Ref per started job was measurable per-job cost in the drain profile.
   let inFlight = 0
   let stopping = false
   const buffer: Array<RunningAttempt> = []
   let head = 0
-  const bufferedCount = () => buffer.length - head
+  const bufferedCount = () => buffer.length - head + (localKeys?.held() ?? 0)
 
   // Throughput (jobs finished per ms) and claim latency, as moving averages.
   let finished = 0
@@ -132,13 +138,32 @@ export const make = Effect.fnUntraced(function* <R>(
     return ring(capacityBell)
   })
 
+  // Tier 1 (localKeyLimit): the next job whose key has room here; the others wait in the gate.
+  const takeAdmitted = (): RunningAttempt | undefined => {
+    for (let next = takeNext(); next !== undefined; next = takeNext()) {
+      if (localKeys!.admit(KeyedDispatch.keyOf(next.job), next)) return next
+    }
+    return undefined
+  }
+  // Tier 1: each attempt's own release, which hands its key's slot to a held job of that key.
+  const releaseOf = (entry: RunningAttempt): Effect.Effect<void, never, R> =>
+    Effect.suspend(() => {
+      inFlight--
+      finished++
+      if (stopping) return ring(capacityBell)
+      const next = localKeys!.finish<RunningAttempt>(KeyedDispatch.keyOf(entry.job)) ?? takeAdmitted()
+      if (next === undefined) return ring(capacityBell)
+      inFlight++
+      return Effect.andThen(executor.start(fibers, next, releaseOf(next)), ring(capacityBell))
+    })
+
   const startBuffered = Effect.suspend(() => {
     const starts: Array<Effect.Effect<void, never, R>> = []
     while (inFlight < config.maxConcurrency) {
-      const next = takeNext()
+      const next = localKeys === undefined ? takeNext() : takeAdmitted()
       if (next === undefined) break
       inFlight++
-      starts.push(executor.start(fibers, next, release, true))
+      starts.push(executor.start(fibers, next, localKeys === undefined ? release : releaseOf(next), true))
     }
     return Effect.all(starts, { discard: true })
   })
@@ -194,41 +219,46 @@ export const make = Effect.fnUntraced(function* <R>(
     lingered = false
     // Uninterruptible from the call to the hand-over: claimed jobs interrupted on the way would
     // stay claimed with nobody running them until rescued as stale.
-    const claimed = yield* storage
-      .claim({
-        queue: config.queue,
-        max: want,
-        deadlineMs: config.deadlineMs,
-        agingIntervalMs: config.agingIntervalMs
-      })
-      .pipe(
-        // an idle queue claims every poll interval: no span per poll unless asked for
-        Effect.withSpan(`awa.claim ${config.queue}`, { attributes: { "awa.queue": config.queue } }),
-        (claim) => (config.backgroundSpans ? claim : Effect.withTracerEnabled(claim, false)),
-        Effect.flatMap((jobs) =>
-          Effect.map(Clock.currentTimeMillis, (heldAt) => {
-            claimLatencyMs += smoothing * (Math.max(1, heldAt - now) - claimLatencyMs)
-            for (const job of jobs) buffer.push(executor.hold(job, heldAt))
-            return jobs.length
-          })
-        ),
-        Effect.uninterruptible,
-        Effect.catchCause((cause) =>
-          Effect.logWarning(
-            `claim failed on queue ${config.queue}; retrying after the poll interval`,
-            cause
-          ).pipe(Effect.andThen(Effect.sleep(config.pollIntervalMs)), Effect.as(0))
-        )
+    let busy: KeyedDispatch.ClaimBatch["busy"]
+    let capped = false
+    const claimed = yield* claimBatch({
+      queue: config.queue,
+      max: want,
+      deadlineMs: config.deadlineMs,
+      agingIntervalMs: config.agingIntervalMs
+    }).pipe(
+      // an idle queue claims every poll interval: no span per poll unless asked for
+      Effect.withSpan(`awa.claim ${config.queue}`, { attributes: { "awa.queue": config.queue } }),
+      (claim) => (config.backgroundSpans ? claim : Effect.withTracerEnabled(claim, false)),
+      Effect.flatMap((batch) =>
+        Effect.map(Clock.currentTimeMillis, (heldAt) => {
+          claimLatencyMs += smoothing * (Math.max(1, heldAt - now) - claimLatencyMs)
+          for (const job of batch.jobs) buffer.push(executor.hold(job, heldAt))
+          busy = batch.busy
+          capped = batch.capped
+          return batch.jobs.length
+        })
+      ),
+      Effect.uninterruptible,
+      Effect.catchCause((cause) =>
+        Effect.logWarning(
+          `claim failed on queue ${config.queue}; retrying after the poll interval`,
+          cause
+        ).pipe(Effect.andThen(Effect.sleep(config.pollIntervalMs)), Effect.as(0))
       )
+    )
     yield* startBuffered
-    idleClaims = claimed === 0 ? idleClaims + 1 : 0
-    // A full batch means more may be waiting: claim again at once.
-    if (claimed < want) yield* waitForWork
+    // Keys at their limit or a busy key lock are not an idle queue: no idle backoff (§23).
+    idleClaims = claimed === 0 && busy === undefined ? idleClaims + 1 : 0
+    if (claimed === 0 && busy === "contended") return yield* KeyedDispatch.contendedBackoff
+    // A full batch (or a keyed claim cut at its per-call cap) means more may be waiting: claim
+    // again at once. Gated: until a closure's wake-up, or the poll interval at the latest.
+    if (claimed < want && !capped) yield* waitForWork
   })
 
   const stop = Effect.suspend(() => {
     stopping = true
-    const unstarted: Array<RunningAttempt> = []
+    const unstarted: Array<RunningAttempt> = localKeys === undefined ? [] : localKeys.drain<RunningAttempt>()
     for (let next = takeNext(); next !== undefined; next = takeNext()) unstarted.push(next)
     return executor.giveBack(unstarted)
   })

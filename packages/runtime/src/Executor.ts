@@ -50,6 +50,8 @@ export interface ExecutorOptions<R> {
    * then a release (attempt not counted), any other interruption an ordinary retry. Default: never.
    */
   readonly shuttingDown?: (() => boolean) | undefined
+  /** Told of every outcome storage applied (synchronously, after the acknowledgement). */
+  readonly onApplied?: ((job: ClaimedJob) => void) | undefined
 }
 
 /** An attempt running in this process. */
@@ -448,6 +450,7 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
           : Effect.catchCause(
               // the attempt's progress goes with its outcome, in the same statement (capability 14)
               Effect.map(options.batcher.submit(entry.job, outcome, entry.progress), (result) => {
+                if (result._tag === "Applied") options.onApplied?.(entry.job)
                 if (result._tag === "Applied")
                   metrics.finished(
                     entry.job,

@@ -13,6 +13,7 @@ import { AwaConfigError, checkQueueName, type ValidationError } from "@awa/core"
 import {
   type CronStorage,
   Heartbeats,
+  KeyGrants,
   type LeaderLock,
   QueueStorage,
   StorageChecks,
@@ -25,6 +26,7 @@ import * as Cron from "./Cron.ts"
 import * as Dispatcher from "./Dispatcher.ts"
 import * as Executor from "./Executor.ts"
 import type { Handler } from "./Handler.ts"
+import * as KeyedDispatch from "./KeyedDispatch.ts"
 import * as Leader from "./Leader.ts"
 import * as Progress from "./Progress.ts"
 
@@ -54,6 +56,20 @@ export interface QueueOptions {
   readonly dlq?: boolean | undefined
   /** How long this queue's DLQ entries are kept (1 h – 3,650 days; unset keeps what is stored). */
   readonly dlqRetention?: Duration.Input | undefined
+  /**
+   * Exact per-key execution control (capabilities.md §23 tier 2): claim through this key policy
+   * (created with `KeyGrants.create`, checked at start), so at most its `maxInFlight` jobs per
+   * `concurrencyKey` run at once across every process. Needs the `KeyGrants` layer. Every process
+   * serving the queue must set it (a process without it claims ungated). Several queues may share
+   * a policy. With it, `prefetch` defaults to 0: a buffered job holds its key's grant.
+   */
+  readonly keyPolicy?: string | undefined
+  /**
+   * Approximate per-key limit in this process (tier 1): at most `limit` (1–10,000) handlers per
+   * `concurrencyKey` run here at once; across the fleet up to `limit × processes`. Jobs over it
+   * wait in the process (claimed, counted in `prefetch`).
+   */
+  readonly localKeyConcurrency?: { readonly limit: number } | undefined
 }
 
 export interface MaintenanceOptions {
@@ -250,7 +266,14 @@ export const resolveConfig = <R>(options: WorkerOptions<R>) =>
       queues.push({
         queue,
         maxConcurrency: integer(issues, `queues.${queue}.maxConcurrency`, q.maxConcurrency, 10, 1, 10_000),
-        prefetch: integer(issues, `queues.${queue}.prefetch`, q.prefetch, 512, 0, 10_000),
+        prefetch: integer(
+          issues,
+          `queues.${queue}.prefetch`,
+          q.prefetch,
+          q.keyPolicy === undefined ? 512 : 0,
+          0,
+          10_000
+        ),
         pollIntervalMs,
         idlePollMaxMs: Math.max(
           pollIntervalMs,
@@ -266,8 +289,22 @@ export const resolveConfig = <R>(options: WorkerOptions<R>) =>
           day,
           true
         ),
-        backgroundSpans: options.backgroundSpans ?? false
+        backgroundSpans: options.backgroundSpans ?? false,
+        keyPolicy: q.keyPolicy,
+        localKeyLimit:
+          q.localKeyConcurrency === undefined
+            ? undefined
+            : integer(
+                issues,
+                `queues.${queue}.localKeyConcurrency.limit`,
+                q.localKeyConcurrency.limit,
+                1,
+                1,
+                10_000
+              )
       })
+      if (q.keyPolicy !== undefined && (typeof q.keyPolicy !== "string" || q.keyPolicy.length === 0))
+        issues.push({ path: `queues.${queue}.keyPolicy`, reason: "must be a policy id" })
       queueSettings.push({
         queue,
         dlq: q.dlq,
@@ -514,7 +551,33 @@ export const make = Effect.fnUntraced(function* <R>(options: WorkerOptions<R>) {
       Effect.asVoid
     )
   )
+  // Closures of keyed attempts wake the gated claimers of their queue in every process.
+  const keyedQueues = new Set(config.queues.flatMap((q) => (q.keyPolicy === undefined ? [] : [q.queue])))
+  const closures = yield* KeyedDispatch.makeClosureNotifier
+  if (keyedQueues.size > 0) {
+    const grants = yield* Effect.serviceOption(KeyGrants)
+    if (Option.isNone(grants))
+      return yield* new AwaConfigError({
+        issues: [{ path: "queues", reason: "keyPolicy needs the KeyGrants layer (Awa.layerPg provides it)" }]
+      })
+    // fail fast on a policy nobody created
+    for (const q of config.queues)
+      if (q.keyPolicy !== undefined)
+        yield* grants.value.show(q.keyPolicy).pipe(
+          Effect.catchTag("KeyPolicyNotFound", (e) =>
+            Effect.fail(
+              new AwaConfigError({ issues: [{ path: `queues.${q.queue}.keyPolicy`, reason: e.message }] })
+            )
+          ),
+          // show reads one row: it never refuses an isolation level
+          Effect.catchTag("ReadCommittedRequired", Effect.die)
+        )
+    yield* Effect.forkScoped(background(closures.run))
+  }
   const executor = yield* Executor.make<R>({
+    onApplied: (job) => {
+      if (keyedQueues.has(job.queue) && KeyedDispatch.keyOf(job) !== undefined) closures.closed(job.queue)
+    },
     handlers: new Map(options.handlers.map((h) => [h.definition.kind, h])),
     onUnknownKind: options.onUnknownKind ?? "retry",
     batcher,

@@ -63,6 +63,7 @@ import {
   type CheckedJob,
   checkNewJob,
   checkQueueName,
+  concurrencyKeyMetadata,
   InvalidTransition,
   isTerminal,
   JobNotFound,
@@ -171,7 +172,43 @@ interface SimJob {
   finalizedAt: number | null
   /** Set while the job sits in the dead letter queue (its state is then `failed`). */
   dlq: DlqMark | null
+  /**
+   * The key grant of a keyed claim (capabilities.md §23): open while `runLease` is still this
+   * lease and the job is running or parked; any closure moves the job on and so closes it.
+   */
+  grant?: { readonly policy: string; readonly key: string; readonly lease: bigint; readonly at: number }
 }
+
+/** What `SimKeyGrants` needs of the store behind one `SimQueueStorage` (registered per service). */
+export interface SimKeyHooks {
+  /**
+   * Claims from `params.queue` lane by lane in claim order, taking each lane's jobs from its head
+   * while `admit(key)` allows them (`undefined` = unkeyed). A job whose unique key is taken at
+   * claim ends its lane's walk, as on Postgres.
+   */
+  readonly claimPrefix: (
+    params: ClaimParams,
+    policy: string,
+    admit: (key: string | undefined) => boolean,
+    now: number
+  ) => ReadonlyArray<ClaimedJob>
+  /** The open grants, each with its policy, key and claim time. */
+  readonly grants: () => ReadonlyArray<{ readonly policy: string; readonly key: string; readonly at: number }>
+}
+
+const simHooks = new WeakMap<object, SimKeyHooks>()
+
+/** The hooks of a `SimQueueStorage` service (undefined for any other layer's service). */
+export const keyHooksOf = (service: object): SimKeyHooks | undefined => simHooks.get(service)
+
+const concurrencyKeyOf = (job: SimJob): string | undefined => {
+  if (!job.metadataJson.includes(concurrencyKeyMetadata)) return undefined
+  const value = (JSON.parse(job.metadataJson) as Record<string, unknown>)[concurrencyKeyMetadata]
+  return typeof value === "string" ? value : undefined
+}
+
+/** Window of one keyed claim, as claim_keyed's (migration 0033). */
+const keyedWindow = 64
 
 const iso = (millis: number): string => new Date(millis).toISOString()
 
@@ -596,6 +633,59 @@ export const make: Effect.Effect<QueueStorage["Service"]> = Effect.gen(function*
       return out
     })
   })
+
+  const isGrantOpen = (job: SimJob) =>
+    job.grant !== undefined &&
+    job.grant.lease === job.runLease &&
+    (job.state === "running" || job.state === "waiting_external")
+
+  const keyHooks: SimKeyHooks = {
+    claimPrefix: (params, policy, admit, now) => {
+      const queueLanes = lanes.get(params.queue)
+      if (params.max <= 0 || paused.has(params.queue) || queueLanes === undefined) return []
+      const max = Math.min(params.max, keyedWindow)
+      const order = [...queueLanes.entries()]
+        .filter(([, lane]) => lane.size > 0)
+        .map(([priority, lane]) => ({
+          priority,
+          lane,
+          headRunAt: lane.head()!.runAt,
+          effective: Backoff.effectivePriority(priority, now - lane.head()!.runAt, params.agingIntervalMs)
+        }))
+        .sort((a, b) => a.effective - b.effective || a.headRunAt - b.headRunAt || a.priority - b.priority)
+      const out: Array<ClaimedJob> = []
+      for (const { lane } of order) {
+        while (out.length < max && lane.size > 0) {
+          const job = lane.head()!
+          if (
+            job.uniqueKey !== undefined &&
+            maskHas(job.uniqueStates, "running") &&
+            !maskHas(job.uniqueStates, "available")
+          )
+            break
+          const key = concurrencyKeyOf(job)
+          if (!admit(key)) break
+          job.runLease += 1n
+          job.attempt += 1
+          job.claimedAt = now
+          job.deadlineAt = params.deadlineMs > 0 ? now + params.deadlineMs : null
+          job.heartbeatAt = null
+          if (key !== undefined) job.grant = { policy, key, lease: job.runLease, at: now }
+          transition(job, "running")
+          out.push(claimed(job, now))
+        }
+        if (out.length >= max) break
+      }
+      return out
+    },
+    grants: () => {
+      const out: Array<{ policy: string; key: string; at: number }> = []
+      for (const job of jobs.values()) {
+        if (isGrantOpen(job)) out.push({ policy: job.grant!.policy, key: job.grant!.key, at: job.grant!.at })
+      }
+      return out
+    }
+  }
 
   const finalizeMany = Effect.fnUntraced(function* (items: ReadonlyArray<FinalizeItem>) {
     yield* checkFinalizeItems(items)
@@ -1080,7 +1170,7 @@ export const make: Effect.Effect<QueueStorage["Service"]> = Effect.gen(function*
           { _tag: "Noop" } as PruneOutcome
         )
 
-  return QueueStorage.of({
+  const service = QueueStorage.of({
     enqueueMany,
     claim,
     finalizeMany,
@@ -1115,6 +1205,8 @@ export const make: Effect.Effect<QueueStorage["Service"]> = Effect.gen(function*
     cleanupDlq,
     drainQueue
   })
+  simHooks.set(service, keyHooks)
+  return service
 })
 
 /** `QueueStorage` in memory; each build of the layer starts with an empty store. */

@@ -1,0 +1,166 @@
+/**
+ * The dispatcher's side of per-key execution control (capabilities.md §23,
+ * docs/adr/0029-key-execution-grants.md): the claim of a queue, keyed or not, as one function;
+ * the wake-up of gated claimers after a closure; and tier 1, the per-process key limit.
+ *
+ * - **Claim** A queue with a `keyPolicy` claims through `KeyGrants.claim`. `KeyGated` and
+ *   `KeyLockContended` are busy, not idle: the dispatcher does not back its poll off for them.
+ *   Gated waits for a wake-up (a closure of a keyed attempt notifies its queue) or the poll
+ *   interval as a safety net; contended retries after 2–20 ms (jittered).
+ * - **Closure notifications** Each finalization of a keyed attempt that storage applied queues
+ *   its queue; one `pg_notify` per burst (coalesced) wakes the gated claimers of every process.
+ *   Closures by rescue or an operator's cancel are not notified: the safety poll covers them.
+ * - **Tier 1** `localKeyConcurrency.limit`: at most `limit` handlers per key run in this process
+ *   (jobs beyond it wait in the process, holding their claims, in order per key). Approximate
+ *   fleet-wide: up to `limit × processes`; nothing is stored.
+ */
+import { concurrencyKeyMetadata } from "@awa/core"
+import { type ClaimedJob, type ClaimParams, KeyGrants, QueueStorage } from "@awa/storage"
+import { Effect, Metric, Option, Queue, Random } from "effect"
+
+/** Claim outcomes of keyed queues that found nothing claimable, by queue and outcome. */
+export const keyClaimsBusy = Metric.counter("awa.key.claims_busy", {
+  description: "keyed claims that claimed nothing because of keys: outcome gated or contended, by queue",
+  incremental: true
+})
+
+export interface ClaimBatch {
+  readonly jobs: ReadonlyArray<ClaimedJob>
+  /** Why nothing was claimed although there may be work: keys at their limit, or a busy lock. */
+  readonly busy: "gated" | "contended" | undefined
+  /** The claim stopped at a per-call cap, not for want of work: claim again at once. */
+  readonly capped: boolean
+}
+
+/** A keyed claim takes at most this many keys per call (claim_keyed, migration 0033)... */
+export const keysPerClaim = 32
+/** ...and at most this many jobs. */
+export const jobsPerKeyedClaim = 64
+
+/** The claim of one queue: the plain claim, or the keyed claim of its policy. */
+export const claimer = Effect.fnUntraced(function* (queue: string, keyPolicy: string | undefined) {
+  const storage = yield* QueueStorage
+  if (keyPolicy === undefined) {
+    return (params: ClaimParams) =>
+      Effect.map(storage.claim(params), (jobs): ClaimBatch => ({ jobs, busy: undefined, capped: false }))
+  }
+  const grants = yield* Effect.serviceOption(KeyGrants)
+  if (Option.isNone(grants)) {
+    return yield* Effect.die(new Error(`queue ${queue} has keyPolicy but no KeyGrants layer is provided`))
+  }
+  const gated = keyClaimsBusy.pipe(Metric.withAttributes({ "awa.queue": queue, outcome: "gated" }))
+  const contended = keyClaimsBusy.pipe(Metric.withAttributes({ "awa.queue": queue, outcome: "contended" }))
+  return (params: ClaimParams) =>
+    Effect.flatMap(grants.value.claim({ ...params, policy: keyPolicy }), (c): Effect.Effect<ClaimBatch> => {
+      switch (c._tag) {
+        case "Claimed":
+          return Effect.succeed({
+            jobs: c.jobs,
+            busy: undefined,
+            // as many as a call takes, or as many keys (each job has at most one): maybe more
+            capped:
+              c.jobs.length < params.max &&
+              (c.jobs.length >= jobsPerKeyedClaim || c.jobs.length >= keysPerClaim)
+          })
+        case "Idle":
+          return Effect.succeed({ jobs: [], busy: undefined, capped: false })
+        case "KeyGated":
+          return Effect.as(Metric.update(gated, 1), { jobs: [], busy: "gated", capped: false })
+        case "KeyLockContended":
+          return Effect.as(Metric.update(contended, 1), { jobs: [], busy: "contended", capped: false })
+      }
+    })
+})
+
+/** Wait of a contended keyed claim before it retries: 2–20 ms, jittered. */
+export const contendedBackoff = Effect.flatMap(Random.nextBetween(2, 20), (ms) =>
+  Effect.sleep(Math.round(ms))
+)
+
+/** The job's concurrency key, if it has one. */
+export const keyOf = (job: ClaimedJob): string | undefined => {
+  const key = job.metadata[concurrencyKeyMetadata]
+  return typeof key === "string" ? key : undefined
+}
+
+export interface ClosureNotifier {
+  /** Notes a closure of a keyed attempt of `queue` (applied by storage). */
+  readonly closed: (queue: string) => void
+  /** Sends the notes, one notification per queue per burst; runs until interrupted. */
+  readonly run: Effect.Effect<never>
+}
+
+/** Coalesces closure notifications: whatever piles up while one is sent goes in the next. */
+export const makeClosureNotifier = Effect.gen(function* () {
+  const grants = yield* Effect.serviceOption(KeyGrants)
+  const pending = new Set<string>()
+  const bell = yield* Queue.sliding<void>(1)
+  const closed = (queue: string) => {
+    pending.add(queue)
+    Queue.offerUnsafe(bell, undefined)
+  }
+  const send = Effect.suspend(() => {
+    const queues = [...pending]
+    pending.clear()
+    return Option.isNone(grants) || queues.length === 0
+      ? Effect.void
+      : grants.value
+          .notifyClosed(queues)
+          .pipe(Effect.catchCause((cause) => Effect.logDebug("closure notification lost", cause)))
+  })
+  const run = Effect.forever(Effect.andThen(Queue.take(bell), send))
+  return { closed, run } satisfies ClosureNotifier
+})
+
+/**
+ * Tier 1: at most `limit` running attempts per key in this process. `admit` says whether a job
+ * may start now (and counts it); `finish` uncounts it and returns a held job of the same key that
+ * may start in its place.
+ */
+export const makeLocalKeyGate = (limit: number) => {
+  const running = new Map<string, number>()
+  const held = new Map<string, Array<unknown>>()
+  let heldCount = 0
+  return {
+    /** Jobs waiting here for their key (they count as buffered). */
+    held: () => heldCount,
+    admit: <A>(key: string | undefined, item: A): boolean => {
+      if (key === undefined) return true
+      const n = running.get(key) ?? 0
+      if (n < limit) {
+        running.set(key, n + 1)
+        return true
+      }
+      let waiting = held.get(key)
+      if (waiting === undefined) {
+        waiting = []
+        held.set(key, waiting)
+      }
+      waiting.push(item)
+      heldCount++
+      return false
+    },
+    finish: <A>(key: string | undefined): A | undefined => {
+      if (key === undefined) return undefined
+      const waiting = held.get(key)
+      if (waiting !== undefined && waiting.length > 0) {
+        heldCount--
+        const next = waiting.shift() as A
+        if (waiting.length === 0) held.delete(key)
+        return next // the slot passes to it: the key's count is unchanged
+      }
+      const n = (running.get(key) ?? 1) - 1
+      if (n <= 0) running.delete(key)
+      else running.set(key, n)
+      return undefined
+    },
+    /** Every held job (shutdown gives them back). */
+    drain: <A>(): Array<A> => {
+      const out: Array<A> = []
+      for (const waiting of held.values()) out.push(...(waiting as Array<A>))
+      held.clear()
+      heldCount = 0
+      return out
+    }
+  }
+}
