@@ -188,6 +188,15 @@ const migrate = Command.make(
 
 // status ------------------------------------------------------------------------------------
 
+/** The leader's recorded prune state: "ok for 3m", "blocked (lock) for 12m", "-" before any. */
+const pruneState = (
+  state: { readonly outcome: string; readonly reason: string | null; readonly since: Date } | null,
+  now: Date
+) =>
+  state === null
+    ? "-"
+    : `${state.outcome}${state.reason === null ? "" : ` (${state.reason})`} for ${ageOf(state.since, now)}`
+
 const status = Command.make("status", {}, () =>
   withAdmin((admin, json) =>
     Effect.gen(function* () {
@@ -204,7 +213,16 @@ const status = Command.make("status", {}, () =>
           }),
           "",
           renderTable(
-            ["ring", "generation", "slot", "oldest unpruned", "unpruned for", "last prune", "size"],
+            [
+              "ring",
+              "generation",
+              "slot",
+              "oldest unpruned",
+              "unpruned for",
+              "last prune",
+              "prune state",
+              "size"
+            ],
             report.rings.map((r) => [
               r.ring,
               r.generation,
@@ -214,6 +232,7 @@ const status = Command.make("status", {}, () =>
                 : `${r.oldestUnpruned.generation} (slot ${r.oldestUnpruned.slot})`,
               ageOf(r.oldestUnpruned?.since ?? null, report.now),
               r.lastPrunedAt === null ? "never" : `${ageOf(r.lastPrunedAt, report.now)} ago`,
+              pruneState(r.prune, report.now),
               bytes(r.bytes)
             ])
           ),
@@ -233,6 +252,10 @@ const status = Command.make("status", {}, () =>
 ).pipe(Command.withDescription("schema version, leader, ring generations, reclamation and table sizes"))
 
 // queues ------------------------------------------------------------------------------------
+
+/** A sampled rate per minute, or "-" without samples (no leader yet). */
+const perMinute = (perSecond: number | undefined) =>
+  perSecond === undefined ? "-" : (Math.round(perSecond * 600) / 10).toString()
 
 const queues = Command.make(
   "queues",
@@ -268,6 +291,9 @@ const queues = Command.make(
                 `done/${seconds}s`,
                 `failed/${seconds}s`,
                 "completed total",
+                "enq/min",
+                "done/min",
+                "fail/min",
                 ...(exact ? ["stored completed", "stored failed", "stored cancelled"] : [])
               ],
               report.queues.map((q) => [
@@ -282,6 +308,9 @@ const queues = Command.make(
                 q.recent.completed,
                 q.recent.failed,
                 q.finalizedTotal.completed,
+                perMinute(q.rates?.enqueuedPerSecond),
+                perMinute(q.rates?.completedPerSecond),
+                perMinute(q.rates?.failedPerSecond),
                 ...(q.stored === null ? [] : [q.stored.completed, q.stored.failed, q.stored.cancelled])
               ])
             ),

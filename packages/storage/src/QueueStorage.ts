@@ -123,6 +123,9 @@ export interface RescueParams {
 export interface RescuedAttempt extends AttemptToken {
   readonly reason: "stale_heartbeat" | "deadline_exceeded"
   readonly state: JobState
+  /** The job's queue and kind (for metrics); empty when its rows were reclaimed meanwhile. */
+  readonly queue: string
+  readonly kind: string
 }
 
 export type RotateOutcome = "Rotated" | "SkippedIdle" | "SkippedBusy" | "SkippedLocked"
@@ -310,6 +313,72 @@ export interface QueueStats {
    * (`exact: true`), which counts every stored row; `null` otherwise.
    */
   readonly stored: FinalizedCounts | null
+  /**
+   * Per-second rates over the report's `rates` span, from the leader's samples (migration 0031);
+   * `null` when no two samples fall in the window (no leader, or it started less than two sample
+   * periods ago).
+   */
+  readonly rates: QueueRates | null
+}
+
+/** Jobs per second, and the counts they come from. */
+export interface QueueRates {
+  readonly enqueued: number
+  readonly completed: number
+  readonly failed: number
+  readonly cancelled: number
+  readonly enqueuedPerSecond: number
+  readonly completedPerSecond: number
+  readonly failedPerSecond: number
+  readonly cancelledPerSecond: number
+}
+
+/** The spans the sampled rates cover (finalizations, and enqueues one sample period earlier). */
+export interface RatesSpan {
+  readonly start: Date
+  readonly end: Date
+  readonly enqueueStart: Date | null
+  readonly enqueueEnd: Date | null
+}
+
+/** One bucket of a queue's sampled history. */
+export interface HistoryBucket {
+  readonly start: Date
+  readonly enqueued: number
+  readonly completed: number
+  readonly failed: number
+  readonly cancelled: number
+}
+
+export interface QueueHistoryOptions {
+  /** How far back, ms (60,000–7,200,000; default 3,600,000). */
+  readonly windowMs?: number | undefined
+  /** Bucket width, ms (1,000–3,600,000; default 60,000). */
+  readonly bucketMs?: number | undefined
+}
+
+/**
+ * Per-queue series from the leader's samples (migration 0031): counts per bucket; buckets
+ * without a sample are absent. Enqueue counts describe the sample period before the bucket's.
+ */
+export interface QueueHistoryReport {
+  readonly asOf: Date
+  readonly windowMs: number
+  readonly bucketMs: number
+  readonly queues: ReadonlyArray<{ readonly queue: string; readonly buckets: ReadonlyArray<HistoryBucket> }>
+}
+
+export interface SampleParams {
+  /** Skip when the last sample is younger than this (another leader just sampled). */
+  readonly minIntervalMs: number
+  /** Delete samples older than this. */
+  readonly keepMs: number
+}
+
+/** A ring's prune state as the leader last recorded it: `ok`, or `blocked` with the reason. */
+export interface PruneState {
+  readonly outcome: "ok" | "blocked"
+  readonly reason: string | null
 }
 
 export interface QueueStatsOptions {
@@ -333,6 +402,8 @@ export interface QueueStatsReport {
    * finalizations by when the slot was reclaimed.
    */
   readonly staleness: string
+  /** The span the queues' `rates` cover; `null` without samples. */
+  readonly rates: RatesSpan | null
   readonly queues: ReadonlyArray<QueueStats>
 }
 
@@ -410,6 +481,22 @@ export class QueueStorage extends Context.Service<
     readonly queueStats: (
       options?: QueueStatsOptions
     ) => Effect.Effect<QueueStatsReport, ValidationError | SqlError.SqlError>
+    /** Per-queue series of the leader's samples (sparklines). */
+    readonly queueHistory: (
+      options?: QueueHistoryOptions
+    ) => Effect.Effect<QueueHistoryReport, ValidationError | SqlError.SqlError>
+    /**
+     * The leader's sample of per-queue figures (migration 0031); the sample's time, or `null`
+     * when skipped (the last one is younger than `minIntervalMs`).
+     */
+    readonly sampleQueueStats: (
+      params: SampleParams
+    ) => Effect.Effect<Date | null, ReadCommittedRequired | SqlError.SqlError>
+    /** Records a ring's prune state when it differs from the stored one; whether it changed. */
+    readonly recordPruneState: (
+      ring: "queue" | "history",
+      state: PruneState
+    ) => Effect.Effect<boolean, ReadCommittedRequired | SqlError.SqlError>
     /** Cancels a job that is not terminal: unclaimed, deferred or running (its attempt closes as cancelled). */
     readonly cancelJob: (
       id: JobId,
