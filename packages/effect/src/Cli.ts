@@ -13,14 +13,15 @@
 
 import { createServer } from "node:http"
 import { Admin } from "@awa/runtime"
-import { CronStorage, PgQueueStorage } from "@awa/storage"
+import { CronStorage, PgQueueStorage, StorageSignals } from "@awa/storage"
 import { NodeHttpServer } from "@effect/platform-node"
 import { PgClient } from "@effect/sql-pg"
-import { Cause, Console, Effect, Exit, Layer, Option, Redacted, Schema } from "effect"
+import { Cause, Console, Context, Duration, Effect, Exit, Layer, Option, Redacted, Schema } from "effect"
 import { Argument, Command, Flag } from "effect/cli"
 import { HttpRouter } from "effect/http"
 import * as AdminApi from "./AdminApi.ts"
 import * as Dashboard from "./Dashboard.ts"
+import * as Readiness from "./Readiness.ts"
 
 /** Exit code of a check that ran and found something not ready (`doctor`, `migrate --dry-run`). */
 export const exitNotReady = 2
@@ -105,18 +106,26 @@ const root = Command.make("awa").pipe(
 
 /** Runs `body` with the `Admin` service on a pool opened for this command, and closed after it. */
 /** The `Admin` service (and its `SqlClient`) on a pool to the command's database. */
-const adminLayer = Effect.gen(function* () {
-  const flags = yield* root
-  const url = Option.getOrUndefined(flags.databaseUrl) ?? process.env.DATABASE_URL
-  if (url === undefined || url === "")
-    return yield* new UsageError({ message: "no database: pass --database-url or set DATABASE_URL" })
-  const client = PgClient.layer({ url: Redacted.make(url), maxConnections: 2, applicationName: "awa-cli" })
-  const storage = Layer.mergeAll(
-    PgQueueStorage.layer({ schema: flags.schema }),
-    CronStorage.layerPg({ schema: flags.schema })
-  ).pipe(Layer.provideMerge(client))
-  return { admin: Admin.layer({ schema: flags.schema }).pipe(Layer.provideMerge(storage)), json: flags.json }
-})
+const adminLayerWith = (maxConnections: number) =>
+  Effect.gen(function* () {
+    const flags = yield* root
+    const url = Option.getOrUndefined(flags.databaseUrl) ?? process.env.DATABASE_URL
+    if (url === undefined || url === "")
+      return yield* new UsageError({ message: "no database: pass --database-url or set DATABASE_URL" })
+    const client = PgClient.layer({ url: Redacted.make(url), maxConnections, applicationName: "awa-cli" })
+    const storage = Layer.mergeAll(
+      PgQueueStorage.layer({ schema: flags.schema }),
+      CronStorage.layerPg({ schema: flags.schema })
+    ).pipe(Layer.provideMerge(client))
+    return {
+      admin: Admin.layer({ schema: flags.schema }).pipe(Layer.provideMerge(storage)),
+      json: flags.json,
+      schema: flags.schema
+    }
+  })
+
+/** A command's pool: two connections (one statement at a time, plus a spare). */
+const adminLayer = adminLayerWith(2)
 
 /** Runs `body` with the `Admin` service on a pool opened for this command, and closed after it. */
 const withAdmin = <A, E>(body: (admin: Admin.Admin["Service"], json: boolean) => Effect.Effect<A, E>) =>
@@ -695,6 +704,12 @@ const serve = Command.make(
         "the dashboard's link for a trace id, {traceId} replaced (e.g. https://tempo/trace/{traceId})"
       ),
       Flag.optional
+    ),
+    shutdownGrace: Flag.Int("shutdown-grace").pipe(
+      Flag.withDescription(
+        "seconds /readyz answers 503 (shutting down) before the server stops, on SIGTERM/SIGINT"
+      ),
+      Flag.withDefault(5)
     )
   },
   (f) =>
@@ -704,7 +719,9 @@ const serve = Command.make(
         return yield* new UsageError({
           message: `binding ${f.host} needs an admin token (--token or AWA_ADMIN_TOKEN) or --insecure-no-auth`
         })
-      const { admin } = yield* adminLayer
+      // the pool: the readiness listener holds one connection, requests share the others
+      const { admin, schema } = yield* adminLayerWith(5)
+      const readiness = Readiness.layer.pipe(Layer.provide(StorageSignals.layerPg({ schema })))
       const secret = token === undefined || token === "" ? undefined : Redacted.make(token)
       const server = HttpRouter.serve(
         Layer.mergeAll(
@@ -723,12 +740,27 @@ const serve = Command.make(
         { disableLogger: true }
       ).pipe(
         Layer.provide(NodeHttpServer.layer(createServer, { port: f.port, host: f.host })),
-        Layer.provide(admin)
+        Layer.provideMerge(Layer.provideMerge(readiness, admin))
       )
       yield* Console.error(
         `awa admin API on http://${f.host}:${f.port} (dashboard: /dashboard, OpenAPI: /openapi.json)`
       )
-      return yield* Layer.launch(server)
+      // Until interrupted (SIGTERM/SIGINT); then /readyz says "shutting down" for the grace period
+      // while everything else still answers, and only then the server closes.
+      return yield* Effect.scoped(
+        Effect.gen(function* () {
+          const context = yield* Layer.build(server)
+          const ready = Context.get(context, Readiness.Readiness)
+          return yield* Effect.never.pipe(
+            Effect.onInterrupt(() =>
+              ready.beginShutdown.pipe(
+                Effect.andThen(Console.error(`shutting down: /readyz answers 503 for ${f.shutdownGrace} s`)),
+                Effect.andThen(Effect.sleep(Duration.seconds(f.shutdownGrace)))
+              )
+            )
+          )
+        })
+      )
     })
 ).pipe(
   Command.withDescription(

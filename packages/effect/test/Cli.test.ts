@@ -163,7 +163,7 @@ describe("awa CLI", () => {
         assert.strictEqual(ran.code, 0)
         assert.match(
           ran.out,
-          /^queue +paused +available +running +scheduled +retryable +dlq +oldest +done\/300s +failed\/300s +completed total\n/
+          /^queue +paused +available +running +scheduled +retryable +dlq +oldest +done\/300s +failed\/300s +completed total +enq\/min +done\/min +fail\/min\n/
         )
         assert.match(ran.out, new RegExp(`\\n${q} +yes +1 +0 +0 +0 +0 +\\d+s +1 +0 +1\\n`))
         const report = json(yield* awa(url, "--json", "queues", "--exact"))

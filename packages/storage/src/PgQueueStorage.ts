@@ -34,6 +34,7 @@ import { Clock, Effect, Fiber, Layer, Option } from "effect"
 import { SqlClient, SqlError } from "effect/sql"
 import {
   type AttemptToken,
+  type AttemptView,
   type BulkProgress,
   type ClaimedJob,
   type ClaimParams,
@@ -46,6 +47,7 @@ import {
   type FinalizeResult,
   type HeartbeatItem,
   type HistoryBucket,
+  type JobDetail,
   type JobView,
   type LedgerTrim,
   type ListFilter,
@@ -768,6 +770,47 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
       return toView(rows[0]!)
     })
 
+  // The job page's extras: the unique key from whichever row holds the job (each source by its
+  // job_id index), and its attempts from the claims and closures still stored (a carried attempt
+  // has a claim row in two slots: one per run lease).
+  const jobDetail = (id: bigint) =>
+    Effect.gen(function* () {
+      const [key] = yield* sql<{ key: string | null }>`
+        SELECT encode(k.unique_key, 'hex') AS key FROM (
+          SELECT unique_key FROM ${s}.ready WHERE job_id = ${id}
+          UNION ALL SELECT unique_key FROM ${s}.deferred WHERE job_id = ${id}
+          UNION ALL SELECT unique_key FROM ${s}.parked WHERE job_id = ${id}
+          UNION ALL SELECT unique_key FROM ${s}.terminal WHERE job_id = ${id} AND wide
+          UNION ALL SELECT unique_key FROM ${s}.history WHERE job_id = ${id}
+          UNION ALL SELECT unique_key FROM ${s}.dlq WHERE job_id = ${id}
+        ) k WHERE k.unique_key IS NOT NULL LIMIT 1`
+      const attempts = yield* sql<{
+        attempt: number
+        run_lease: bigint
+        claimed_at: Date
+        closed_at: Date | null
+        outcome: string | null
+      }>`
+        SELECT DISTINCT ON (c.run_lease) c.attempt, c.run_lease, c.claimed_at, z.closed_at, z.outcome
+        FROM ${s}.claims c
+        LEFT JOIN ${s}.closures z ON z.job_id = c.job_id AND z.run_lease = c.run_lease
+        WHERE c.job_id = ${id}
+        ORDER BY c.run_lease, z.closed_at NULLS LAST`
+      return {
+        uniqueKey: key?.key ?? null,
+        attempts: attempts.map(
+          (a): AttemptView => ({
+            attempt: a.attempt,
+            runLease: a.run_lease,
+            claimedAt: a.claimed_at,
+            endedAt: a.closed_at,
+            outcome: a.outcome,
+            durationMs: a.closed_at === null ? null : a.closed_at.getTime() - a.claimed_at.getTime()
+          })
+        )
+      } satisfies JobDetail
+    })
+
   const listJobs = (filter: ListFilter) =>
     Effect.gen(function* () {
       yield* checkListLimit(filter)
@@ -776,7 +819,11 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
         filter.kind === undefined ? undefined : sql`kind = ${filter.kind}`,
         filter.state === undefined ? undefined : sql`state = ${filter.state}`,
         filter.tag === undefined ? undefined : sql`${filter.tag} = ANY (tags)`,
-        filter.before === undefined ? undefined : sql`job_id < ${filter.before}`
+        filter.before === undefined ? undefined : sql`job_id < ${filter.before}`,
+        filter.createdAfter === undefined ? undefined : sql`created_at >= ${filter.createdAfter}`,
+        filter.createdBefore === undefined ? undefined : sql`created_at < ${filter.createdBefore}`,
+        filter.finalizedAfter === undefined ? undefined : sql`finalized_at >= ${filter.finalizedAfter}`,
+        filter.finalizedBefore === undefined ? undefined : sql`finalized_at < ${filter.finalizedBefore}`
       ].filter((c) => c !== undefined)
       const rows = yield* sql<JobRow>`
         SELECT * FROM ${s}.jobs ${conditions.length > 0 ? sql`WHERE ${sql.and(conditions)}` : sql``}
@@ -1099,6 +1146,7 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
     pruneHistory: (r) => pruneRing("prune_history", r),
     trimLedgers,
     getJob,
+    jobDetail,
     listJobs,
     countByQueueState,
     queueStats,

@@ -205,8 +205,38 @@ export interface ListFilter {
   readonly tag?: string | undefined
   /** Keyset pagination: only ids strictly below this (results are newest first). */
   readonly before?: JobId | undefined
+  /** Only jobs created at or after this instant. */
+  readonly createdAfter?: Date | undefined
+  /** Only jobs created before this instant. */
+  readonly createdBefore?: Date | undefined
+  /** Only jobs finalized at or after this instant (so only terminal ones). */
+  readonly finalizedAfter?: Date | undefined
+  /** Only jobs finalized before this instant (so only terminal ones). */
+  readonly finalizedBefore?: Date | undefined
   /** 1–1000, default 100. */
   readonly limit?: number | undefined
+}
+
+/** One attempt of a job: claimed, and closed (with the state it left the job in) or still open. */
+export interface AttemptView {
+  readonly attempt: number
+  readonly runLease: bigint
+  readonly claimedAt: Date
+  readonly endedAt: Date | null
+  /** The job's state when the attempt closed (`completed`, `retryable`, …); `null` while open. */
+  readonly outcome: string | null
+  /** `endedAt − claimedAt`; `null` while open. */
+  readonly durationMs: number | null
+}
+
+/**
+ * What the job page adds to a `JobView`: the unique key (hex) and the attempts whose claim rows
+ * are still stored (the queue ring's unreclaimed slots on Postgres: attempts of a job already
+ * moved to history are only in its error list).
+ */
+export interface JobDetail {
+  readonly uniqueKey: string | null
+  readonly attempts: ReadonlyArray<AttemptView>
 }
 
 /** Why a job was dead-lettered (capabilities.md §19), or an operator's own text. */
@@ -469,6 +499,8 @@ export class QueueStorage extends Context.Service<
       batch: number
     ) => Effect.Effect<LedgerTrim, ReadCommittedRequired | SqlError.SqlError>
     readonly getJob: (id: JobId) => Effect.Effect<JobView, JobNotFound | SqlError.SqlError>
+    /** The job's unique key and stored attempts (empty for an unknown id). */
+    readonly jobDetail: (id: JobId) => Effect.Effect<JobDetail, SqlError.SqlError>
     readonly listJobs: (
       filter: ListFilter
     ) => Effect.Effect<ReadonlyArray<JobView>, ValidationError | SqlError.SqlError>

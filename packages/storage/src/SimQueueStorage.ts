@@ -79,6 +79,7 @@ import { Clock, Effect, Layer, Option, Random } from "effect"
 import type { Mutable } from "effect/Types"
 import {
   type AttemptToken,
+  type AttemptView,
   type BulkProgress,
   type ClaimedJob,
   type ClaimParams,
@@ -93,6 +94,7 @@ import {
   type FinalizeResult,
   type HeartbeatItem,
   type HistoryBucket,
+  type JobDetail,
   type JobId,
   type JobView,
   type ListFilter,
@@ -300,6 +302,8 @@ export const make: Effect.Effect<QueueStorage["Service"]> = Effect.gen(function*
     readonly enqueuedUntil: number | null
     readonly queues: ReadonlyMap<string, FinalizedCounts & { enqueued: number; totals: FinalizedCounts }>
   }> = []
+  /** Every attempt of each job, in claim order (mirrors claims and closures). */
+  const attempts = new Map<JobId, Array<AttemptView>>()
   /** Each ring's prune state as the leader recorded it (mirrors maintenance_state). */
   const pruneStates = new Map<string, PruneState & { since: number }>()
   let dlqDefault = false
@@ -364,7 +368,15 @@ export const make: Effect.Effect<QueueStorage["Service"]> = Effect.gen(function*
     if (job.errors.length > maxErrorEntries) job.errors.splice(0, job.errors.length - maxErrorEntries)
   }
 
-  const closeAttempt = (job: SimJob) => {
+  const closeAttempt = (job: SimJob, now: number, to: JobState) => {
+    const open = attempts.get(job.id)?.at(-1)
+    if (open !== undefined && open.endedAt === null)
+      attempts.get(job.id)![attempts.get(job.id)!.length - 1] = {
+        ...open,
+        endedAt: new Date(now),
+        outcome: to,
+        durationMs: now - open.claimedAt.getTime()
+      }
     job.claimedAt = null
     job.deadlineAt = null
     job.heartbeatAt = null
@@ -376,7 +388,7 @@ export const make: Effect.Effect<QueueStorage["Service"]> = Effect.gen(function*
     now: number,
     toDlq = false
   ): JobState => {
-    if (job.state === "running") closeAttempt(job)
+    if (job.state === "running") closeAttempt(job, now, to)
     job.finalizedAt = now
     transition(job, to)
     // as Postgres's ledgers: a dead-lettered job is counted by the DLQ, not as a finalization
@@ -438,7 +450,7 @@ export const make: Effect.Effect<QueueStorage["Service"]> = Effect.gen(function*
     if (holder !== undefined) return supersede(job, holder, now)
     // the next claim counts it again, so this attempt nets to zero
     if (uncounted) job.attempt -= 1
-    closeAttempt(job)
+    closeAttempt(job, now, to)
     job.runAt = runAt
     transition(job, to)
     return to
@@ -647,6 +659,17 @@ export const make: Effect.Effect<QueueStorage["Service"]> = Effect.gen(function*
           job.runLease += 1n
           job.attempt += 1
           job.claimedAt = now
+          attempts.set(job.id, [
+            ...(attempts.get(job.id) ?? []),
+            {
+              attempt: job.attempt,
+              runLease: job.runLease,
+              claimedAt: new Date(now),
+              endedAt: null,
+              outcome: null,
+              durationMs: null
+            }
+          ])
           job.deadlineAt = params.deadlineMs > 0 ? now + params.deadlineMs : null
           job.heartbeatAt = null
           transition(job, "running")
@@ -838,11 +861,31 @@ export const make: Effect.Effect<QueueStorage["Service"]> = Effect.gen(function*
         if (filter.kind !== undefined && job.kind !== filter.kind) continue
         if (filter.state !== undefined && job.state !== filter.state) continue
         if (filter.tag !== undefined && !job.tags.includes(filter.tag)) continue
+        if (filter.createdAfter !== undefined && job.createdAt < filter.createdAfter.getTime()) continue
+        if (filter.createdBefore !== undefined && job.createdAt >= filter.createdBefore.getTime()) continue
+        if (
+          filter.finalizedAfter !== undefined &&
+          !(job.finalizedAt !== null && job.finalizedAt >= filter.finalizedAfter.getTime())
+        )
+          continue
+        if (
+          filter.finalizedBefore !== undefined &&
+          !(job.finalizedAt !== null && job.finalizedAt < filter.finalizedBefore.getTime())
+        )
+          continue
         out.push(view(job))
       }
       return out as ReadonlyArray<JobView>
     })
   })
+
+  const jobDetail = (id: JobId) =>
+    Effect.sync(
+      (): JobDetail => ({
+        uniqueKey: jobs.get(id)?.uniqueKey ?? null,
+        attempts: attempts.get(id) ?? []
+      })
+    )
 
   const countByQueueState = Effect.sync((): ReadonlyArray<QueueStateCount> => {
     const counts = new Map<string, { queue: string; state: JobState; count: number }>()
@@ -1345,6 +1388,7 @@ export const make: Effect.Effect<QueueStorage["Service"]> = Effect.gen(function*
     listJobs,
     countByQueueState,
     queueStats,
+    jobDetail,
     queueHistory,
     sampleQueueStats,
     recordPruneState,
