@@ -3,7 +3,6 @@
  * in process through `Cli.run` (what `bin/awa.ts` runs) with stdout and stderr captured. Each
  * test uses its own queue names on one database; migrate and doctor get empty databases.
  */
-import { randomUUID } from "node:crypto"
 import { CronStorage, PgQueueStorage, QueueStorage } from "@awa/storage"
 import { TestDatabase } from "@awa/testing"
 import { NodeServices } from "@effect/platform-node"
@@ -11,6 +10,7 @@ import { PgClient } from "@effect/sql-pg"
 import { assert, describe, it } from "@effect/vitest"
 import { Console, Effect, Fiber, Layer, Redacted } from "effect"
 import * as Cli from "../src/Cli.ts"
+import { cronDeclaration, fresh, httpGet, until } from "./support.ts"
 
 interface Ran {
   readonly code: number
@@ -36,8 +36,6 @@ const awa = (url: string, ...args: ReadonlyArray<string>) =>
   })
 
 const json = (ran: Ran) => JSON.parse(ran.out) as Record<string, any>
-
-const fresh = (label: string) => `${label}-${randomUUID().slice(0, 8)}`
 
 /** Storage (queue and cron) on `url`, for seeding what the commands then read and change. */
 const storageOn = (url: string) =>
@@ -300,23 +298,7 @@ describe("awa CLI", () => {
         const cron = yield* CronStorage.CronStorage
         const name = fresh("cli-cron")
         const q = fresh("cli-cron-q")
-        yield* cron.upsert([
-          {
-            name,
-            expression: "0 3 * * *",
-            timezone: "UTC",
-            job: {
-              kind: "nightly",
-              queue: q,
-              args: {},
-              priority: 2,
-              maxAttempts: 25,
-              tags: [],
-              metadata: {}
-            },
-            missedFire: { _tag: "Coalesce" }
-          }
-        ])
+        yield* cron.upsert([cronDeclaration(name, q)])
         const listed = yield* awa(url, "cron", "list")
         assert.match(listed.out, new RegExp(`\\n${name} +0 3 \\* \\* \\* +UTC +${q} +nightly +no +- +no`))
         assert.strictEqual((yield* awa(url, "cron", "pause", name)).out, `schedule ${name} paused`)
@@ -345,19 +327,9 @@ describe("awa CLI", () => {
           )
           const port = 40_000 + Math.floor(Math.random() * 20_000)
           const fiber = yield* Effect.forkChild(awa(url, "serve", "--port", String(port), "--token", "t0k"))
-          const get = (path: string, init: RequestInit = {}) =>
-            Effect.promise(() =>
-              fetch(`http://127.0.0.1:${port}${path}`, init).then(
-                async (r) => ({ status: r.status, body: await r.text() }),
-                () => ({ status: 0, body: "" })
-              )
-            )
+          const get = httpGet(`http://127.0.0.1:${port}`)
           // wait for the listener (a condition, not a time)
-          let health = yield* get("/healthz")
-          while (health.status !== 200) {
-            yield* Effect.sleep("50 millis")
-            health = yield* get("/healthz")
-          }
+          const health = yield* until(get, "/healthz", (r) => r.status === 200)
           assert.deepStrictEqual(JSON.parse(health.body), { status: "ok", database: "reachable" })
           assert.strictEqual((yield* get("/api/queues/x/pause", { method: "POST" })).status, 401)
           const paused = yield* get("/api/queues/x/pause", {

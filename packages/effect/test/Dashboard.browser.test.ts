@@ -23,6 +23,7 @@ import { type Browser, chromium, type Page } from "playwright-core"
 import { afterAll, assert, beforeAll, describe, it } from "vitest"
 import * as AdminApi from "../src/AdminApi.ts"
 import * as Dashboard from "../src/Dashboard.ts"
+import { cronDeclaration } from "./support.ts"
 
 const chromiumPath = "/usr/bin/chromium"
 const hasChromium = existsSync(chromiumPath)
@@ -77,21 +78,13 @@ const start = async (options: AdminApi.AdminApiOptions) => {
 
 type Server = Awaited<ReturnType<typeof start>>
 
-const cronDeclaration = (name: string, queue: string) => ({
-  name,
-  expression: "30 2 * * *",
-  timezone: "Europe/Paris",
-  job: {
+const reportSchedule = (name: string, queue: string) =>
+  cronDeclaration(name, queue, {
+    expression: "30 2 * * *",
+    timezone: "Europe/Paris",
     kind: "report",
-    queue,
-    args: { period: "daily" },
-    priority: 2,
-    maxAttempts: 25,
-    tags: [],
-    metadata: {}
-  },
-  missedFire: { _tag: "Coalesce" as const }
-})
+    args: { period: "daily" }
+  })
 
 /**
  * Jobs in every state: `orders` holds available (one with a trace id and tags) and scheduled
@@ -149,7 +142,7 @@ const seed = Effect.gen(function* () {
   yield* storage.enqueueMany(
     Array.from({ length: 60 }, (_, n) => ({ kind: "noop", queue: "bulk", args: { n } }))
   )
-  yield* cron.upsert([cronDeclaration("nightly-report", "orders")])
+  yield* cron.upsert([reportSchedule("nightly-report", "orders")])
   return { traced: traced!.id.toString(), dead: dead.map((d) => d.id.toString()), running: token(4) }
 })
 
