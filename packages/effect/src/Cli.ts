@@ -745,20 +745,20 @@ const serve = Command.make(
       yield* Console.error(
         `awa admin API on http://${f.host}:${f.port} (dashboard: /dashboard, OpenAPI: /openapi.json)`
       )
-      // Until interrupted (SIGTERM/SIGINT); then /readyz says "shutting down" for the grace period
-      // while everything else still answers, and only then the server closes.
+      // Until interrupted (SIGTERM/SIGINT). Closing the scope runs its finalizers last-added
+      // first: /readyz says "shutting down" for the grace period while the server still answers
+      // everything else, and only then the server and its pool close.
       return yield* Effect.scoped(
         Effect.gen(function* () {
           const context = yield* Layer.build(server)
           const ready = Context.get(context, Readiness.Readiness)
-          return yield* Effect.never.pipe(
-            Effect.onInterrupt(() =>
-              ready.beginShutdown.pipe(
-                Effect.andThen(Console.error(`shutting down: /readyz answers 503 for ${f.shutdownGrace} s`)),
-                Effect.andThen(Effect.sleep(Duration.seconds(f.shutdownGrace)))
-              )
+          yield* Effect.addFinalizer(() =>
+            ready.beginShutdown.pipe(
+              Effect.andThen(Console.error(`shutting down: /readyz answers 503 for ${f.shutdownGrace} s`)),
+              Effect.andThen(Effect.sleep(Duration.seconds(f.shutdownGrace)))
             )
           )
+          return yield* Effect.never
         })
       )
     })

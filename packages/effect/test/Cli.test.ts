@@ -3,55 +3,10 @@
  * in process through `Cli.run` (what `bin/awa.ts` runs) with stdout and stderr captured. Each
  * test uses its own queue names on one database; migrate and doctor get empty databases.
  */
-import { CronStorage, PgQueueStorage, QueueStorage } from "@awa/storage"
-import { TestDatabase } from "@awa/testing"
-import { NodeServices } from "@effect/platform-node"
-import { PgClient } from "@effect/sql-pg"
+import { CronStorage, QueueStorage } from "@awa/storage"
 import { assert, describe, it } from "@effect/vitest"
-import { Console, Effect, Fiber, Layer, Redacted } from "effect"
-import * as Cli from "../src/Cli.ts"
-import { cronDeclaration, fresh, httpGet, until } from "./support.ts"
-
-interface Ran {
-  readonly code: number
-  readonly out: string
-  readonly err: string
-}
-
-/** Runs `awa <args>` with `--database-url url`, capturing what it prints. */
-const awa = (url: string, ...args: ReadonlyArray<string>) =>
-  Effect.gen(function* () {
-    const out: Array<string> = []
-    const err: Array<string> = []
-    const capture: Console.Console = {
-      ...globalThis.console,
-      log: (...a: ReadonlyArray<unknown>) => void out.push(a.map(String).join(" ")),
-      error: (...a: ReadonlyArray<unknown>) => void err.push(a.map(String).join(" "))
-    }
-    const code = yield* Cli.run(["--database-url", url, ...args]).pipe(
-      Effect.provideService(Console.Console, capture),
-      Effect.provide(NodeServices.layer)
-    )
-    return { code, out: out.join("\n"), err: err.join("\n") } satisfies Ran
-  })
-
-const json = (ran: Ran) => JSON.parse(ran.out) as Record<string, any>
-
-/** Storage (queue and cron) on `url`, for seeding what the commands then read and change. */
-const storageOn = (url: string) =>
-  Layer.mergeAll(PgQueueStorage.layer(), CronStorage.layerPg()).pipe(
-    Layer.provideMerge(PgClient.layer({ url: Redacted.make(url), maxConnections: 2 }))
-  )
-
-const withDatabase = <A, E>(
-  body: (url: string) => Effect.Effect<A, E, QueueStorage | CronStorage.CronStorage>,
-  migrated = true
-) =>
-  Effect.scoped(
-    Effect.flatMap(TestDatabase.acquire({ migrated }), ({ url }) =>
-      body(url).pipe(Effect.provide(storageOn(url)))
-    )
-  )
+import { Effect, Fiber } from "effect"
+import { awa, cronDeclaration, fresh, httpGet, json, until, withDatabase } from "./support.ts"
 
 describe("awa CLI", () => {
   it.live("--help lists every command and exits 0; an unknown command or a missing database exits 1", () =>
@@ -326,7 +281,9 @@ describe("awa CLI", () => {
             [1, "binding 0.0.0.0 needs an admin token (--token or AWA_ADMIN_TOKEN) or --insecure-no-auth"]
           )
           const port = 40_000 + Math.floor(Math.random() * 20_000)
-          const fiber = yield* Effect.forkChild(awa(url, "serve", "--port", String(port), "--token", "t0k"))
+          const fiber = yield* Effect.forkChild(
+            awa(url, "serve", "--port", String(port), "--token", "t0k", "--shutdown-grace", "0")
+          )
           const get = httpGet(`http://127.0.0.1:${port}`)
           // wait for the listener (a condition, not a time)
           const health = yield* until(get, "/healthz", (r) => r.status === 200)

@@ -1,18 +1,19 @@
 /**
  * Helpers shared by the operator-surface tests (AdminApi, Cli, Dashboard): fresh names, a cron
- * schedule to seed, and HTTP against a server started on a port, waiting for a condition
- * (never for time).
+ * schedule to seed, the admin API served in process, the CLI run in process with its output
+ * captured, and HTTP against a server started on a port, waiting for a condition (never for time).
  */
 import { randomUUID } from "node:crypto"
 import { Admin } from "@awa/runtime"
 import { CronStorage, LeaderLock, PgQueueStorage, type QueueStorage } from "@awa/storage"
 import { TestDatabase } from "@awa/testing"
-import { NodeHttpServer } from "@effect/platform-node"
+import { NodeHttpServer, NodeServices } from "@effect/platform-node"
 import { PgClient } from "@effect/sql-pg"
-import { Effect, Layer, Redacted } from "effect"
+import { Console, Effect, Layer, Redacted } from "effect"
 import { HttpClient, HttpClientRequest, HttpRouter } from "effect/http"
 import type { SqlClient } from "effect/sql"
 import * as AdminApi from "../src/AdminApi.ts"
+import * as Cli from "../src/Cli.ts"
 
 /** `label-` and 8 random hex digits: each test's own queue and schedule names on a shared database. */
 export const fresh = (label: string) => `${label}-${randomUUID().slice(0, 8)}`
@@ -141,3 +142,48 @@ export const send = (method: "GET" | "POST" | "DELETE", path: string, bearer?: s
 /** A value in the API's JSON form (bigints as strings, dates as ISO text), to compare whole bodies. */
 export const asJson = (value: unknown): unknown =>
   JSON.parse(JSON.stringify(value, (_k, v) => (typeof v === "bigint" ? v.toString() : v)))
+
+// ---------------------------------------------------------------------------------------------
+// The CLI in process (`Cli.run`, what bin/awa.ts runs), output captured
+
+export interface Ran {
+  readonly code: number
+  readonly out: string
+  readonly err: string
+}
+
+/** Runs `awa <args>` with `--database-url url`, capturing what it prints. */
+export const awa = (url: string, ...args: ReadonlyArray<string>) =>
+  Effect.gen(function* () {
+    const out: Array<string> = []
+    const err: Array<string> = []
+    const capture: Console.Console = {
+      ...globalThis.console,
+      log: (...a: ReadonlyArray<unknown>) => void out.push(a.map(String).join(" ")),
+      error: (...a: ReadonlyArray<unknown>) => void err.push(a.map(String).join(" "))
+    }
+    const code = yield* Cli.run(["--database-url", url, ...args]).pipe(
+      Effect.provideService(Console.Console, capture),
+      Effect.provide(NodeServices.layer)
+    )
+    return { code, out: out.join("\n"), err: err.join("\n") } satisfies Ran
+  })
+
+export const json = (ran: Ran) => JSON.parse(ran.out) as Record<string, any>
+
+/** Storage (queue and cron) on `url`, for seeding what the commands then read and change. */
+const storageOn = (url: string) =>
+  Layer.mergeAll(PgQueueStorage.layer(), CronStorage.layerPg()).pipe(
+    Layer.provideMerge(PgClient.layer({ url: Redacted.make(url), maxConnections: 2 }))
+  )
+
+/** Runs `body` with a fresh database's URL and storage on it (migrated unless told otherwise). */
+export const withDatabase = <A, E>(
+  body: (url: string) => Effect.Effect<A, E, QueueStorage | CronStorage.CronStorage>,
+  migrated = true
+) =>
+  Effect.scoped(
+    Effect.flatMap(TestDatabase.acquire({ migrated }), ({ url }) =>
+      body(url).pipe(Effect.provide(storageOn(url)))
+    )
+  )
