@@ -118,7 +118,7 @@ describe("awa CLI", () => {
           ran.out,
           /^queue +paused +available +running +scheduled +retryable +dlq +oldest +done\/300s +failed\/300s +completed total +enq\/min +done\/min +fail\/min\n/
         )
-        assert.match(ran.out, new RegExp(`\\n${q} +yes +1 +0 +0 +0 +0 +\\d+s +1 +0 +1\\n`))
+        assert.match(ran.out, new RegExp(`\\n${q} +yes +1 +0 +0 +0 +0 +\\d+s +1 +0 +1 +- +- +-\\n`))
         const report = json(yield* awa(url, "--json", "queues", "--exact"))
         const mine = (report.queues as ReadonlyArray<any>).find((x) => x.queue === q)
         assert.deepStrictEqual([mine.available, mine.stored], [1, { completed: 1, failed: 0, cancelled: 0 }])
