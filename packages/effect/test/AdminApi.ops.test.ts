@@ -7,8 +7,10 @@
  */
 import { Admin } from "@awa/runtime"
 import { LeaderLock, QueueStorage, StorageSignals } from "@awa/storage"
+import type { PgClient } from "@effect/sql-pg"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect, Layer, Option, Redacted, Stream } from "effect"
+import type { HttpClient } from "effect/http"
 import { SqlClient } from "effect/sql"
 import * as AdminApi from "../src/AdminApi.ts"
 import { asJson, fresh, send, withApi } from "./support.ts"
@@ -19,6 +21,26 @@ const sampleNow = { minIntervalMs: 0, keepMs: 7_200_000 }
 /** A `Readiness` over `signals` (the real LISTEN on the API's pool, or a stand-in). */
 const readinessOn = (signals: Layer.Layer<StorageSignals.StorageSignals> | "pg") =>
   AdminApi.Readiness.layer.pipe(Layer.provide(signals === "pg" ? StorageSignals.layerPg() : signals))
+
+/** `body` against the API with `readiness`, while the maintenance leader's lock is held. */
+const withLeader = <A, E, X, XE>(
+  readiness: Layer.Layer<X, XE, PgClient.PgClient>,
+  body: Effect.Effect<A, E, HttpClient.HttpClient>
+) =>
+  withApi(
+    {},
+    Effect.gen(function* () {
+      const lock = yield* LeaderLock.LeaderLock
+      return yield* Effect.scoped(
+        Effect.gen(function* () {
+          assert.strictEqual((yield* lock.tryAcquire)._tag, "Some")
+          return yield* body
+        })
+      )
+    }),
+    true,
+    readiness
+  )
 
 /** A listener whose LISTEN is never confirmed (as while its connection cannot be made). */
 const brokenSignals = Layer.succeed(StorageSignals.StorageSignals, { signals: Stream.never })
@@ -174,50 +196,34 @@ describe("admin HTTP API: operator additions", () => {
     "readyz: LISTEN confirmed is required; after beginShutdown it answers 503 while health stays up",
     () =>
       Effect.gen(function* () {
-        yield* withApi(
-          {},
+        yield* withLeader(
+          readinessOn("pg"),
           Effect.gen(function* () {
-            const lock = yield* LeaderLock.LeaderLock
-            yield* Effect.scoped(
-              Effect.gen(function* () {
-                assert.strictEqual((yield* lock.tryAcquire)._tag, "Some")
-                // the listener's subscription is confirmed asynchronously: wait for it
-                let ready = yield* send("GET", "/readyz")
-                while (ready.status !== 200) {
-                  yield* Effect.sleep("25 millis")
-                  ready = yield* send("GET", "/readyz")
-                }
-                assert.strictEqual(ready.body.listening, true)
-                // provided by `withReadiness` (not in the body's type: found at run time)
-                const readiness = yield* Effect.serviceOption(AdminApi.Readiness.Readiness)
-                assert.isTrue(Option.isSome(readiness))
-                if (Option.isSome(readiness)) yield* readiness.value.beginShutdown
-                const down = yield* send("GET", "/readyz")
-                assert.deepStrictEqual([down.status, down.body.message], [503, "shutting down"])
-                assert.strictEqual((yield* send("GET", "/healthz")).status, 200)
-              })
-            )
-          }),
-          true,
-          readinessOn("pg")
+            // the listener's subscription is confirmed asynchronously: wait for it
+            let ready = yield* send("GET", "/readyz")
+            while (ready.status !== 200) {
+              yield* Effect.sleep("25 millis")
+              ready = yield* send("GET", "/readyz")
+            }
+            assert.strictEqual(ready.body.listening, true)
+            // provided by `readinessOn` (not in the body's type: found at run time)
+            const readiness = yield* Effect.serviceOption(AdminApi.Readiness.Readiness)
+            assert.isTrue(Option.isSome(readiness))
+            if (Option.isSome(readiness)) yield* readiness.value.beginShutdown
+            const down = yield* send("GET", "/readyz")
+            assert.deepStrictEqual([down.status, down.body.message], [503, "shutting down"])
+            assert.strictEqual((yield* send("GET", "/healthz")).status, 200)
+          })
         )
-        yield* withApi(
-          {},
+        yield* withLeader(
+          readinessOn(brokenSignals),
           Effect.gen(function* () {
-            const lock = yield* LeaderLock.LeaderLock
-            yield* Effect.scoped(
-              Effect.gen(function* () {
-                assert.strictEqual((yield* lock.tryAcquire)._tag, "Some")
-                const notListening = yield* send("GET", "/readyz")
-                assert.deepStrictEqual(
-                  [notListening.status, notListening.body.message],
-                  [503, "LISTEN not connected: this process receives no notifications"]
-                )
-              })
+            const notListening = yield* send("GET", "/readyz")
+            assert.deepStrictEqual(
+              [notListening.status, notListening.body.message],
+              [503, "LISTEN not connected: this process receives no notifications"]
             )
-          }),
-          true,
-          readinessOn(brokenSignals)
+          })
         )
       })
   )
