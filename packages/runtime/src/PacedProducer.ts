@@ -9,11 +9,12 @@
  * ```
  *
  * **Control** Every `sampleInterval` it reads the queue's depth (the capped count, up to 2 ×
- * `targetDepth`: the cost is bounded by that, never by the backlog) and adjusts its rate:
- * above the target it cuts the rate by a factor of target / depth (at most halving it); below,
- * it raises the rate by a tenth of itself scaled by the headroom (1 − depth / target). That is
- * AIMD-like: it backs off fast when the backlog builds and probes up slowly, so under
- * oversupply the rate settles around what the workers complete and the depth around the target.
+ * `targetDepth`: the cost is bounded by that, never by the backlog) and sets its rate to what
+ * the fleet drained since the last reading (what it sent minus the depth's growth, per second)
+ * plus the gap to the target closed over five intervals: rate = drained + (target − depth) /
+ * (5 × interval). A proportional controller around the measured completion rate: under
+ * oversupply the rate settles at what the workers complete and the depth at the target. A
+ * capped reading (depth ≥ 2 × target: the growth is unknown) halves the rate instead.
  * `pace` waits for the next send slot at the current rate (`1 / rate` apart).
  *
  * The producer paces itself; it does not refuse anything (that is `backpressure: { reject }`).
@@ -45,17 +46,29 @@ export interface PacedProducer {
   readonly lastDepth: Effect.Effect<Flow.CappedDepth | undefined>
 }
 
-/** The next rate after reading `depth` (pure; exported for tests and docs). */
-export const nextRate = (
-  rate: number,
-  depth: number,
-  target: number,
-  bounds: { readonly min: number; readonly max: number }
-) => {
-  const next =
-    depth > target
-      ? rate * Math.max(0.5, target / depth)
-      : rate + rate * 0.1 * (1 - depth / Math.max(1, target))
+/** One depth reading and what was sent since the previous one. */
+export interface Sample {
+  readonly rate: number
+  readonly previous: Flow.CappedDepth | undefined
+  readonly depth: Flow.CappedDepth
+  /** Sends since the previous reading. */
+  readonly sent: number
+  readonly intervalMs: number
+  readonly target: number
+}
+
+/** The rate after a reading (pure; exported for tests and docs). */
+export const nextRate = (sample: Sample, bounds: { readonly min: number; readonly max: number }) => {
+  const { rate, previous, depth, sent, intervalMs, target } = sample
+  const seconds = intervalMs / 1000
+  let next: number
+  if (depth.capped) next = rate * 0.5
+  else {
+    // growth unknown after a capped reading: assume what was sent was drained
+    const growth = previous === undefined || previous.capped ? 0 : depth.count - previous.count
+    const drained = Math.max(0, (sent - growth) / seconds)
+    next = drained + (target - depth.count) / (5 * seconds)
+  }
   return Math.min(bounds.max, Math.max(bounds.min, next))
 }
 
@@ -82,13 +95,18 @@ export const make = (options: PacedProducerOptions) =>
     let rate = initial
     let nextAt: number | undefined
     let last: Flow.CappedDepth | undefined
+    let sentSince = 0
     const cap = Math.min(FlowStorage.maxDepthCap, 2 * target)
 
     yield* flow.depth(options.queue, cap).pipe(
       Effect.flatMap((depth) =>
         Effect.sync(() => {
+          rate = nextRate(
+            { rate, previous: last, depth, sent: sentSince, intervalMs: sampleMs, target },
+            { min, max }
+          )
           last = depth
-          rate = nextRate(rate, depth.count, target, { min, max })
+          sentSince = 0
         })
       ),
       Effect.catchCause((cause) =>
@@ -100,9 +118,13 @@ export const make = (options: PacedProducerOptions) =>
       Effect.forkScoped
     )
 
+    // A send slot missed by less than `catchUpMs` (a slow insert, a coarse timer) is still taken,
+    // so the rate holds; older slots are dropped rather than sent as a burst.
+    const catchUpMs = 100
     const pace = Effect.flatMap(Clock.currentTimeMillis, (now) => {
-      const due = nextAt === undefined || nextAt < now ? now : nextAt
+      const due = nextAt === undefined || nextAt < now - catchUpMs ? now : nextAt
       nextAt = due + 1000 / rate
+      sentSince++
       return due > now ? Effect.sleep(Math.ceil(due - now)) : Effect.void
     })
 

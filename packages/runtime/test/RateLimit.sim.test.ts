@@ -40,25 +40,30 @@ const recordingWorker = (queue: Parameters<typeof startWorker>[0]["queues"][stri
 const range = (n: number) => Array.from({ length: n }, (_, i) => ({ n: i }))
 
 describe("rate limiting (simulation layer, TestClock)", () => {
-  it.effect("30 jobs at 10/s with burst 10: the first 10 at once, then one every 100 ms; ≥ 1.5 s in all", () =>
-    Effect.gen(function* () {
-      const client = yield* AwaClient
-      yield* client.insertMany(Tick, range(30))
-      const starts: Array<number> = []
-      const t0 = yield* Clock.currentTimeMillis
-      const stop = yield* recordingWorker({ maxConcurrency: 50, rateLimit: { maxRate: 10, burst: 10 } }, starts)
-      yield* advance(5000)
-      assert.strictEqual(starts.length, 30)
-      const span = starts[29]! - t0
-      assert.isAtLeast(span, 1500, "30 jobs at 10/s burst 10")
-      // exactly: 20 tokens after the burst take 2 s to refill; a claim waits for its token only
-      assert.isAtLeast(span, 2000)
-      assert.isAtMost(span, 2100)
-      // burst then throttle: 10 start together, then never more than 1 in any 100 ms
-      assert.isAtMost(starts[9]! - t0, 20)
-      for (let i = 10; i < 30; i++) assert.isAtLeast(starts[i]! - t0, (i - 9) * 100 - 1, `start ${i}`)
-      yield* stop
-    }).pipe(Effect.provide(Awa.layerSim()))
+  it.effect(
+    "30 jobs at 10/s with burst 10: the first 10 at once, then one every 100 ms; ≥ 1.5 s in all",
+    () =>
+      Effect.gen(function* () {
+        const client = yield* AwaClient
+        yield* client.insertMany(Tick, range(30))
+        const starts: Array<number> = []
+        const t0 = yield* Clock.currentTimeMillis
+        const stop = yield* recordingWorker(
+          { maxConcurrency: 50, rateLimit: { maxRate: 10, burst: 10 } },
+          starts
+        )
+        yield* advance(5000)
+        assert.strictEqual(starts.length, 30)
+        const span = starts[29]! - t0
+        assert.isAtLeast(span, 1500, "30 jobs at 10/s burst 10")
+        // exactly: 20 tokens after the burst take 2 s to refill; a claim waits for its token only
+        assert.isAtLeast(span, 2000)
+        assert.isAtMost(span, 2100)
+        // burst then throttle: 10 start together, then never more than 1 in any 100 ms
+        assert.isAtMost(starts[9]! - t0, 20)
+        for (let i = 10; i < 30; i++) assert.isAtLeast(starts[i]! - t0, (i - 9) * 100 - 1, `start ${i}`)
+        yield* stop
+      }).pipe(Effect.provide(Awa.layerSim()))
   )
 
   it.effect("burst 0 means max(1, ceil(maxRate)): at 2.5/s three start at once", () =>
@@ -104,7 +109,10 @@ describe("rate limiting (simulation layer, TestClock)", () => {
       yield* client.insertMany(Slow, range(6))
       const starts: Array<number> = []
       const t0 = yield* Clock.currentTimeMillis
-      const stop = yield* recordingWorker({ maxConcurrency: 2, prefetch: 0, rateLimit: { maxRate: 100 } }, starts)
+      const stop = yield* recordingWorker(
+        { maxConcurrency: 2, prefetch: 0, rateLimit: { maxRate: 100 } },
+        starts
+      )
       yield* advance(500)
       assert.strictEqual(starts.length, 2)
       yield* advance(2000)

@@ -166,50 +166,61 @@ describe("weighted concurrency (simulation layer, TestClock)", () => {
       }).pipe(Effect.provide(Awa.layerSim()))
   )
 
-  it.effect("hard-reserved mode is unchanged when globalMaxWorkers is absent: each queue its own maxConcurrency", () =>
-    Effect.gen(function* () {
-      const client = yield* AwaClient
-      yield* client.insertMany(Heavy, range(500))
-      yield* client.insertMany(Light, range(500))
-      const counts = newCounts()
-      const { stop, worker } = yield* startWorker({
-        queues: {
-          heavy: { pollInterval: "20 millis", maxConcurrency: 5 },
-          light: { pollInterval: "20 millis", maxConcurrency: 3 }
-        },
-        handlers: [handler(Heavy, () => counting(counts, "heavy", 100)), handler(Light, () => counting(counts, "light", 100))],
-        maintenance: false
-      })
-      yield* sampled(1000, () => {})
-      assert.strictEqual(counts.maxRunning.heavy, 5)
-      assert.strictEqual(counts.maxRunning.light, 3)
-      assert.isUndefined(yield* worker.permits)
-      yield* finish(stop)
-    }).pipe(Effect.provide(Awa.layerSim()))
+  it.effect(
+    "hard-reserved mode is unchanged when globalMaxWorkers is absent: each queue its own maxConcurrency",
+    () =>
+      Effect.gen(function* () {
+        const client = yield* AwaClient
+        yield* client.insertMany(Heavy, range(500))
+        yield* client.insertMany(Light, range(500))
+        const counts = newCounts()
+        const { stop, worker } = yield* startWorker({
+          queues: {
+            heavy: { pollInterval: "20 millis", maxConcurrency: 5 },
+            light: { pollInterval: "20 millis", maxConcurrency: 3 }
+          },
+          handlers: [
+            handler(Heavy, () => counting(counts, "heavy", 100)),
+            handler(Light, () => counting(counts, "light", 100))
+          ],
+          maintenance: false
+        })
+        yield* sampled(1000, () => {})
+        assert.strictEqual(counts.maxRunning.heavy, 5)
+        assert.strictEqual(counts.maxRunning.light, 3)
+        assert.isUndefined(yield* worker.permits)
+        yield* finish(stop)
+      }).pipe(Effect.provide(Awa.layerSim()))
   )
 
-  it.effect("a claim that fails gives its permits back (released in the claim's release step)", () =>
-    Effect.gen(function* () {
-      const client = yield* AwaClient
-      const counts = newCounts()
-      const { stop, worker } = yield* weightedWorker(counts)
-      // nothing to claim: every claim comes back empty and must hand its permits back
-      yield* sampled(500, () => {})
-      const idle = yield* worker.permits
-      assert.deepStrictEqual(
-        idle?.queues.map((q) => [q.queue, q.held, q.demand]),
-        [
-          ["heavy", 0, false],
-          ["light", 0, false]
-        ]
-      )
-      yield* client.insertMany(Light, range(10))
-      yield* sampled(2000, () => {})
-      assert.strictEqual(counts.done.light, 10)
-      const after = yield* worker.permits
-      assert.strictEqual(after?.queues.find((q) => q.queue === "light")?.held, 0, "every job gave its permit back")
-      yield* finish(stop)
-    }).pipe(Effect.provide(Awa.layerSim()))
+  it.effect(
+    "an empty claim gives its permits back (in the claim's release step), and each job its own when done",
+    () =>
+      Effect.gen(function* () {
+        const client = yield* AwaClient
+        const counts = newCounts()
+        const { stop, worker } = yield* weightedWorker(counts)
+        // nothing to claim: every claim comes back empty and must hand its permits back
+        yield* sampled(500, () => {})
+        const idle = yield* worker.permits
+        assert.deepStrictEqual(
+          idle?.queues.map((q) => [q.queue, q.held, q.demand]),
+          [
+            ["heavy", 0, false],
+            ["light", 0, false]
+          ]
+        )
+        yield* client.insertMany(Light, range(10))
+        yield* sampled(2000, () => {})
+        assert.strictEqual(counts.done.light, 10)
+        const after = yield* worker.permits
+        assert.strictEqual(
+          after?.queues.find((q) => q.queue === "light")?.held,
+          0,
+          "every job gave its permit back"
+        )
+        yield* finish(stop)
+      }).pipe(Effect.provide(Awa.layerSim()))
   )
 
   it.effect("invalid weighted settings fail the layer with AwaConfigError", () =>
