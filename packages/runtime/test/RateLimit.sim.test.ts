@@ -27,11 +27,19 @@ const recordingWorker = (queue: Parameters<typeof startWorker>[0]["queues"][stri
   startWorker({
     queues: { limited: { pollInterval: "50 millis", ...queue } },
     handlers: [
-      handler(Tick, () => Effect.flatMap(Clock.currentTimeMillis, (t) => Effect.sync(() => starts.push(t)))),
-      handler(Slow, () =>
-        Effect.flatMap(Clock.currentTimeMillis, (t) => Effect.sync(() => starts.push(t))).pipe(
-          Effect.andThen(Effect.sleep("1 second"))
+      handler(Tick, () =>
+        Effect.flatMap(Clock.currentTimeMillis, (t) =>
+          Effect.sync(() => {
+            starts.push(t)
+          })
         )
+      ),
+      handler(Slow, () =>
+        Effect.flatMap(Clock.currentTimeMillis, (t) =>
+          Effect.sync(() => {
+            starts.push(t)
+          })
+        ).pipe(Effect.andThen(Effect.sleep("1 second")))
       )
     ],
     maintenance: false
@@ -127,7 +135,7 @@ describe("rate limiting (simulation layer, TestClock)", () => {
   it.effect("invalid settings fail the layer with AwaConfigError naming every field", () =>
     Effect.gen(function* () {
       const exit = yield* Effect.exit(
-        startWorker({
+        startWorker<never>({
           queues: {
             a: { rateLimit: { maxRate: 0 } },
             b: { rateLimit: { maxRate: 200_000 } },

@@ -226,7 +226,7 @@ describe("weighted concurrency (simulation layer, TestClock)", () => {
   it.effect("invalid weighted settings fail the layer with AwaConfigError", () =>
     Effect.gen(function* () {
       const exit = yield* Effect.exit(
-        startWorker({
+        startWorker<never>({
           globalMaxWorkers: 4,
           queues: {
             a: { minWorkers: 3, weight: 0 },
@@ -244,7 +244,7 @@ describe("weighted concurrency (simulation layer, TestClock)", () => {
         ["queues.a.weight", "queues.b.weight", "globalMaxWorkers"]
       )
       const unweighted = yield* Effect.exit(
-        startWorker({ queues: { a: { weight: 2 } }, handlers: [], maintenance: false })
+        startWorker<never>({ queues: { a: { weight: 2 } }, handlers: [], maintenance: false })
       )
       assert.isTrue(Exit.isFailure(unweighted), "weight without globalMaxWorkers")
     }).pipe(Effect.provide(Awa.layerSim()))
