@@ -26,7 +26,8 @@ const AwaLive = Awa.layerPg({ tracing: false }).pipe(
 
 const maxRate = 200
 const burst = 200
-const windowStarts = 2000
+/** 2,000 (10 s) in CI; `AWA_RATE_WINDOW_STARTS=12000` for the 60 s figure of docs/benchmarks.md. */
+const windowStarts = Number(process.env.AWA_RATE_WINDOW_STARTS ?? 2000)
 
 layer(AwaLive, { excludeTestServices: true, timeout: "60 seconds" })("rate limiting on Postgres", (it) => {
   it.effect(
@@ -61,7 +62,7 @@ layer(AwaLive, { excludeTestServices: true, timeout: "60 seconds" })("rate limit
         )
         yield* eventually(
           Effect.sync(() => starts.length > burst + windowStarts),
-          40_000,
+          (windowStarts / maxRate) * 1000 + 30_000,
           "the window's starts"
         )
         yield* Scope.close(scope, Exit.void)
@@ -70,6 +71,9 @@ layer(AwaLive, { excludeTestServices: true, timeout: "60 seconds" })("rate limit
         const first = starts[burst]!
         const last = starts[burst + windowStarts]!
         const rate = windowStarts / ((last - first) / 1000)
+        console.log(
+          `rate limit ${maxRate}/s: ${windowStarts} starts in ${((last - first) / 1000).toFixed(3)} s = ${rate.toFixed(2)}/s`
+        )
         assert.isAbove(rate, maxRate * 0.95, `observed ${rate.toFixed(1)} starts/s`)
         assert.isBelow(rate, maxRate * 1.05, `observed ${rate.toFixed(1)} starts/s`)
       })
