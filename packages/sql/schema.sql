@@ -3532,7 +3532,7 @@ BEGIN
   RETURN v_n;
 END
 $function$
--- execute besides the owner: PUBLIC: EXECUTE
+-- execute besides the owner: owner only
 
 CREATE OR REPLACE FUNCTION awa.queue_slot_ranges(OUT lo1 integer, OUT hi1 integer, OUT lo2 integer, OUT hi2 integer)
  RETURNS record

@@ -1,7 +1,8 @@
 /**
  * Rate limiting on Postgres, real time (capabilities.md §12; docs/adr/0028-flow-control.md):
  * one worker process at maxRate 200/s, burst 200, a backlog larger than it can start. After the
- * burst, the starts observed over a 10 s window (2,000 starts) must run at 200/s within 5 %.
+ * burst (and two seconds of starts that drain what refilled during it), the starts observed over
+ * a 10 s window (2,000 starts) must run at 200/s within 5 %.
  *
  * Why 10 s and not the issue's 60 s: the bucket makes the upper bound exact (at most
  * burst + rate × T starts in any window), so what the window must show is that the rate is also
@@ -25,6 +26,12 @@ const AwaLive = Awa.layerPg({ tracing: false }).pipe(
 )
 
 const maxRate = 200
+/**
+ * Starts skipped after the burst: while the burst's 200 jobs are being claimed the bucket refills
+ * (≈ 0.5 s on this machine, ≈ 100 tokens), and those start at once after it. Counting them in a
+ * 10 s window reads +5 % (measured: 209.9/s); 2 s of starts later the bucket is empty.
+ */
+const skip = 400
 const burst = 200
 /** 2,000 (10 s) in CI; `AWA_RATE_WINDOW_STARTS=12000` for the 60 s figure of docs/benchmarks.md. */
 const windowStarts = Number(process.env.AWA_RATE_WINDOW_STARTS ?? 2000)
@@ -35,7 +42,7 @@ layer(AwaLive, { excludeTestServices: true, timeout: "60 seconds" })("rate limit
     () =>
       Effect.gen(function* () {
         const client = yield* AwaClient
-        const total = burst + windowStarts + 200
+        const total = burst + skip + windowStarts + 200
         yield* client.insertMany(
           Paced,
           Array.from({ length: total }, (_, n) => ({ n }))
@@ -61,15 +68,15 @@ layer(AwaLive, { excludeTestServices: true, timeout: "60 seconds" })("rate limit
           scope
         )
         yield* eventually(
-          Effect.sync(() => starts.length > burst + windowStarts),
+          Effect.sync(() => starts.length > burst + skip + windowStarts),
           (windowStarts / maxRate) * 1000 + 30_000,
           "the window's starts"
         )
         yield* Scope.close(scope, Exit.void)
         // the burst: the first `burst` starts come at once (well under a second)
         assert.isBelow(starts[burst - 1]! - starts[0]!, 1000, "the burst starts at once")
-        const first = starts[burst]!
-        const last = starts[burst + windowStarts]!
+        const first = starts[burst + skip]!
+        const last = starts[burst + skip + windowStarts]!
         const rate = windowStarts / ((last - first) / 1000)
         console.log(
           `rate limit ${maxRate}/s: ${windowStarts} starts in ${((last - first) / 1000).toFixed(3)} s = ${rate.toFixed(2)}/s`

@@ -11967,6 +11967,9 @@ BEGIN
   RETURN v_n;
 END
 $$;
+
+-- Owner only, as every other function (Catalog.test.ts checks).
+REVOKE EXECUTE ON FUNCTION :AWA_SCHEMA.queue_depth(text, integer) FROM PUBLIC;
 `
   },
   {
