@@ -254,6 +254,7 @@ CREATE TABLE awa.queue_meta (
   updated_at timestamp with time zone DEFAULT now() NOT NULL,
   dlq_enabled boolean,
   dlq_retention interval,
+  overrides jsonb,
   CONSTRAINT queue_meta_pkey PRIMARY KEY (queue)
 );
 -- privileges besides the owner: owner only
@@ -3485,6 +3486,50 @@ BEGIN
   EXECUTE 'TRUNCATE ' || v_children;
   INSERT INTO ring_prunes (ring, generation, slot, rollup) VALUES ('queue', v_old, v_slot, coalesce(v_rollup, '{}'));
   RETURN QUERY SELECT 'Pruned', v_old, coalesce(cardinality(v_open_claims), 0), v_moved, v_parked;
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.queue_depth(p_queue text, p_cap integer)
+ RETURNS bigint
+ LANGUAGE plpgsql
+ STABLE
+ SET search_path TO 'awa', 'pg_catalog'
+ SET plan_cache_mode TO 'force_generic_plan'
+ SET jit TO 'off'
+AS $function$
+DECLARE
+  v_n bigint;
+BEGIN
+  IF p_cap IS NULL OR p_cap < 1 THEN
+    RAISE EXCEPTION 'queue_depth: p_cap must be at least 1, got %', p_cap USING ERRCODE = '22023';
+  END IF;
+  WITH rng AS MATERIALIZED (SELECT s.lo1, s.hi1, s.lo2, s.hi2 FROM queue_slot_ranges() s),
+  cursors AS MATERIALIZED (
+    -- = lane_cursor(queue, priority, shard), inline, as in queue_stats
+    SELECT l.queue, l.priority, l.shard,
+           coalesce((SELECT m.next_lane_seq FROM claim_marks m
+                     WHERE m.queue = l.queue AND m.priority = l.priority AND m.shard = l.shard
+                     ORDER BY m.next_lane_seq DESC LIMIT 1), 0) AS c
+    FROM lanes l
+    WHERE l.queue = p_queue
+  )
+  SELECT count(*) INTO v_n FROM (
+    (SELECT 1 FROM cursors k
+     CROSS JOIN LATERAL (
+       SELECT 1 FROM ready r, rng
+       WHERE r.queue = k.queue AND r.priority = k.priority AND r.shard = k.shard AND r.lane_seq >= k.c
+         AND (r.slot BETWEEN rng.lo1 AND rng.hi1 OR r.slot BETWEEN rng.lo2 AND rng.hi2)
+         AND NOT EXISTS (SELECT 1 FROM ready_tombstones t
+                         WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard
+                           AND t.lane_seq = r.lane_seq)
+       LIMIT p_cap
+     ) x)
+    UNION ALL
+    (SELECT 1 FROM parked p WHERE p.queue = p_queue LIMIT p_cap)
+    LIMIT p_cap
+  ) capped;
+  RETURN v_n;
 END
 $function$
 -- execute besides the owner: owner only

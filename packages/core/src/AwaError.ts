@@ -85,6 +85,20 @@ export class UnsafeBulkFilter extends Schema.TaggedError<UnsafeBulkFilter>()("Un
   }
 }
 
+/**
+ * An insert with `backpressure: { reject: { limit } }` found its queue's depth at the limit
+ * (capabilities.md §25); nothing was written. `depth` is the capped count it saw (≥ `limit`).
+ */
+export class BackpressureRejected extends Schema.TaggedError<BackpressureRejected>()("BackpressureRejected", {
+  queue: Schema.String,
+  depth: Schema.Number,
+  limit: Schema.Number
+}) {
+  override get message(): string {
+    return `queue ${this.queue} holds at least ${this.depth} claimable jobs (limit ${this.limit}); insert refused`
+  }
+}
+
 /** A handler's progress (percent, message and metadata) would exceed `maxProgressBytes` (capability 14). */
 export class ProgressTooLarge extends Schema.TaggedError<ProgressTooLarge>()("ProgressTooLarge", {
   bytes: Schema.Number,

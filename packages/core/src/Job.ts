@@ -31,7 +31,21 @@ export interface InsertOptions {
    * key policy of the queue, if it has one (`keyPolicy` worker option).
    */
   readonly concurrencyKey?: string | undefined
+  /**
+   * Producer flow control (capabilities.md §25). `"off"` (default): no depth check, no query.
+   * `"signal"`: the result carries `pressure: { queue, depth, capped }`, the queue's claimable
+   * jobs counted up to 100,000 and cached per process for at most 1 s. `{ reject: { limit } }`
+   * (limit 1–1,000,000): when the queue already holds `limit` claimable jobs the insert fails
+   * with `BackpressureRejected` before anything is written (a batch is refused whole); the count
+   * stops at `limit`, so the check costs at most `limit` index entries, and is cached ≤ 1 s.
+   * Inside the caller's transaction a rejection fails that transaction's business work too:
+   * queue health becomes a business failure, so choose it deliberately.
+   */
+  readonly backpressure?: Backpressure | undefined
 }
+
+/** See `InsertOptions.backpressure`. */
+export type Backpressure = "off" | "signal" | { readonly reject: { readonly limit: number } }
 
 export interface JobDefinition<A, I = A> {
   readonly kind: string

@@ -12,8 +12,8 @@
  */
 
 import { createServer } from "node:http"
-import { Admin } from "@awa/runtime"
-import { CronStorage, PgQueueStorage } from "@awa/storage"
+import { Admin, QueueOverrides } from "@awa/runtime"
+import { CronStorage, FlowStorage, PgQueueStorage } from "@awa/storage"
 import { NodeHttpServer } from "@effect/platform-node"
 import { PgClient } from "@effect/sql-pg"
 import { Cause, Console, Effect, Exit, Layer, Option, Redacted, Schema } from "effect"
@@ -340,9 +340,127 @@ const queueDrain = Command.make(
     )
 ).pipe(Command.withDescription("cancel every job of a queue that is not running yet"))
 
+// queue overrides set|clear|show (issue 20, capabilities.md §13) -----------------------------------
+
+/** Runs `body` with `FlowStorage` on a pool opened for this command (not the `Admin` service's). */
+const withFlow = <A, E>(body: (json: boolean) => Effect.Effect<A, E, FlowStorage.FlowStorage>) =>
+  Effect.gen(function* () {
+    const flags = yield* root
+    const url = Option.getOrUndefined(flags.databaseUrl) ?? process.env.DATABASE_URL
+    if (url === undefined || url === "")
+      return yield* new UsageError({ message: "no database: pass --database-url or set DATABASE_URL" })
+    const client = PgClient.layer({ url: Redacted.make(url), maxConnections: 1, applicationName: "awa-cli" })
+    return yield* body(flags.json).pipe(
+      Effect.provide(FlowStorage.layerPg({ schema: flags.schema }).pipe(Layer.provide(client)))
+    )
+  })
+
+const renderOverrides = (o: QueueOverrides.QueueOverrides) =>
+  [
+    o.pollIntervalMs === undefined ? undefined : `pollInterval=${o.pollIntervalMs}ms`,
+    o.claimBatchSize === undefined ? undefined : `claimBatchSize=${o.claimBatchSize}`,
+    o.rateLimit === undefined ? undefined : `rateLimit=${o.rateLimit.maxRate}/s burst ${o.rateLimit.burst}`,
+    o.deadlineMs === undefined ? undefined : `deadline=${o.deadlineMs}ms`
+  ]
+    .filter((x) => x !== undefined)
+    .join(" ")
+
+const overridesSet = Command.make(
+  "set",
+  {
+    queue: queueArgument,
+    pollInterval: Flag.Int("poll-interval-ms").pipe(Flag.withDescription("10–60,000"), Flag.optional),
+    claimBatchSize: Flag.Int("claim-batch-size").pipe(Flag.withDescription("1–10,000"), Flag.optional),
+    maxRate: Flag.Finite("max-rate").pipe(
+      Flag.withDescription("jobs/s, > 0 and ≤ 100,000 (retunes a queue's rateLimit; cannot create one)"),
+      Flag.optional
+    ),
+    burst: Flag.Int("burst").pipe(
+      Flag.withDescription("with --max-rate: bucket size, 0 = ceil(max-rate)"),
+      Flag.optional
+    ),
+    deadline: Flag.Int("deadline-ms").pipe(
+      Flag.withDescription("0 (none) or 10 – 604,800,000"),
+      Flag.optional
+    )
+  },
+  (f) =>
+    withFlow((json) =>
+      Effect.gen(function* () {
+        const value = <A>(o: Option.Option<A>) => Option.getOrUndefined(o)
+        const maxRate = value(f.maxRate)
+        if (maxRate === undefined && Option.isSome(f.burst))
+          return yield* new UsageError({ message: "--burst needs --max-rate" })
+        const stored = yield* QueueOverrides.set(f.queue, {
+          pollInterval: value(f.pollInterval),
+          claimBatchSize: value(f.claimBatchSize),
+          rateLimit: maxRate === undefined ? undefined : { maxRate, burst: value(f.burst) },
+          deadline: value(f.deadline)
+        })
+        yield* print(
+          json,
+          { queue: f.queue, overrides: stored },
+          () =>
+            `queue ${f.queue} overrides: ${renderOverrides(stored) || "(none)"} (replaces the previous set; workers apply it within their refresh interval)`
+        )
+      })
+    )
+).pipe(
+  Command.withDescription(
+    "replace a queue's hot overrides (every worker applies them within overrideRefreshInterval)"
+  )
+)
+
+const overridesClear = Command.make("clear", { queue: queueArgument }, ({ queue }) =>
+  withFlow((json) =>
+    Effect.flatMap(QueueOverrides.clear(queue), (had) =>
+      print(json, { queue, cleared: had }, () =>
+        had
+          ? `queue ${queue}: overrides cleared (workers revert to their code's values)`
+          : `queue ${queue} had no overrides`
+      )
+    )
+  )
+).pipe(Command.withDescription("remove a queue's hot overrides"))
+
+const overridesShow = Command.make(
+  "show",
+  {
+    queue: Argument.String("queue").pipe(
+      Argument.withDescription("queue name (default: every queue)"),
+      Argument.optional
+    )
+  },
+  ({ queue }) =>
+    withFlow((json) =>
+      Effect.flatMap(QueueOverrides.get(Option.isSome(queue) ? [queue.value] : undefined), (rows) =>
+        print(json, rows, () =>
+          rows.length === 0
+            ? "no queue overrides"
+            : renderTable(
+                ["queue", "overrides", "ignored (invalid)", "updated"],
+                rows.map((r) => [
+                  r.queue,
+                  renderOverrides(r.overrides),
+                  r.invalid.map((i) => `${i.field}: ${i.reason}`).join("; "),
+                  r.updatedAt.toISOString()
+                ])
+              )
+        )
+      )
+    )
+).pipe(Command.withDescription("show stored hot overrides"))
+
+const queueOverrides = Command.make("overrides").pipe(
+  Command.withSubcommands([overridesSet, overridesClear, overridesShow]),
+  Command.withDescription(
+    "set, clear or show a queue's hot overrides (pollInterval, claimBatchSize, rateLimit, deadline)"
+  )
+)
+
 const queue = Command.make("queue").pipe(
-  Command.withSubcommands([queuePause, queueResume, queueDrain]),
-  Command.withDescription("pause, resume or drain one queue")
+  Command.withSubcommands([queuePause, queueResume, queueDrain, queueOverrides]),
+  Command.withDescription("pause, resume or drain one queue; its hot overrides")
 )
 
 // jobs list|show|retry|cancel -------------------------------------------------------------------

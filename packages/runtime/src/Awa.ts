@@ -12,6 +12,7 @@
 import { Migrations } from "@awa/sql"
 import {
   CronStorage,
+  FlowStorage,
   Heartbeats,
   LeaderLock,
   PgKeyGrants,
@@ -47,7 +48,8 @@ export const layerPg = (options: AwaPgOptions = {}) => {
     StorageSignals.layerPg(options),
     LeaderLock.layerPg(options),
     CronStorage.layerPg(options),
-    PgKeyGrants.layer(options)
+    PgKeyGrants.layer(options),
+    FlowStorage.layerPg(options)
   ).pipe(Layer.provide(fence))
   return AwaClient.layer(options).pipe(
     Layer.provideMerge(Heartbeats.layerThread(options).pipe(Layer.provideMerge(engine)))
@@ -61,6 +63,7 @@ export const layerSim = (options: AwaClient.AwaClientOptions = {}) =>
       // cron enqueues into the same in-memory queue
       Layer.mergeAll(
         CronStorage.layerSim,
+        FlowStorage.layerSim,
         StorageSignals.layerSilent,
         LeaderLock.layerMemory,
         SimKeyGrants.layer

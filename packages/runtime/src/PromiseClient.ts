@@ -56,9 +56,10 @@ import {
 } from "effect"
 import * as Admin from "./Admin.ts"
 import * as Awa from "./Awa.ts"
-import { AwaClient } from "./AwaClient.ts"
+import { AwaClient, type InsertResult } from "./AwaClient.ts"
 import * as Cron from "./Cron.ts"
 import { handler as effectHandler, type Handler, type JobContext } from "./Handler.ts"
+import type * as QueueOverrides from "./QueueOverrides.ts"
 import type { WorkerOptions } from "./Worker.ts"
 
 /** One issue of a Standard Schema result (https://standardschema.dev). */
@@ -245,7 +246,7 @@ export const createClient = async (options: ClientOptions) => {
     define,
     handler,
     start,
-    insert: <A, I>(job: Job.JobDefinition<A, I>, args: A, opts?: Job.InsertOptions): Promise<EnqueuedJob> =>
+    insert: <A, I>(job: Job.JobDefinition<A, I>, args: A, opts?: Job.InsertOptions): Promise<InsertResult> =>
       runtime.runPromise(client.insert(job, args, opts)),
     insertMany: <A, I>(job: Job.JobDefinition<A, I>, args: ReadonlyArray<A>, opts?: Job.InsertOptions) =>
       runtime.runPromise(client.insertMany(job, args, opts)),
@@ -278,6 +279,16 @@ export const createClient = async (options: ClientOptions) => {
       run(Effect.flatMap(AwaClient, (c) => c.storage.retryDlqBulk(filter, options))),
     purgeDlqBulk: (filter: DlqFilter, options?: { readonly all?: boolean }) =>
       run(Effect.flatMap(AwaClient, (c) => c.storage.purgeDlqBulk(filter, options))),
+    /**
+     * Replaces a queue's hot overrides (pollInterval, claimBatchSize, rateLimit, deadline); every
+     * worker applies them within its `overrideRefreshInterval`. Rejects out-of-range values.
+     */
+    setQueueOverrides: (queue: string, overrides: QueueOverrides.QueueOverridesInput) =>
+      runtime.runPromise(client.setQueueOverrides(queue, overrides)),
+    /** Removes a queue's overrides; workers revert to their code's values. True when it had some. */
+    clearQueueOverrides: (queue: string) => runtime.runPromise(client.clearQueueOverrides(queue)),
+    /** Stored overrides of one queue, or of every queue with some. */
+    getQueueOverrides: (queue?: string) => runtime.runPromise(client.getQueueOverrides(queue)),
     /** Declares a cron schedule for `start({ cron: [...] })` (checked when the worker starts). */
     schedule: Cron.schedule,
     /** Every stored cron schedule with its next fire time. */

@@ -1,5 +1,6 @@
 export * as CronStorage from "./CronStorage.ts"
 export * as Diagnostics from "./Diagnostics.ts"
+export * as FlowStorage from "./FlowStorage.ts"
 export * as Heartbeats from "./Heartbeats.ts"
 export * from "./KeyGrants.ts"
 export * as LeaderLock from "./LeaderLock.ts"
