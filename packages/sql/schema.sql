@@ -23,6 +23,13 @@ CREATE TABLE awa.attempt_state (
   run_lease bigint NOT NULL,
   heartbeat_at timestamp with time zone NOT NULL,
   progress jsonb,
+  callback_id text,
+  callback_timeout_at timestamp with time zone,
+  callback_config jsonb,
+  callback_state text,
+  callback_result jsonb,
+  callback_waiting boolean DEFAULT false NOT NULL,
+  parked_at timestamp with time zone,
   CONSTRAINT attempt_state_pkey PRIMARY KEY (job_id, run_lease)
 )
 WITH (fillfactor=80);
@@ -52,8 +59,6 @@ CREATE TABLE awa.claims (
   lane_seq bigint NOT NULL,
   claimed_at timestamp with time zone NOT NULL,
   deadline_at timestamp with time zone,
-  key_policy text,
-  key_digest bytea,
   CONSTRAINT claims_pkey PRIMARY KEY (job_id, run_lease, slot)
 )
 PARTITION BY LIST (slot);
@@ -183,23 +188,6 @@ CREATE TABLE awa.history_copies (
   keys jsonb,
   copied_at timestamp with time zone DEFAULT now() NOT NULL,
   CONSTRAINT history_copies_pkey PRIMARY KEY (generation)
-);
--- privileges besides the owner: owner only
-
-CREATE TABLE awa.key_policies (
-  id text NOT NULL,
-  max_in_flight integer NOT NULL,
-  target integer,
-  epoch bigint DEFAULT 0 NOT NULL,
-  state text DEFAULT 'active'::text NOT NULL,
-  created_at timestamp with time zone DEFAULT now() NOT NULL,
-  updated_at timestamp with time zone DEFAULT now() NOT NULL,
-  CONSTRAINT key_policies_check CHECK (((state = 'draining'::text) = (target IS NOT NULL))),
-  CONSTRAINT key_policies_id_check CHECK (((char_length(id) >= 1) AND (char_length(id) <= 200))),
-  CONSTRAINT key_policies_max_in_flight_check CHECK ((max_in_flight >= 1)),
-  CONSTRAINT key_policies_pkey PRIMARY KEY (id),
-  CONSTRAINT key_policies_state_check CHECK ((state = ANY (ARRAY['active'::text, 'draining'::text, 'disabled'::text]))),
-  CONSTRAINT key_policies_target_check CHECK ((target >= 1))
 );
 -- privileges besides the owner: owner only
 
@@ -384,13 +372,15 @@ CREATE TABLE awa.unique_claims (
 -- Indexes (those not backing a constraint)
 -- ================================================================================================
 
+CREATE INDEX attempt_state_callback_timeout ON awa.attempt_state USING btree (callback_timeout_at) WHERE (callback_state = 'pending'::text);
+
+CREATE INDEX attempt_state_resumed ON awa.attempt_state USING btree (job_id) WHERE (callback_waiting AND (callback_state = 'resumed'::text));
+
 CREATE INDEX claim_marks_queue_priority_shard_next_lane_seq_idx ON ONLY awa.claim_marks USING btree (queue, priority, shard, next_lane_seq DESC);
 
 CREATE INDEX claims_claimed_at_idx ON ONLY awa.claims USING btree (claimed_at);
 
 CREATE INDEX claims_deadline_at_idx ON ONLY awa.claims USING btree (deadline_at) WHERE (deadline_at IS NOT NULL);
-
-CREATE INDEX claims_key_grants_idx ON ONLY awa.claims USING btree (key_policy, key_digest) WHERE (key_policy IS NOT NULL);
 
 CREATE INDEX deferred_due ON awa.deferred USING btree (run_at, job_id) WHERE (state = ANY (ARRAY['scheduled'::text, 'retryable'::text]));
 
@@ -463,7 +453,10 @@ UNION ALL
 UNION ALL
  SELECT c.job_id,
     2 AS rank,
-    'running'::text AS state,
+        CASE
+            WHEN a.callback_waiting AND a.callback_state = 'pending'::text THEN 'waiting_external'::text
+            ELSE 'running'::text
+        END AS state,
     r.kind,
     r.queue,
     r.priority,
@@ -629,6 +622,52 @@ AS $function$
 $function$
 -- execute besides the owner: owner only
 
+CREATE OR REPLACE FUNCTION awa.callback_attempt(p_callback_id text, OUT job_id bigint, OUT run_lease bigint)
+ RETURNS record
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+  SELECT split_part(p_callback_id, '.', 1)::bigint, split_part(p_callback_id, '.', 2)::bigint
+  WHERE p_callback_id ~ '^[0-9]{1,18}\.[0-9]{1,18}\.[0-9a-f]{32}$'
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.callback_info(p_callback_id text, OUT status text, OUT job_id bigint, OUT run_lease bigint, OUT config jsonb, OUT waiting boolean, OUT result jsonb)
+ RETURNS record
+ LANGUAGE plpgsql
+ STABLE
+ SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
+AS $function$
+#variable_conflict use_column
+DECLARE
+  v_state attempt_state%ROWTYPE;
+BEGIN
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'callback_info needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  SELECT x.job_id, x.run_lease INTO job_id, run_lease FROM callback_attempt(p_callback_id) x;
+  IF job_id IS NULL THEN
+    status := 'not_found';
+    RETURN;
+  END IF;
+  SELECT * INTO v_state FROM attempt_state a WHERE a.job_id = callback_info.job_id AND a.run_lease = callback_info.run_lease;
+  IF FOUND AND v_state.callback_id = p_callback_id
+     AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.job_id = callback_info.job_id AND z.run_lease = callback_info.run_lease) THEN
+    status := v_state.callback_state;
+    config := v_state.callback_config;
+    waiting := v_state.callback_waiting;
+    result := v_state.callback_result;
+  ELSIF EXISTS (SELECT 1 FROM claims c WHERE c.job_id = callback_info.job_id AND c.run_lease = callback_info.run_lease) THEN
+    status := 'stale';
+  ELSE
+    status := 'not_found';
+  END IF;
+END
+$function$
+-- execute besides the owner: owner only
+
 CREATE OR REPLACE FUNCTION awa.cancel_by_unique_key(p_key text, p_reason text)
  RETURNS bigint
  LANGUAGE plpgsql
@@ -652,6 +691,29 @@ BEGIN
     RETURN v_job_id;
   END IF;
   RETURN NULL;
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.cancel_callback(p_job_id bigint, p_run_lease bigint)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
+AS $function$
+BEGIN
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'cancel_callback needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  IF lock_attempt(p_job_id, p_run_lease) <> 'open' THEN
+    RETURN false;
+  END IF;
+  UPDATE attempt_state a SET callback_id = NULL, callback_state = NULL, callback_timeout_at = NULL,
+                             callback_config = NULL, callback_result = NULL, callback_waiting = false,
+                             heartbeat_at = now()
+  WHERE a.job_id = p_job_id AND a.run_lease = p_run_lease AND a.callback_state = 'pending';
+  RETURN FOUND;
 END
 $function$
 -- execute besides the owner: owner only
@@ -1033,221 +1095,48 @@ END
 $function$
 -- execute besides the owner: owner only
 
-CREATE OR REPLACE FUNCTION awa.claim_keyed(p_queue text, p_policy text, p_max integer, p_deadline_ms bigint, p_aging_ms bigint)
- RETURNS TABLE(job_id bigint, run_lease bigint, attempt integer, max_attempts integer, kind text, queue text, priority smallint, args jsonb, metadata jsonb, tags text[], errors jsonb, run_at timestamp with time zone, created_at timestamp with time zone, claimed_at timestamp with time zone, deadline_at timestamp with time zone, progress jsonb, gate text)
+CREATE OR REPLACE FUNCTION awa.claim_resumed(p_queue text, p_max integer)
+ RETURNS TABLE(job_id bigint, run_lease bigint, kind text, queue text, priority smallint, attempt integer, max_attempts integer, args jsonb, metadata jsonb, tags jsonb, errors jsonb, run_at timestamp with time zone, created_at timestamp with time zone, claimed_at timestamp with time zone, progress jsonb, callback_result jsonb)
  LANGUAGE plpgsql
  SET search_path TO 'awa', 'pg_catalog'
- SET plan_cache_mode TO 'force_generic_plan'
- SET enable_seqscan TO 'off'
  SET jit TO 'off'
- SET enable_bitmapscan TO 'off'
- SET enable_hashjoin TO 'off'
- SET enable_mergejoin TO 'off'
- SET enable_material TO 'off'
 AS $function$
 #variable_conflict use_column
-DECLARE
-  v_now timestamptz := now();
-  v_deadline timestamptz := CASE WHEN p_deadline_ms > 0 THEN now() + p_deadline_ms * interval '1 millisecond' END;
-  v_left int := least(p_max, 64);
-  v_limit int;
-  v_state text;
-  v_prios smallint[];
-  v_shards smallint[];
-  v_k int;
-  v_i int;
-  v_cursor bigint;
-  v_n int;
-  v_total int := 0;
-  v_lo1 int;
-  v_hi1 int;
-  v_lo2 int;
-  v_hi2 int;
-  v_ids bigint[];
-  v_seqs bigint[];
-  v_digests bytea[];
-  v_at_claim boolean[];
-  v_admit int;
-  v_d bytea;
-  v_pos int;
-  v_keys bytea[] := '{}';        -- keys tried by this call
-  v_locked_keys boolean[] := '{}'; -- per key: its lock is ours
-  v_held int[] := '{}';          -- per key: open grants plus those admitted in this call
-  v_new bytea[];
-  v_new_locked boolean[];
-  v_new_held int[];
-  v_gated boolean := false;
-  v_contended boolean := false;
 BEGIN
-  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
   IF current_setting('transaction_isolation') <> 'read committed' THEN
-    RAISE EXCEPTION 'claim_keyed needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+    RAISE EXCEPTION 'claim_resumed needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
       USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
   END IF;
-  IF p_max <= 0 THEN
-    RETURN;
-  END IF;
-  -- The policy, read in a statement after its lock is held shared (a change of limit waits for us).
-  PERFORM pg_advisory_xact_lock_shared(lock_ns('key_policy'), hashtext(p_policy));
-  SELECT kp.max_in_flight, kp.state INTO v_limit, v_state FROM key_policies kp WHERE kp.id = p_policy;
-  IF NOT FOUND THEN
-    RAISE EXCEPTION 'key policy "%" does not exist', p_policy
-      USING ERRCODE = 'AWK01', HINT = 'Create it with keyPolicies.create before a queue uses it.';
-  END IF;
-  -- The queue's lanes with a claimable head, in claim order; none when paused.
-  WITH cur AS MATERIALIZED (
-    SELECT l.queue, l.priority, l.shard, lane_cursor(l.queue, l.priority, l.shard) AS c
-    FROM lanes l WHERE l.queue = p_queue
-      AND NOT EXISTS (SELECT 1 FROM queue_meta m WHERE m.queue = p_queue AND m.paused)
+  -- One statement. A writer of attempt_state holds the claims row while it writes, so a row we
+  -- lock here is not being changed; one changed and committed after our snapshot (a take, a
+  -- finalize deleting the row) is caught by the UPDATE, which re-checks its WHERE on the newest
+  -- version of each attempt_state row.
+  RETURN QUERY
+  WITH locked AS MATERIALIZED (
+    SELECT c.job_id, c.run_lease, c.attempt, c.claimed_at, c.slot, c.queue, c.priority, c.shard, c.lane_seq
+    FROM claims c
+    WHERE (c.job_id, c.run_lease) IN (SELECT a.job_id, a.run_lease FROM attempt_state a
+                                      WHERE a.callback_waiting AND a.callback_state = 'resumed')
+      AND c.queue = p_queue
+      AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.job_id = c.job_id AND z.run_lease = c.run_lease)
+    ORDER BY c.job_id, c.run_lease
+    LIMIT p_max
+    FOR NO KEY UPDATE OF c SKIP LOCKED
+  ),
+  taken AS (
+    UPDATE attempt_state a SET callback_waiting = false, heartbeat_at = now(), callback_id = NULL,
+                               callback_state = NULL, callback_timeout_at = NULL, callback_config = NULL
+    FROM locked l
+    WHERE a.job_id = l.job_id AND a.run_lease = l.run_lease AND a.callback_waiting AND a.callback_state = 'resumed'
+    RETURNING a.job_id, a.run_lease, a.callback_result, a.progress
   )
-  SELECT array_agg(o.priority ORDER BY o.n), array_agg(o.shard ORDER BY o.n) INTO v_prios, v_shards
-  FROM (
-    SELECT cur.priority, cur.shard,
-           row_number() OVER (ORDER BY CASE WHEN p_aging_ms > 0
-                                            THEN greatest(1, cur.priority - floor(extract(epoch FROM (v_now - head.run_at)) * 1000 / p_aging_ms))
-                                            ELSE cur.priority END,
-                                       head.run_at, cur.priority, cur.shard) AS n
-    FROM cur
-    CROSS JOIN LATERAL (
-      SELECT r.run_at FROM ready r
-      WHERE r.queue = cur.queue AND r.priority = cur.priority AND r.shard = cur.shard AND r.lane_seq >= cur.c
-        AND NOT EXISTS (SELECT 1 FROM ready_tombstones t
-                        WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard AND t.lane_seq = r.lane_seq)
-      ORDER BY r.lane_seq LIMIT 1
-    ) head
-  ) o;
-  IF v_prios IS NULL THEN
-    RETURN;
-  END IF;
-
-  FOR v_k IN 1 .. cardinality(v_prios) LOOP
-    EXIT WHEN v_left <= 0;
-    IF NOT pg_try_advisory_xact_lock(lock_ns('claim'),
-                                     hashtext(p_queue || chr(31) || v_prios[v_k]::text || chr(31) || v_shards[v_k]::text)) THEN
-      v_contended := true;
-      CONTINUE;
-    END IF;
-    SELECT m.next_lane_seq INTO v_cursor FROM claim_marks m
-    WHERE m.queue = p_queue AND m.priority = v_prios[v_k] AND m.shard = v_shards[v_k]
-    ORDER BY m.next_lane_seq DESC LIMIT 1;
-    v_cursor := coalesce(v_cursor, 0);
-    IF v_lo1 IS NULL THEN
-      SELECT s.lo1, s.hi1, s.lo2, s.hi2 INTO v_lo1, v_hi1, v_lo2, v_hi2 FROM queue_slot_ranges() s;
-    END IF;
-    -- The window (claim's pick, without the writes).
-    WITH w AS MATERIALIZED (
-      SELECT r.job_id, r.lane_seq, r.metadata ->> 'awa:concurrencyKey' AS ckey,
-             (r.unique_key IS NOT NULL AND (r.unique_states & 6) = 4) AS at_claim
-      FROM ready r
-      WHERE r.queue = p_queue AND r.priority = v_prios[v_k] AND r.shard = v_shards[v_k] AND r.lane_seq >= v_cursor
-        AND (r.slot BETWEEN v_lo1 AND v_hi1 OR r.slot BETWEEN v_lo2 AND v_hi2)
-        AND NOT EXISTS (SELECT 1 FROM ready_tombstones t
-                        WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard AND t.lane_seq = r.lane_seq
-                          AND (t.slot BETWEEN v_lo1 AND v_hi1 OR t.slot BETWEEN v_lo2 AND v_hi2))
-        AND NOT EXISTS (SELECT 1 FROM queue_meta m WHERE m.queue = p_queue AND m.paused)
-        AND r.lane_seq < coalesce((SELECT p.lane_seq FROM parked p
-                                   WHERE p.queue = p_queue AND p.priority = v_prios[v_k] AND p.shard = v_shards[v_k]
-                                   ORDER BY p.lane_seq LIMIT 1), 9223372036854775807)
-      ORDER BY r.lane_seq LIMIT v_left
-    )
-    SELECT array_agg(w.job_id ORDER BY w.lane_seq), array_agg(w.lane_seq ORDER BY w.lane_seq),
-           array_agg(CASE WHEN w.ckey IS NOT NULL THEN key_digest(w.ckey) END ORDER BY w.lane_seq),
-           array_agg(w.at_claim ORDER BY w.lane_seq)
-      INTO v_ids, v_seqs, v_digests, v_at_claim
-    FROM w;
-    CONTINUE WHEN v_ids IS NULL;
-    -- The window's keys not seen yet in this call, in order of first appearance (at most 32 per
-    -- call in all: the lock-table budget), each try-locked once, in one statement.
-    IF v_state = 'active' THEN
-      SELECT coalesce(array_agg(k.d ORDER BY k.first), '{}'),
-             coalesce(array_agg(pg_try_advisory_xact_lock(lock_ns('key'),
-                                  (get_byte(k.d, 0) << 24) | (get_byte(k.d, 1) << 16) | (get_byte(k.d, 2) << 8) | get_byte(k.d, 3))
-                                ORDER BY k.first), '{}')
-        INTO v_new, v_new_locked
-      FROM (SELECT u.d, min(u.i) AS first FROM unnest(v_digests) WITH ORDINALITY u(d, i)
-            WHERE u.d IS NOT NULL AND NOT (u.d = ANY (v_keys))
-            GROUP BY u.d ORDER BY min(u.i) LIMIT 32 - cardinality(v_keys)) k;
-      -- Their open grants, in a statement that starts after the locks are held: it sees every
-      -- grant committed by an earlier holder of each lock. (Keys whose lock another claimer
-      -- holds are not counted: the walk stops at them.) In every slot: the slot ranges read for
-      -- the pick may predate a rotation, and a grant of this key can sit in any lane's newer slot.
-      SELECT coalesce(array_agg(CASE WHEN v_new_locked[k.i] THEN
-                                  (SELECT count(*) FROM claims c
-                                   WHERE c.key_policy = p_policy AND c.key_digest = k.d
-                                     AND NOT EXISTS (SELECT 1 FROM closures x
-                                                     WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease AND x.slot = c.slot))::int
-                                END ORDER BY k.i), '{}')
-        INTO v_new_held
-      FROM unnest(v_new) WITH ORDINALITY k(d, i);
-      v_keys := v_keys || v_new;
-      v_locked_keys := v_locked_keys || v_new_locked;
-      v_held := v_held || v_new_held;
-    END IF;
-    -- The admitted prefix.
-    v_admit := 0;
-    FOR v_i IN 1 .. cardinality(v_ids) LOOP
-      EXIT WHEN v_at_claim[v_i];
-      v_d := v_digests[v_i];
-      IF v_d IS NOT NULL AND v_state <> 'disabled' THEN
-        IF v_state = 'draining' THEN
-          v_gated := true;
-          EXIT;
-        END IF;
-        v_pos := array_position(v_keys, v_d);
-        EXIT WHEN v_pos IS NULL; -- past the 32 keys of this call
-        IF NOT v_locked_keys[v_pos] THEN
-          v_contended := true;
-          EXIT;
-        END IF;
-        IF v_held[v_pos] >= v_limit THEN
-          v_gated := true;
-          EXIT;
-        END IF;
-        v_held[v_pos] := v_held[v_pos] + 1;
-      END IF;
-      v_admit := v_i;
-    END LOOP;
-    CONTINUE WHEN v_admit = 0;
-    -- Mark, claim and return the prefix (the rows of positions v_cursor .. v_seqs[v_admit] read
-    -- above: none can appear or go while we hold the lane's claim lock, see claim).
-    RETURN QUERY
-    WITH picked AS MATERIALIZED (
-      SELECT r.slot, r.generation, r.job_id, r.kind, r.queue, r.priority, r.shard, r.lane_seq, r.args, r.metadata,
-             r.tags, r.errors, r.attempt, r.run_lease, r.max_attempts, r.run_at, r.created_at, r.progress,
-             v_digests[array_position(v_ids, r.job_id)] AS digest
-      FROM ready r
-      WHERE r.queue = p_queue AND r.priority = v_prios[v_k] AND r.shard = v_shards[v_k]
-        AND r.lane_seq >= v_cursor AND r.lane_seq <= v_seqs[v_admit]
-        AND (r.slot BETWEEN v_lo1 AND v_hi1 OR r.slot BETWEEN v_lo2 AND v_hi2)
-        AND r.job_id = ANY (v_ids[1:v_admit])
-    ),
-    mark AS (
-      INSERT INTO claim_marks (slot, generation, queue, priority, shard, next_lane_seq)
-      SELECT ring.slot, ring.generation, p_queue, v_prios[v_k], v_shards[v_k], v_seqs[v_admit] + 1
-      FROM (SELECT g.slot, g.generation FROM ring_rotations g WHERE g.ring = 'queue'
-            ORDER BY g.generation DESC LIMIT 1) ring
-    ),
-    ins AS (
-      INSERT INTO claims (slot, generation, job_id, run_lease, attempt, queue, priority, shard, lane_seq, claimed_at,
-                          deadline_at, key_policy, key_digest)
-      SELECT p.slot, p.generation, p.job_id, p.run_lease + 1, p.attempt + 1, p.queue, p.priority, p.shard, p.lane_seq,
-             v_now, v_deadline, CASE WHEN p.digest IS NOT NULL THEN p_policy END, p.digest
-      FROM picked p
-    )
-    SELECT p.job_id, p.run_lease + 1, p.attempt + 1, p.max_attempts, p.kind, p.queue, p.priority, p.args, p.metadata,
-           p.tags, p.errors, p.run_at, p.created_at, v_now, v_deadline, p.progress, NULL::text
-    FROM picked p
-    ORDER BY p.lane_seq;
-    GET DIAGNOSTICS v_n = ROW_COUNT;
-    v_total := v_total + v_n;
-    v_left := v_left - v_n;
-  END LOOP;
-  IF v_total = 0 AND (v_contended OR v_gated) THEN
-    RETURN QUERY SELECT NULL::bigint, NULL::bigint, NULL::int, NULL::int, NULL::text, p_queue, NULL::smallint, NULL::jsonb,
-                        NULL::jsonb, NULL::text[], NULL::jsonb, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz,
-                        NULL::timestamptz, NULL::jsonb,
-                        CASE WHEN v_contended THEN 'keyLockContended' ELSE 'keyGated' END;
-  END IF;
+  SELECT t.job_id, t.run_lease, r.kind, r.queue, r.priority, l.attempt, r.max_attempts, r.args, r.metadata, r.tags,
+         r.errors, r.run_at, r.created_at, l.claimed_at, coalesce(t.progress, r.progress), t.callback_result
+  FROM taken t
+  JOIN locked l ON l.job_id = t.job_id AND l.run_lease = t.run_lease
+  JOIN ready r ON r.slot = l.slot AND r.queue = l.queue AND r.priority = l.priority AND r.shard = l.shard
+              AND r.lane_seq = l.lane_seq
+  ORDER BY t.job_id;
 END
 $function$
 -- execute besides the owner: owner only
@@ -2498,96 +2387,6 @@ END
 $function$
 -- execute besides the owner: owner only
 
-CREATE OR REPLACE FUNCTION awa.key_digest(p_key text)
- RETURNS bytea
- LANGUAGE sql
- IMMUTABLE PARALLEL SAFE
-AS $function$ SELECT pg_catalog.sha256(pg_catalog.convert_to('awa.concurrency-key.v1' || pg_catalog.chr(31) || 'awa' || pg_catalog.chr(31) || p_key, 'UTF8')) $function$
--- execute besides the owner: owner only
-
-CREATE OR REPLACE FUNCTION awa.key_open_grants(p_policy text, p_digest bytea)
- RETURNS integer
- LANGUAGE sql
- STABLE
- SET search_path TO 'awa', 'pg_catalog'
- SET jit TO 'off'
-AS $function$
-  SELECT count(*)::int FROM claims c
-  WHERE c.key_policy = p_policy AND c.key_digest = p_digest
-    AND NOT EXISTS (SELECT 1 FROM closures x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease AND x.slot = c.slot)
-$function$
--- execute besides the owner: owner only
-
-CREATE OR REPLACE FUNCTION awa.key_policy_activate(p_id text, p_epoch bigint, p_target integer)
- RETURNS text
- LANGUAGE plpgsql
- SET search_path TO 'awa', 'pg_catalog'
- SET jit TO 'off'
-AS $function$
-DECLARE
-  v_row key_policies;
-BEGIN
-  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
-  IF current_setting('transaction_isolation') <> 'read committed' THEN
-    RAISE EXCEPTION 'key_policy_activate needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
-      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
-  END IF;
-  SELECT * INTO v_row FROM key_policies kp WHERE kp.id = p_id FOR UPDATE;
-  IF NOT FOUND THEN
-    RETURN 'missing';
-  END IF;
-  IF v_row.epoch <> p_epoch OR v_row.state <> 'draining' OR v_row.target <> p_target THEN
-    RETURN 'stale';
-  END IF;
-  IF key_policy_open_max(p_id) > p_target THEN
-    RETURN 'over';
-  END IF;
-  UPDATE key_policies kp SET state = 'active', max_in_flight = p_target, target = NULL, updated_at = now()
-  WHERE kp.id = p_id;
-  RETURN 'activated';
-END
-$function$
--- execute besides the owner: owner only
-
-CREATE OR REPLACE FUNCTION awa.key_policy_lower(p_id text, p_target integer)
- RETURNS bigint
- LANGUAGE plpgsql
- SET search_path TO 'awa', 'pg_catalog'
- SET jit TO 'off'
-AS $function$
-DECLARE
-  v_epoch bigint;
-BEGIN
-  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
-  IF current_setting('transaction_isolation') <> 'read committed' THEN
-    RAISE EXCEPTION 'key_policy_lower needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
-      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
-  END IF;
-  PERFORM pg_advisory_xact_lock(lock_ns('key_policy'), hashtext(p_id));
-  UPDATE key_policies kp SET state = 'draining', target = p_target, epoch = kp.epoch + 1, updated_at = now()
-  WHERE kp.id = p_id
-  RETURNING kp.epoch INTO v_epoch;
-  RETURN v_epoch;
-END
-$function$
--- execute besides the owner: owner only
-
-CREATE OR REPLACE FUNCTION awa.key_policy_open_max(p_id text)
- RETURNS integer
- LANGUAGE sql
- STABLE
- SET search_path TO 'awa', 'pg_catalog'
- SET jit TO 'off'
-AS $function$
-  SELECT coalesce(max(n), 0)::int FROM (
-    SELECT count(*) AS n FROM claims c
-    WHERE c.key_policy = p_id
-      AND NOT EXISTS (SELECT 1 FROM closures x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease AND x.slot = c.slot)
-    GROUP BY c.key_digest
-  ) k
-$function$
--- execute besides the owner: owner only
-
 CREATE OR REPLACE FUNCTION awa.lane_cursor(p_queue text, p_priority integer, p_shard integer)
  RETURNS bigint
  LANGUAGE plpgsql
@@ -2629,6 +2428,30 @@ AS $function$
 $function$
 -- execute besides the owner: owner only
 
+CREATE OR REPLACE FUNCTION awa.lock_attempt(p_job_id bigint, p_run_lease bigint)
+ RETURNS text
+ LANGUAGE plpgsql
+ SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
+AS $function$
+BEGIN
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'lock_attempt needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  PERFORM 1 FROM claims c WHERE c.job_id = p_job_id AND c.run_lease = p_run_lease FOR NO KEY UPDATE OF c;
+  IF NOT FOUND THEN
+    RETURN 'unknown';
+  END IF;
+  -- a new statement after the lock: it sees the closure of whoever held the row before us
+  IF EXISTS (SELECT 1 FROM closures z WHERE z.job_id = p_job_id AND z.run_lease = p_run_lease) THEN
+    RETURN 'closed';
+  END IF;
+  RETURN 'open';
+END
+$function$
+-- execute besides the owner: owner only
+
 CREATE OR REPLACE FUNCTION awa.lock_current_slot(p_table text, OUT o_generation bigint, OUT o_slot integer)
  RETURNS record
  LANGUAGE plpgsql
@@ -2656,6 +2479,37 @@ CREATE OR REPLACE FUNCTION awa.lock_ns(p_name text)
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
 AS $function$ SELECT hashtext('awa:' || p_name) $function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.park_callback(p_job_id bigint, p_run_lease bigint, p_callback_id text, OUT status text, OUT result jsonb)
+ RETURNS record
+ LANGUAGE plpgsql
+ SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
+AS $function$
+DECLARE
+  v_state attempt_state%ROWTYPE;
+BEGIN
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'park_callback needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  status := 'stale';
+  IF lock_attempt(p_job_id, p_run_lease) <> 'open' THEN
+    RETURN;
+  END IF;
+  SELECT * INTO v_state FROM attempt_state a WHERE a.job_id = p_job_id AND a.run_lease = p_run_lease;
+  IF NOT FOUND OR v_state.callback_id IS DISTINCT FROM p_callback_id THEN
+    RETURN;
+  END IF;
+  -- parked either way; a resume that came first leaves it 'resumed', for claim_resumed to hand
+  -- back to a worker (with the payload) as it would after a park
+  UPDATE attempt_state a SET callback_waiting = true, parked_at = coalesce(a.parked_at, now())
+  WHERE a.job_id = p_job_id AND a.run_lease = p_run_lease;
+  status := CASE WHEN v_state.callback_state = 'resumed' THEN 'resumed' ELSE 'parked' END;
+  result := v_state.callback_result;
+END
+$function$
 -- execute besides the owner: owner only
 
 CREATE OR REPLACE FUNCTION awa.promote(p_limit integer)
@@ -3041,10 +2895,8 @@ BEGIN
     SELECT v_cur.slot, v_cur.generation, r.job_id, r.kind, r.queue, r.priority, r.shard, r.lane_seq, r.args, r.metadata, r.tags,
            r.errors, r.progress, r.attempt, r.run_lease, r.max_attempts, r.run_at, r.created_at, r.unique_key, r.unique_states
     FROM unnest(v_open_ready) r;
-    INSERT INTO claims (slot, generation, job_id, run_lease, attempt, queue, priority, shard, lane_seq, claimed_at, deadline_at,
-                        key_policy, key_digest) -- 0033
-    SELECT v_cur.slot, v_cur.generation, o.job_id, o.run_lease, o.attempt, o.queue, o.priority, o.shard, o.lane_seq, o.claimed_at, o.deadline_at,
-           o.key_policy, o.key_digest -- 0033
+    INSERT INTO claims (slot, generation, job_id, run_lease, attempt, queue, priority, shard, lane_seq, claimed_at, deadline_at)
+    SELECT v_cur.slot, v_cur.generation, o.job_id, o.run_lease, o.attempt, o.queue, o.priority, o.shard, o.lane_seq, o.claimed_at, o.deadline_at
     FROM unnest(v_open_claims) o;
     -- the lane's cursor is past every carried row (they were claimed); a mark at it keeps it there
     -- once this slot's marks are gone
@@ -3411,10 +3263,8 @@ BEGIN
     SELECT v_cur.slot, v_cur.generation, r.job_id, r.kind, r.queue, r.priority, r.shard, r.lane_seq, r.args, r.metadata, r.tags,
            r.errors, r.progress, r.attempt, r.run_lease, r.max_attempts, r.run_at, r.created_at, r.unique_key, r.unique_states
     FROM unnest(v_open_ready) r;
-    INSERT INTO claims (slot, generation, job_id, run_lease, attempt, queue, priority, shard, lane_seq, claimed_at, deadline_at,
-                        key_policy, key_digest) -- 0033
-    SELECT v_cur.slot, v_cur.generation, o.job_id, o.run_lease, o.attempt, o.queue, o.priority, o.shard, o.lane_seq, o.claimed_at, o.deadline_at,
-           o.key_policy, o.key_digest -- 0033
+    INSERT INTO claims (slot, generation, job_id, run_lease, attempt, queue, priority, shard, lane_seq, claimed_at, deadline_at)
+    SELECT v_cur.slot, v_cur.generation, o.job_id, o.run_lease, o.attempt, o.queue, o.priority, o.shard, o.lane_seq, o.claimed_at, o.deadline_at
     FROM unnest(v_open_claims) o;
     INSERT INTO claim_marks (slot, generation, queue, priority, shard, next_lane_seq)
     SELECT v_cur.slot, v_cur.generation, l.queue, l.priority, l.shard, lane_cursor(l.queue, l.priority, l.shard)
@@ -3638,6 +3488,35 @@ END
 $function$
 -- execute besides the owner: owner only
 
+CREATE OR REPLACE FUNCTION awa.register_callback(p_job_id bigint, p_run_lease bigint, p_timeout_ms bigint, p_config jsonb)
+ RETURNS text
+ LANGUAGE plpgsql
+ SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
+AS $function$
+DECLARE
+  v_id text := p_job_id || '.' || p_run_lease || '.' || replace(gen_random_uuid()::text, '-', '');
+BEGIN
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'register_callback needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  IF lock_attempt(p_job_id, p_run_lease) <> 'open' THEN
+    RETURN NULL;
+  END IF;
+  INSERT INTO attempt_state AS a (job_id, run_lease, heartbeat_at, callback_id, callback_timeout_at, callback_config,
+                                  callback_state, callback_result, callback_waiting)
+  VALUES (p_job_id, p_run_lease, now(), v_id, now() + p_timeout_ms * interval '1 millisecond', p_config,
+          'pending', NULL, false)
+  ON CONFLICT (job_id, run_lease) DO UPDATE
+    SET heartbeat_at = excluded.heartbeat_at, callback_id = excluded.callback_id,
+        callback_timeout_at = excluded.callback_timeout_at, callback_config = excluded.callback_config,
+        callback_state = 'pending', callback_result = NULL, callback_waiting = false;
+  RETURN v_id;
+END
+$function$
+-- execute besides the owner: owner only
+
 CREATE OR REPLACE FUNCTION awa.release_keys_of(p_rows jsonb)
  RETURNS void
  LANGUAGE sql
@@ -3701,6 +3580,7 @@ BEGIN
       SELECT c.job_id, c.run_lease, c.attempt FROM claims c
       LEFT JOIN attempt_state a ON a.job_id = c.job_id AND a.run_lease = c.run_lease
       WHERE c.claimed_at < v_cutoff AND (a.heartbeat_at IS NULL OR a.heartbeat_at < v_cutoff)
+        AND NOT (coalesce(a.callback_waiting, false) AND a.callback_state = 'pending') -- 0034: parked, no worker heartbeats it
         AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.job_id = c.job_id AND z.run_lease = c.run_lease)
       ORDER BY c.claimed_at LIMIT p_limit
     )
@@ -3708,11 +3588,34 @@ BEGIN
              'delay_ms', backoff_ms(cand.attempt, random()), 'message', 'heartbeat stale: worker presumed dead',
              'reason', 'stale_heartbeat', 'stale_before', v_cutoff))
       INTO v_items FROM cand;
+  ELSIF p_kind = 'callback' THEN -- 0034
+    -- 0034: pending callbacks past their timeout. Lock their claims rows first (as a resolver or a
+    -- callback heartbeat does), then re-read the timeout: an extension committed meanwhile wins.
+    PERFORM 1 FROM claims c -- 0034
+    WHERE (c.job_id, c.run_lease) IN (SELECT a.job_id, a.run_lease FROM attempt_state a -- 0034
+                                      WHERE a.callback_state = 'pending' AND a.callback_timeout_at < now() -- 0034
+                                      ORDER BY a.callback_timeout_at LIMIT p_limit) -- 0034
+    ORDER BY c.job_id, c.run_lease -- 0034
+    FOR NO KEY UPDATE OF c; -- 0034
+    WITH cand AS ( -- 0034
+      SELECT c.job_id, c.run_lease, c.attempt FROM attempt_state a -- 0034
+      JOIN claims c ON c.job_id = a.job_id AND c.run_lease = a.run_lease -- 0034
+      WHERE a.callback_state = 'pending' AND a.callback_timeout_at < now() -- 0034
+        AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.job_id = c.job_id AND z.run_lease = c.run_lease) -- 0034
+      ORDER BY a.callback_timeout_at LIMIT p_limit -- 0034
+    ) -- 0034
+    SELECT jsonb_agg(jsonb_build_object('job_id', cand.job_id, 'run_lease', cand.run_lease, 'outcome', 'retry', -- 0034
+             'delay_ms', backoff_ms(cand.attempt, random()), 'message', 'callback timed out', -- 0034
+             'reason', 'callback_timeout')) -- 0034
+      INTO v_items FROM cand; -- 0034
   ELSE
     WITH cand AS (
       SELECT c.job_id, c.run_lease, c.attempt FROM claims c
       WHERE c.deadline_at < now()
         AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.job_id = c.job_id AND z.run_lease = c.run_lease)
+        -- 0034: a parked attempt's claim deadline is void; its callback timeout bounds it
+        AND NOT EXISTS (SELECT 1 FROM attempt_state a WHERE a.job_id = c.job_id AND a.run_lease = c.run_lease -- 0034
+                          AND a.parked_at IS NOT NULL) -- 0034
       ORDER BY c.deadline_at LIMIT p_limit
     )
     SELECT jsonb_agg(jsonb_build_object('job_id', cand.job_id, 'run_lease', cand.run_lease, 'outcome', 'retry',
@@ -3733,6 +3636,87 @@ BEGIN
     state := v_row.s;
     RETURN NEXT;
   END LOOP;
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.resolve_callback(p_callback_id text, p_action text, p_payload jsonb, p_error text, p_timeout_ms bigint)
+ RETURNS TABLE(result text, job_id bigint, run_lease bigint, state text)
+ LANGUAGE plpgsql
+ SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
+AS $function$
+#variable_conflict use_column
+DECLARE
+  v_job bigint;
+  v_lease bigint;
+  v_lock text;
+  v_state attempt_state%ROWTYPE;
+  v_final record;
+BEGIN
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'resolve_callback needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  SELECT x.job_id, x.run_lease INTO v_job, v_lease FROM callback_attempt(p_callback_id) x;
+  IF v_job IS NULL THEN
+    RETURN QUERY SELECT 'not_found'::text, NULL::bigint, NULL::bigint, NULL::text;
+    RETURN;
+  END IF;
+  v_lock := lock_attempt(v_job, v_lease);
+  IF v_lock = 'unknown' THEN
+    RETURN QUERY SELECT 'not_found'::text, v_job, v_lease, NULL::text;
+    RETURN;
+  END IF;
+  SELECT * INTO v_state FROM attempt_state a WHERE a.job_id = v_job AND a.run_lease = v_lease;
+  IF v_lock = 'closed' OR v_state.callback_id IS DISTINCT FROM p_callback_id
+     OR (v_state.callback_state IS DISTINCT FROM 'pending'
+         AND NOT (p_action = 'heartbeat' AND v_state.callback_state = 'resumed')) THEN
+    RETURN QUERY SELECT 'stale'::text, v_job, v_lease, NULL::text;
+    RETURN;
+  END IF;
+  IF p_action = 'heartbeat' THEN
+    UPDATE attempt_state a SET callback_timeout_at = now() + p_timeout_ms * interval '1 millisecond'
+    WHERE a.job_id = v_job AND a.run_lease = v_lease;
+    RETURN QUERY SELECT 'applied'::text, v_job, v_lease,
+                        CASE WHEN v_state.callback_waiting THEN 'waiting_external' ELSE 'running' END;
+    RETURN;
+  END IF;
+  IF p_action = 'resume' THEN
+    -- a parked attempt's heartbeat restarts now: if no worker takes it back (claim_resumed)
+    -- within the staleness, the stale sweep retries it (it is no longer a pending park)
+    UPDATE attempt_state a SET callback_state = 'resumed', callback_result = p_payload, heartbeat_at = now()
+    WHERE a.job_id = v_job AND a.run_lease = v_lease;
+    PERFORM pg_notify('awa_callback_awa', v_job || ':' || v_lease);
+    IF v_state.callback_waiting THEN
+      -- parked: its queue's dispatchers take it back (claim_resumed)
+      PERFORM pg_notify('awa_wake_awa', c.queue) FROM claims c WHERE c.job_id = v_job AND c.run_lease = v_lease;
+    END IF;
+    RETURN QUERY SELECT 'applied'::text, v_job, v_lease, 'running'::text;
+    RETURN;
+  END IF;
+  IF p_action = 'retry' AND NOT v_state.callback_waiting THEN
+    RETURN QUERY SELECT 'not_waiting'::text, v_job, v_lease, NULL::text;
+    RETURN;
+  END IF;
+  SELECT f.applied, f.state INTO v_final
+  FROM finalize(jsonb_build_array(jsonb_strip_nulls(jsonb_build_object(
+         'job_id', v_job, 'run_lease', v_lease,
+         'outcome', CASE p_action WHEN 'complete' THEN 'complete' WHEN 'fail' THEN 'fail' WHEN 'retry' THEN 'release' END,
+         'delay_ms', 0,
+         'message', CASE p_action WHEN 'fail' THEN coalesce(p_error, 'failed by callback')
+                                  WHEN 'retry' THEN 'retried by callback' END)))) f;
+  IF v_final.applied IS NOT TRUE THEN
+    RETURN QUERY SELECT 'stale'::text, v_job, v_lease, NULL::text;
+    RETURN;
+  END IF;
+  IF p_action = 'retry' THEN
+    -- "attempt reset to 0" (§17): the deferred row is the job's newest representation
+    UPDATE deferred d SET attempt = 0 WHERE d.job_id = v_job AND d.run_lease = v_lease;
+  ELSE
+    PERFORM pg_notify('awa_cancel_awa', v_job || ':' || v_lease);
+  END IF;
+  RETURN QUERY SELECT 'applied'::text, v_job, v_lease, v_final.state;
 END
 $function$
 -- execute besides the owner: owner only
@@ -4061,6 +4045,47 @@ AS $function$
     WHEN 'scheduled' THEN 1 WHEN 'available' THEN 2 WHEN 'running' THEN 4
     WHEN 'waiting_external' THEN 8 WHEN 'retryable' THEN 16 WHEN 'completed' THEN 32
     WHEN 'failed' THEN 64 WHEN 'cancelled' THEN 128 WHEN 'waiting_on' THEN 256 ELSE 0 END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.take_callback(p_job_id bigint, p_run_lease bigint, p_callback_id text, OUT status text, OUT result jsonb)
+ RETURNS record
+ LANGUAGE plpgsql
+ SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
+AS $function$
+DECLARE
+  v_state attempt_state%ROWTYPE;
+BEGIN
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'take_callback needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  status := 'stale';
+  -- cheap unlocked look first: the common answer while waiting is 'pending'
+  SELECT * INTO v_state FROM attempt_state a WHERE a.job_id = p_job_id AND a.run_lease = p_run_lease;
+  IF FOUND AND v_state.callback_id = p_callback_id AND v_state.callback_state = 'pending'
+     AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.job_id = p_job_id AND z.run_lease = p_run_lease) THEN
+    status := 'pending';
+    RETURN;
+  END IF;
+  IF lock_attempt(p_job_id, p_run_lease) <> 'open' THEN
+    RETURN;
+  END IF;
+  SELECT * INTO v_state FROM attempt_state a WHERE a.job_id = p_job_id AND a.run_lease = p_run_lease;
+  IF NOT FOUND OR v_state.callback_id IS DISTINCT FROM p_callback_id THEN
+    RETURN;
+  END IF;
+  IF v_state.callback_state = 'resumed' THEN
+    UPDATE attempt_state a SET callback_id = NULL, callback_state = NULL, callback_timeout_at = NULL,
+                               callback_config = NULL, callback_waiting = false
+    WHERE a.job_id = p_job_id AND a.run_lease = p_run_lease;
+    status := 'resumed';
+    result := v_state.callback_result;
+    RETURN;
+  END IF;
+  status := v_state.callback_state;
+END
 $function$
 -- execute besides the owner: owner only
 
