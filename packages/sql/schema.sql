@@ -1096,7 +1096,7 @@ $function$
 -- execute besides the owner: owner only
 
 CREATE OR REPLACE FUNCTION awa.claim_resumed(p_queue text, p_max integer)
- RETURNS TABLE(job_id bigint, run_lease bigint, kind text, queue text, priority smallint, attempt integer, max_attempts integer, args jsonb, metadata jsonb, tags jsonb, errors jsonb, run_at timestamp with time zone, created_at timestamp with time zone, claimed_at timestamp with time zone, progress jsonb, callback_result jsonb)
+ RETURNS TABLE(job_id bigint, run_lease bigint, kind text, queue text, priority smallint, attempt integer, max_attempts integer, args jsonb, metadata jsonb, tags text[], errors jsonb, run_at timestamp with time zone, created_at timestamp with time zone, claimed_at timestamp with time zone, progress jsonb, callback_result jsonb)
  LANGUAGE plpgsql
  SET search_path TO 'awa', 'pg_catalog'
  SET jit TO 'off'

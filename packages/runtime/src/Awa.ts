@@ -14,6 +14,7 @@ import {
   CronStorage,
   Heartbeats,
   LeaderLock,
+  PgCallbackStorage,
   PgKeyGrants,
   PgQueueStorage,
   SimKeyGrants,
@@ -44,6 +45,7 @@ export const layerPg = (options: AwaPgOptions = {}) => {
   )
   const engine = Layer.mergeAll(
     PgQueueStorage.layer(options),
+    PgCallbackStorage.layer(options),
     StorageSignals.layerPg(options),
     LeaderLock.layerPg(options),
     CronStorage.layerPg(options),

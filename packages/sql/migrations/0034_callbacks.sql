@@ -346,7 +346,7 @@ REVOKE EXECUTE ON FUNCTION :AWA_SCHEMA.cancel_callback(bigint, bigint) FROM PUBL
 -- heartbeats keep it from here; the spent callback cleared).
 CREATE FUNCTION :AWA_SCHEMA.claim_resumed(p_queue text, p_max int)
 RETURNS TABLE (job_id bigint, run_lease bigint, kind text, queue text, priority smallint, attempt int, max_attempts int,
-               args jsonb, metadata jsonb, tags jsonb, errors jsonb, run_at timestamptz, created_at timestamptz,
+               args jsonb, metadata jsonb, tags text[], errors jsonb, run_at timestamptz, created_at timestamptz,
                claimed_at timestamptz, progress jsonb, callback_result jsonb)
 LANGUAGE plpgsql SET search_path = :AWA_SCHEMA, pg_catalog SET jit = off AS $$
 #variable_conflict use_column
