@@ -26,7 +26,8 @@
  * retried after the poll interval (the dispatcher never dies on a database error). On `stop`,
  * jobs still waiting are given back (snoozed with no delay) instead of starting.
  */
-import { Clock, Effect, type FiberSet, Queue, Random } from "effect"
+import { CallbackStorage } from "@awa/storage"
+import { Clock, Effect, type FiberSet, Option, Queue, Random } from "effect"
 import type { Executor, RunningAttempt } from "./Executor.ts"
 import * as KeyedDispatch from "./KeyedDispatch.ts"
 
@@ -52,12 +53,16 @@ export interface DispatcherConfig {
 const claimLingerMs = 2
 /** The buffer aims to cover this many claim round trips of work. */
 const lookaheadRoundTrips = 2
+/** Fallback period of the look for resumed parked attempts (a notification normally rings first). */
+const resumeCheckMs = 30_000
 /** Weight of the newest sample in the moving averages of rate and claim latency. */
 const smoothing = 0.3
 
 export interface Dispatcher<R> {
   /** Rings the doorbell: something may be claimable now. */
   readonly wake: Effect.Effect<void>
+  /** A parked attempt of this queue was resumed: take it back (`claimResumed`) on the next round. */
+  readonly resumed: Effect.Effect<void>
   /** The loop; runs until interrupted. */
   readonly loop: Effect.Effect<never, never, R>
   /** Stops starting buffered jobs and gives them back. Call after interrupting `loop`. */
@@ -81,6 +86,12 @@ export const make = Effect.fnUntraced(function* <R>(
   wakes: WakeSource = alwaysPoll
 ) {
   const claimBatch = yield* KeyedDispatch.claimer(config.queue, config.keyPolicy)
+  const callbacks = Option.getOrUndefined(yield* Effect.serviceOption(CallbackStorage))
+  // Resumed parked attempts (capabilities.md §17): taken back when a notification says so, and
+  // every resumeCheckMs in case it was lost (well inside the stale sweep's 90 s, which would
+  // otherwise retry them without their payload).
+  let resumeWanted = true
+  let lastResumeCheck = 0
   const localKeys =
     config.localKeyLimit === undefined ? undefined : KeyedDispatch.makeLocalKeyGate(config.localKeyLimit)
   // Plain mutable state: every reader and writer runs on the JS thread between fiber yields, and
@@ -217,13 +228,40 @@ export const make = Effect.fnUntraced(function* <R>(
       return
     }
     lingered = false
+    let resumedCount = 0
+    if (callbacks !== undefined && (resumeWanted || now - lastResumeCheck >= resumeCheckMs)) {
+      resumeWanted = false
+      lastResumeCheck = now
+      resumedCount = yield* callbacks.claimResumed(config.queue, want).pipe(
+        // a background look like the claim: no span unless asked for
+        Effect.withSpan(`awa.claim-resumed ${config.queue}`, { attributes: { "awa.queue": config.queue } }),
+        (take) => (config.backgroundSpans ? take : Effect.withTracerEnabled(take, false)),
+        Effect.flatMap((jobs) =>
+          Effect.map(Clock.currentTimeMillis, (heldAt) => {
+            for (const job of jobs) buffer.push(executor.hold(job, heldAt))
+            return jobs.length
+          })
+        ),
+        Effect.uninterruptible,
+        Effect.catchCause((cause) =>
+          Effect.logWarning(`taking back resumed attempts failed on queue ${config.queue}`, cause).pipe(
+            Effect.andThen(Effect.sync(() => (resumeWanted = true))),
+            Effect.as(0)
+          )
+        )
+      )
+      if (resumedCount >= want) {
+        yield* startBuffered
+        return
+      }
+    }
     // Uninterruptible from the call to the hand-over: claimed jobs interrupted on the way would
     // stay claimed with nobody running them until rescued as stale.
     let busy: KeyedDispatch.ClaimBatch["busy"]
     let capped = false
     const claimed = yield* claimBatch({
       queue: config.queue,
-      max: want,
+      max: want - resumedCount,
       deadlineMs: config.deadlineMs,
       agingIntervalMs: config.agingIntervalMs
     }).pipe(
@@ -253,7 +291,7 @@ export const make = Effect.fnUntraced(function* <R>(
     if (claimed === 0 && busy === "contended") return yield* KeyedDispatch.contendedBackoff
     // A full batch (or a keyed claim cut at its per-call cap) means more may be waiting: claim
     // again at once. Gated: until a closure's wake-up, or the poll interval at the latest.
-    if (claimed < want && !capped) yield* waitForWork
+    if (claimed < want - resumedCount && !capped) yield* waitForWork
   })
 
   const stop = Effect.suspend(() => {
@@ -265,6 +303,10 @@ export const make = Effect.fnUntraced(function* <R>(
 
   return {
     wake: ring(wakeBell),
+    resumed: Effect.suspend(() => {
+      resumeWanted = true
+      return ring(wakeBell)
+    }),
     loop: Effect.forever(claimOnce).pipe(Effect.annotateLogs({ module: "Dispatcher", queue: config.queue })),
     stop
   } satisfies Dispatcher<R>

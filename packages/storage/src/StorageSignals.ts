@@ -22,6 +22,8 @@ import type { AttemptToken } from "./QueueStorage.ts"
 export type Signal =
   | { readonly _tag: "Wake"; readonly queue: string }
   | { readonly _tag: "Cancel"; readonly token: AttemptToken }
+  /** A callback of this attempt was resumed (migration 0034): wake its wait, or take it back if parked. */
+  | { readonly _tag: "Resumed"; readonly token: AttemptToken; readonly queue: string }
   /**
    * First element of every (re)subscription, once Postgres has confirmed both LISTENs:
    * notifications sent while nobody listened are lost, so a subscriber should look for work now.
@@ -38,6 +40,13 @@ export class StorageSignals extends Context.Service<
 
 export const wakeChannel = (schema: string) => `awa_wake_${schema}`
 export const cancelChannel = (schema: string) => `awa_cancel_${schema}`
+export const callbackChannel = (schema: string) => `awa_callback_${schema}`
+
+const parseResumed = (payload: string): Array<Signal> => {
+  const m = /^(\d+):(\d+):(.*)$/s.exec(payload)
+  if (m === null) return []
+  return [{ _tag: "Resumed", token: { jobId: BigInt(m[1]!), runLease: BigInt(m[2]!) }, queue: m[3]! }]
+}
 
 const parseCancel = (payload: string): Array<Signal> => {
   const [jobId, runLease] = payload.split(":")
@@ -46,7 +55,7 @@ const parseCancel = (payload: string): Array<Signal> => {
   return [{ _tag: "Cancel", token: { jobId: BigInt(jobId), runLease: BigInt(runLease) } }]
 }
 
-/** LISTEN on both channels of `schema`. */
+/** LISTEN on the three channels of `schema` (wake, cancel, callback). */
 export const layerPg = (options: { readonly schema?: string | undefined } = {}) =>
   Layer.effect(
     StorageSignals,
@@ -58,6 +67,7 @@ export const layerPg = (options: { readonly schema?: string | undefined } = {}) 
           // sql.listen returns once Postgres confirmed the LISTEN; the queues live as long as the stream
           const wakeQueue = yield* sql.listen(wakeChannel(schema))
           const cancelQueue = yield* sql.listen(cancelChannel(schema))
+          const callbackQueue = yield* sql.listen(callbackChannel(schema))
           const wakes = Stream.map(
             Stream.fromQueue(wakeQueue),
             (n): Signal => ({ _tag: "Wake", queue: n.payload })
@@ -65,7 +75,13 @@ export const layerPg = (options: { readonly schema?: string | undefined } = {}) 
           const cancels = Stream.flatMap(Stream.fromQueue(cancelQueue), (n) =>
             Stream.fromIterable(parseCancel(n.payload))
           )
-          return Stream.concat(Stream.succeed<Signal>({ _tag: "Subscribed" }), Stream.merge(wakes, cancels))
+          const resumes = Stream.flatMap(Stream.fromQueue(callbackQueue), (n) =>
+            Stream.fromIterable(parseResumed(n.payload))
+          )
+          return Stream.concat(
+            Stream.succeed<Signal>({ _tag: "Subscribed" }),
+            Stream.merge(Stream.merge(wakes, cancels), resumes)
+          )
         })
       )
       return StorageSignals.of({ signals })
