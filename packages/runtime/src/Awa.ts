@@ -25,6 +25,7 @@ import { PgClient } from "@effect/sql-pg"
 import { Effect, Layer } from "effect"
 import { type SqlClient, SqlError } from "effect/sql"
 import * as AwaClient from "./AwaClient.ts"
+import * as Callbacks from "./Callbacks.ts"
 import * as Worker from "./Worker.ts"
 
 export interface AwaPgOptions extends PgQueueStorage.PgQueueStorageOptions, AwaClient.AwaClientOptions {
@@ -51,14 +52,14 @@ export const layerPg = (options: AwaPgOptions = {}) => {
     CronStorage.layerPg(options),
     PgKeyGrants.layer(options)
   ).pipe(Layer.provide(fence))
-  return AwaClient.layer(options).pipe(
+  return Layer.merge(AwaClient.layer(options), Callbacks.layer).pipe(
     Layer.provideMerge(Heartbeats.layerThread(options).pipe(Layer.provideMerge(engine)))
   )
 }
 
 /** The same services in memory: deterministic under `TestClock`, no Postgres. */
 export const layerSim = (options: AwaClient.AwaClientOptions = {}) =>
-  AwaClient.layer(options).pipe(
+  Layer.merge(AwaClient.layer(options), Callbacks.layer).pipe(
     Layer.provideMerge(
       // cron enqueues into the same in-memory queue
       Layer.mergeAll(

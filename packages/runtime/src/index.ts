@@ -1,6 +1,7 @@
 export * as Admin from "./Admin.ts"
 export * as Awa from "./Awa.ts"
 export * as AwaClient from "./AwaClient.ts"
+export * as Callbacks from "./Callbacks.ts"
 export * as CompletionBatcher from "./CompletionBatcher.ts"
 export * as Cron from "./Cron.ts"
 export * as Handler from "./Handler.ts"
