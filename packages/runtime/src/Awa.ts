@@ -26,6 +26,7 @@ import { Effect, Layer } from "effect"
 import { type SqlClient, SqlError } from "effect/sql"
 import * as AwaClient from "./AwaClient.ts"
 import * as Callbacks from "./Callbacks.ts"
+import * as HttpWorker from "./HttpWorker.ts"
 import * as Worker from "./Worker.ts"
 
 export interface AwaPgOptions extends PgQueueStorage.PgQueueStorageOptions, AwaClient.AwaClientOptions {
@@ -72,6 +73,9 @@ export const layerSim = (options: AwaClient.AwaClientOptions = {}) =>
   )
 
 export const worker = Worker.layer
+
+/** A handler that runs `kind` by calling an HTTP function (capabilities.md §18; HttpWorker.ts). */
+export const httpWorker = HttpWorker.make
 
 /**
  * Applies pending migrations once (what `migrateOnStart` does at start). Needs a `SqlClient`,
