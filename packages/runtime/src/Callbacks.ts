@@ -78,6 +78,14 @@ export class Callbacks extends Context.Service<
       payload: unknown,
       defaultAction?: CallbackCel.DefaultAction
     ) => Effect.Effect<ResolveOutcome, ResolveError>
+    /**
+     * Operators act by job id (CLI, admin API): the job's pending callback gets `action`.
+     * `CallbackNotFound` (naming the job) when the job has no pending callback.
+     */
+    readonly resolveWaiting: (
+      jobId: bigint,
+      action: CallbackAction
+    ) => Effect.Effect<CallbackResolution, ResolveError>
     /** Withdraws an attempt's pending callback (e.g. the id could not be sent out). */
     readonly cancelCallback: (
       jobId: bigint,
@@ -148,6 +156,12 @@ export const make = Effect.gen(function* () {
     resumeExternal: (callbackId, payload) => resolve(callbackId, { _tag: "Resume", payload }),
     heartbeatCallback,
     resolveCallback,
+    resolveWaiting: (jobId, action) =>
+      Effect.flatMap(storage.pendingOf(jobId), (id) =>
+        id._tag === "None"
+          ? Effect.fail(new CallbackNotFound({ callbackId: `(job ${jobId} has no pending callback)` }))
+          : resolve(id.value, action)
+      ),
     cancelCallback: (jobId, runLease) => storage.cancel({ jobId, runLease } satisfies AttemptToken)
   })
 })

@@ -136,6 +136,8 @@ export class CallbackStorage extends Context.Service<
       queue: string,
       max: number
     ) => Effect.Effect<ReadonlyArray<ResumedJob>, ReadCommittedRequired | SqlError.SqlError>
+    /** The pending callback of the job's open attempt, if any (operators act by job id). */
+    readonly pendingOf: (jobId: bigint) => Effect.Effect<Option.Option<CallbackId>, SqlError.SqlError>
     /** Leader: rescues attempts whose pending callback timed out (reason `callback_timeout`). */
     readonly rescueTimedOut: (
       limit: number

@@ -235,7 +235,26 @@ export const make = Effect.fnUntraced(function* (options: PgCallbackStorageOptio
         )
     )
 
-  return CallbackStorage.of({ register, park, take, info, resolve, cancel, claimResumed, rescueTimedOut })
+  // Reads attempt_state (a plain table) by its primary key's prefix; no lock: the resolution that
+  // follows re-checks everything under the attempt's lock.
+  const pendingOf = (jobId: bigint) =>
+    Effect.map(
+      sql<{ callback_id: string }>`SELECT a.callback_id FROM ${s}.attempt_state a
+        WHERE a.job_id = ${jobId} AND a.callback_state = 'pending' ORDER BY a.run_lease DESC LIMIT 1`,
+      (rows) => Option.fromNullishOr(rows[0]?.callback_id)
+    )
+
+  return CallbackStorage.of({
+    register,
+    park,
+    take,
+    info,
+    resolve,
+    cancel,
+    claimResumed,
+    pendingOf,
+    rescueTimedOut
+  })
 })
 
 export const layer = (options: PgCallbackStorageOptions = {}) => Layer.effect(CallbackStorage, make(options))

@@ -263,5 +263,23 @@ export const make = (host: SimCallbackHost) => {
       )
     })
 
-  return CallbackStorage.of({ register, park, take, info, resolve, cancel, claimResumed, rescueTimedOut })
+  const pendingOf = (jobId: bigint) =>
+    Effect.sync(() => {
+      for (const attempt of host.openAttempts())
+        if (attempt.id === jobId && attempt.callback?.state === "pending" && attempt.callback.id !== null)
+          return Option.some(attempt.callback.id)
+      return Option.none<CallbackId>()
+    })
+
+  return CallbackStorage.of({
+    register,
+    park,
+    take,
+    info,
+    resolve,
+    cancel,
+    claimResumed,
+    pendingOf,
+    rescueTimedOut
+  })
 }
