@@ -57,7 +57,7 @@ interface Tally {
 
 /**
  * One instance of the "serverless function": 202 to every job, then calls back after a random
- * delay (0–800 ms): 10 % first with a bad signature, 10 % twice. `kill` closes it and drops the
+ * delay (0–500 ms): 10 % first with a bad signature, 10 % twice. `kill` closes it and drops the
  * callbacks it has not sent.
  */
 const functionInstance = (port: number, tally: Tally, onAccept: (a: Accepted) => void) => {
@@ -136,7 +136,7 @@ const functionInstance = (port: number, tally: Tally, onAccept: (a: Accepted) =>
           timers.delete(timer)
           void callBack(a, Math.random()).catch((e) => tally.other.push(`${a.jobId}: ${String(e)}`))
         },
-        Math.floor(Math.random() * 800)
+        Math.floor(Math.random() * 500)
       )
       timers.add(timer)
     })
@@ -199,8 +199,10 @@ describe("faults: callbacks", () => {
         yield* Effect.gen(function* () {
           yield* createFaultLog
           const workers = yield* startWorkers(url, [
-            workerConfig("w1", httpKind(`http://127.0.0.1:${portA}/`, base, 5000)),
-            workerConfig("w2", httpKind(`http://127.0.0.1:${portB}/`, base, 5000))
+            // 20 s: longer than callbacks queue on a loaded 2-core machine (at 5 s, callbacks that
+            // queued behind others timed out, the jobs ran again, which queued more callbacks)
+            workerConfig("w1", httpKind(`http://127.0.0.1:${portA}/`, base, 20_000)),
+            workerConfig("w2", httpKind(`http://127.0.0.1:${portB}/`, base, 20_000))
           ])
           const client = yield* AwaClient.AwaClient
           const total = 1000

@@ -129,14 +129,17 @@ export const decide = (
     if (r.ok) out = toJson(r.value)
     else warnings.push(`transform: ${r.error}`)
   }
-  // an evaluation error anywhere falls back to the default action (not to a partial decision)
+  // in order, each only when the ones before let it through; an evaluation error falls back to
+  // the default action (not to a partial decision)
   const filter = bool("filter")
-  const onFail = bool("onFail")
-  const onComplete = bool("onComplete")
-  if (warnings.some((w) => !w.startsWith("transform:")))
+  if (filter === undefined && expressions.filter !== undefined)
     return { action: defaultAction, payload: out, warnings }
   if (filter === false) return { action: "ignore", payload: out, warnings }
+  const onFail = bool("onFail")
+  if (onFail === undefined && expressions.onFail !== undefined)
+    return { action: defaultAction, payload: out, warnings }
   if (onFail === true) return { action: "fail", payload: out, warnings }
+  const onComplete = bool("onComplete")
   if (onComplete === true) return { action: "complete", payload: out, warnings }
   return { action: defaultAction, payload: out, warnings }
 }
