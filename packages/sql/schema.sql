@@ -3687,11 +3687,10 @@ BEGIN
     -- within the staleness, the stale sweep retries it (it is no longer a pending park)
     UPDATE attempt_state a SET callback_state = 'resumed', callback_result = p_payload, heartbeat_at = now()
     WHERE a.job_id = v_job AND a.run_lease = v_lease;
-    PERFORM pg_notify('awa_callback_awa', v_job || ':' || v_lease);
-    IF v_state.callback_waiting THEN
-      -- parked: its queue's dispatchers take it back (claim_resumed)
-      PERFORM pg_notify('awa_wake_awa', c.queue) FROM claims c WHERE c.job_id = v_job AND c.run_lease = v_lease;
-    END IF;
+    -- '<job>:<lease>:<queue>': wakes an in-handler wait, or (parked) the queue's dispatchers,
+    -- which take it back with claim_resumed
+    PERFORM pg_notify('awa_callback_awa', v_job || ':' || v_lease || ':' || c.queue)
+    FROM claims c WHERE c.job_id = v_job AND c.run_lease = v_lease;
     RETURN QUERY SELECT 'applied'::text, v_job, v_lease, 'running'::text;
     RETURN;
   END IF;
