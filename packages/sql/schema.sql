@@ -3687,9 +3687,10 @@ BEGIN
     -- within the staleness, the stale sweep retries it (it is no longer a pending park)
     UPDATE attempt_state a SET callback_state = 'resumed', callback_result = p_payload, heartbeat_at = now()
     WHERE a.job_id = v_job AND a.run_lease = v_lease;
-    -- '<job>:<lease>:<queue>': wakes an in-handler wait, or (parked) the queue's dispatchers,
-    -- which take it back with claim_resumed
-    PERFORM pg_notify('awa_callback_awa', v_job || ':' || v_lease || ':' || c.queue)
+    -- 'resumed:<job>:<lease>:<queue>' on the cancel channel (a third channel would cost every
+    -- worker a pooled connection for its LISTEN; workers before 0034 ignore the payload): wakes
+    -- an in-handler wait, or (parked) the queue's dispatchers, which take it back (claim_resumed)
+    PERFORM pg_notify('awa_cancel_awa', 'resumed:' || v_job || ':' || v_lease || ':' || c.queue)
     FROM claims c WHERE c.job_id = v_job AND c.run_lease = v_lease;
     RETURN QUERY SELECT 'applied'::text, v_job, v_lease, 'running'::text;
     RETURN;

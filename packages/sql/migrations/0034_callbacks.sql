@@ -193,7 +193,7 @@ REVOKE EXECUTE ON FUNCTION :AWA_SCHEMA.callback_info(text) FROM PUBLIC;
 -- deleted); retry then sets the deferred row's attempt to 0 (deferred is a plain table);
 -- resume/heartbeat update attempt_state only. complete/fail notify the cancel channel so a
 -- handler still running the attempt stops (its own outcome would be stale anyway); resume
--- notifies the callback channel (awa_callback_<schema>), which wakes an in-handler wait and the
+-- notifies the cancel channel with a 'resumed:' payload, which wakes an in-handler wait and the
 -- dispatchers of the queue of a parked one.
 CREATE FUNCTION :AWA_SCHEMA.resolve_callback(p_callback_id text, p_action text, p_payload jsonb, p_error text,
                                              p_timeout_ms bigint)
@@ -240,9 +240,10 @@ BEGIN
     -- within the staleness, the stale sweep retries it (it is no longer a pending park)
     UPDATE attempt_state a SET callback_state = 'resumed', callback_result = p_payload, heartbeat_at = now()
     WHERE a.job_id = v_job AND a.run_lease = v_lease;
-    -- '<job>:<lease>:<queue>': wakes an in-handler wait, or (parked) the queue's dispatchers,
-    -- which take it back with claim_resumed
-    PERFORM pg_notify('awa_callback_:AWA_SCHEMA', v_job || ':' || v_lease || ':' || c.queue)
+    -- 'resumed:<job>:<lease>:<queue>' on the cancel channel (a third channel would cost every
+    -- worker a pooled connection for its LISTEN; workers before 0034 ignore the payload): wakes
+    -- an in-handler wait, or (parked) the queue's dispatchers, which take it back (claim_resumed)
+    PERFORM pg_notify('awa_cancel_:AWA_SCHEMA', 'resumed:' || v_job || ':' || v_lease || ':' || c.queue)
     FROM claims c WHERE c.job_id = v_job AND c.run_lease = v_lease;
     RETURN QUERY SELECT 'applied'::text, v_job, v_lease, 'running'::text;
     RETURN;

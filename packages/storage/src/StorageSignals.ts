@@ -40,10 +40,10 @@ export class StorageSignals extends Context.Service<
 
 export const wakeChannel = (schema: string) => `awa_wake_${schema}`
 export const cancelChannel = (schema: string) => `awa_cancel_${schema}`
-export const callbackChannel = (schema: string) => `awa_callback_${schema}`
 
+/** `resumed:<job>:<lease>:<queue>` on the cancel channel (migration 0034): no third LISTEN. */
 const parseResumed = (payload: string): Array<Signal> => {
-  const m = /^(\d+):(\d+):(.*)$/s.exec(payload)
+  const m = /^resumed:(\d+):(\d+):(.*)$/s.exec(payload)
   if (m === null) return []
   return [{ _tag: "Resumed", token: { jobId: BigInt(m[1]!), runLease: BigInt(m[2]!) }, queue: m[3]! }]
 }
@@ -55,7 +55,7 @@ const parseCancel = (payload: string): Array<Signal> => {
   return [{ _tag: "Cancel", token: { jobId: BigInt(jobId), runLease: BigInt(runLease) } }]
 }
 
-/** LISTEN on the three channels of `schema` (wake, cancel, callback). */
+/** LISTEN on both channels of `schema` (each LISTEN holds a pooled connection). */
 export const layerPg = (options: { readonly schema?: string | undefined } = {}) =>
   Layer.effect(
     StorageSignals,
@@ -67,21 +67,16 @@ export const layerPg = (options: { readonly schema?: string | undefined } = {}) 
           // sql.listen returns once Postgres confirmed the LISTEN; the queues live as long as the stream
           const wakeQueue = yield* sql.listen(wakeChannel(schema))
           const cancelQueue = yield* sql.listen(cancelChannel(schema))
-          const callbackQueue = yield* sql.listen(callbackChannel(schema))
           const wakes = Stream.map(
             Stream.fromQueue(wakeQueue),
             (n): Signal => ({ _tag: "Wake", queue: n.payload })
           )
           const cancels = Stream.flatMap(Stream.fromQueue(cancelQueue), (n) =>
-            Stream.fromIterable(parseCancel(n.payload))
+            Stream.fromIterable(
+              n.payload.startsWith("resumed:") ? parseResumed(n.payload) : parseCancel(n.payload)
+            )
           )
-          const resumes = Stream.flatMap(Stream.fromQueue(callbackQueue), (n) =>
-            Stream.fromIterable(parseResumed(n.payload))
-          )
-          return Stream.concat(
-            Stream.succeed<Signal>({ _tag: "Subscribed" }),
-            Stream.merge(Stream.merge(wakes, cancels), resumes)
-          )
+          return Stream.concat(Stream.succeed<Signal>({ _tag: "Subscribed" }), Stream.merge(wakes, cancels))
         })
       )
       return StorageSignals.of({ signals })
