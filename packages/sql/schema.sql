@@ -59,6 +59,8 @@ CREATE TABLE awa.claims (
   lane_seq bigint NOT NULL,
   claimed_at timestamp with time zone NOT NULL,
   deadline_at timestamp with time zone,
+  key_policy text,
+  key_digest bytea,
   CONSTRAINT claims_pkey PRIMARY KEY (job_id, run_lease, slot)
 )
 PARTITION BY LIST (slot);
@@ -188,6 +190,23 @@ CREATE TABLE awa.history_copies (
   keys jsonb,
   copied_at timestamp with time zone DEFAULT now() NOT NULL,
   CONSTRAINT history_copies_pkey PRIMARY KEY (generation)
+);
+-- privileges besides the owner: owner only
+
+CREATE TABLE awa.key_policies (
+  id text NOT NULL,
+  max_in_flight integer NOT NULL,
+  target integer,
+  epoch bigint DEFAULT 0 NOT NULL,
+  state text DEFAULT 'active'::text NOT NULL,
+  created_at timestamp with time zone DEFAULT now() NOT NULL,
+  updated_at timestamp with time zone DEFAULT now() NOT NULL,
+  CONSTRAINT key_policies_check CHECK (((state = 'draining'::text) = (target IS NOT NULL))),
+  CONSTRAINT key_policies_id_check CHECK (((char_length(id) >= 1) AND (char_length(id) <= 200))),
+  CONSTRAINT key_policies_max_in_flight_check CHECK ((max_in_flight >= 1)),
+  CONSTRAINT key_policies_pkey PRIMARY KEY (id),
+  CONSTRAINT key_policies_state_check CHECK ((state = ANY (ARRAY['active'::text, 'draining'::text, 'disabled'::text]))),
+  CONSTRAINT key_policies_target_check CHECK ((target >= 1))
 );
 -- privileges besides the owner: owner only
 
@@ -381,6 +400,8 @@ CREATE INDEX claim_marks_queue_priority_shard_next_lane_seq_idx ON ONLY awa.clai
 CREATE INDEX claims_claimed_at_idx ON ONLY awa.claims USING btree (claimed_at);
 
 CREATE INDEX claims_deadline_at_idx ON ONLY awa.claims USING btree (deadline_at) WHERE (deadline_at IS NOT NULL);
+
+CREATE INDEX claims_key_grants_idx ON ONLY awa.claims USING btree (key_policy, key_digest) WHERE (key_policy IS NOT NULL);
 
 CREATE INDEX deferred_due ON awa.deferred USING btree (run_at, job_id) WHERE (state = ANY (ARRAY['scheduled'::text, 'retryable'::text]));
 
@@ -1091,6 +1112,225 @@ BEGIN
     EXIT WHEN v_left <= 0;
     END LOOP; -- 0024
   END LOOP;
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.claim_keyed(p_queue text, p_policy text, p_max integer, p_deadline_ms bigint, p_aging_ms bigint)
+ RETURNS TABLE(job_id bigint, run_lease bigint, attempt integer, max_attempts integer, kind text, queue text, priority smallint, args jsonb, metadata jsonb, tags text[], errors jsonb, run_at timestamp with time zone, created_at timestamp with time zone, claimed_at timestamp with time zone, deadline_at timestamp with time zone, progress jsonb, gate text)
+ LANGUAGE plpgsql
+ SET search_path TO 'awa', 'pg_catalog'
+ SET plan_cache_mode TO 'force_generic_plan'
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+ SET enable_bitmapscan TO 'off'
+ SET enable_hashjoin TO 'off'
+ SET enable_mergejoin TO 'off'
+ SET enable_material TO 'off'
+AS $function$
+#variable_conflict use_column
+DECLARE
+  v_now timestamptz := now();
+  v_deadline timestamptz := CASE WHEN p_deadline_ms > 0 THEN now() + p_deadline_ms * interval '1 millisecond' END;
+  v_left int := least(p_max, 64);
+  v_limit int;
+  v_state text;
+  v_prios smallint[];
+  v_shards smallint[];
+  v_k int;
+  v_i int;
+  v_cursor bigint;
+  v_n int;
+  v_total int := 0;
+  v_lo1 int;
+  v_hi1 int;
+  v_lo2 int;
+  v_hi2 int;
+  v_ids bigint[];
+  v_seqs bigint[];
+  v_digests bytea[];
+  v_at_claim boolean[];
+  v_admit int;
+  v_d bytea;
+  v_pos int;
+  v_keys bytea[] := '{}';        -- keys tried by this call
+  v_locked_keys boolean[] := '{}'; -- per key: its lock is ours
+  v_held int[] := '{}';          -- per key: open grants plus those admitted in this call
+  v_new bytea[];
+  v_new_locked boolean[];
+  v_new_held int[];
+  v_gated boolean := false;
+  v_contended boolean := false;
+BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'claim_keyed needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  IF p_max <= 0 THEN
+    RETURN;
+  END IF;
+  -- The policy, read in a statement after its lock is held shared (a change of limit waits for us).
+  PERFORM pg_advisory_xact_lock_shared(lock_ns('key_policy'), hashtext(p_policy));
+  SELECT kp.max_in_flight, kp.state INTO v_limit, v_state FROM key_policies kp WHERE kp.id = p_policy;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION 'key policy "%" does not exist', p_policy
+      USING ERRCODE = 'AWK01', HINT = 'Create it with keyPolicies.create before a queue uses it.';
+  END IF;
+  -- The queue's lanes with a claimable head, in claim order; none when paused.
+  WITH cur AS MATERIALIZED (
+    SELECT l.queue, l.priority, l.shard, lane_cursor(l.queue, l.priority, l.shard) AS c
+    FROM lanes l WHERE l.queue = p_queue
+      AND NOT EXISTS (SELECT 1 FROM queue_meta m WHERE m.queue = p_queue AND m.paused)
+  )
+  SELECT array_agg(o.priority ORDER BY o.n), array_agg(o.shard ORDER BY o.n) INTO v_prios, v_shards
+  FROM (
+    SELECT cur.priority, cur.shard,
+           row_number() OVER (ORDER BY CASE WHEN p_aging_ms > 0
+                                            THEN greatest(1, cur.priority - floor(extract(epoch FROM (v_now - head.run_at)) * 1000 / p_aging_ms))
+                                            ELSE cur.priority END,
+                                       head.run_at, cur.priority, cur.shard) AS n
+    FROM cur
+    CROSS JOIN LATERAL (
+      SELECT r.run_at FROM ready r
+      WHERE r.queue = cur.queue AND r.priority = cur.priority AND r.shard = cur.shard AND r.lane_seq >= cur.c
+        AND NOT EXISTS (SELECT 1 FROM ready_tombstones t
+                        WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard AND t.lane_seq = r.lane_seq)
+      ORDER BY r.lane_seq LIMIT 1
+    ) head
+  ) o;
+  IF v_prios IS NULL THEN
+    RETURN;
+  END IF;
+
+  FOR v_k IN 1 .. cardinality(v_prios) LOOP
+    EXIT WHEN v_left <= 0;
+    IF NOT pg_try_advisory_xact_lock(lock_ns('claim'),
+                                     hashtext(p_queue || chr(31) || v_prios[v_k]::text || chr(31) || v_shards[v_k]::text)) THEN
+      v_contended := true;
+      CONTINUE;
+    END IF;
+    SELECT m.next_lane_seq INTO v_cursor FROM claim_marks m
+    WHERE m.queue = p_queue AND m.priority = v_prios[v_k] AND m.shard = v_shards[v_k]
+    ORDER BY m.next_lane_seq DESC LIMIT 1;
+    v_cursor := coalesce(v_cursor, 0);
+    IF v_lo1 IS NULL THEN
+      SELECT s.lo1, s.hi1, s.lo2, s.hi2 INTO v_lo1, v_hi1, v_lo2, v_hi2 FROM queue_slot_ranges() s;
+    END IF;
+    -- The window (claim's pick, without the writes).
+    WITH w AS MATERIALIZED (
+      SELECT r.job_id, r.lane_seq, r.metadata ->> 'awa:concurrencyKey' AS ckey,
+             (r.unique_key IS NOT NULL AND (r.unique_states & 6) = 4) AS at_claim
+      FROM ready r
+      WHERE r.queue = p_queue AND r.priority = v_prios[v_k] AND r.shard = v_shards[v_k] AND r.lane_seq >= v_cursor
+        AND (r.slot BETWEEN v_lo1 AND v_hi1 OR r.slot BETWEEN v_lo2 AND v_hi2)
+        AND NOT EXISTS (SELECT 1 FROM ready_tombstones t
+                        WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard AND t.lane_seq = r.lane_seq
+                          AND (t.slot BETWEEN v_lo1 AND v_hi1 OR t.slot BETWEEN v_lo2 AND v_hi2))
+        AND NOT EXISTS (SELECT 1 FROM queue_meta m WHERE m.queue = p_queue AND m.paused)
+        AND r.lane_seq < coalesce((SELECT p.lane_seq FROM parked p
+                                   WHERE p.queue = p_queue AND p.priority = v_prios[v_k] AND p.shard = v_shards[v_k]
+                                   ORDER BY p.lane_seq LIMIT 1), 9223372036854775807)
+      ORDER BY r.lane_seq LIMIT v_left
+    )
+    SELECT array_agg(w.job_id ORDER BY w.lane_seq), array_agg(w.lane_seq ORDER BY w.lane_seq),
+           array_agg(CASE WHEN w.ckey IS NOT NULL THEN key_digest(w.ckey) END ORDER BY w.lane_seq),
+           array_agg(w.at_claim ORDER BY w.lane_seq)
+      INTO v_ids, v_seqs, v_digests, v_at_claim
+    FROM w;
+    CONTINUE WHEN v_ids IS NULL;
+    -- The window's keys not seen yet in this call, in order of first appearance (at most 32 per
+    -- call in all: the lock-table budget), each try-locked once, in one statement.
+    IF v_state = 'active' THEN
+      SELECT coalesce(array_agg(k.d ORDER BY k.first), '{}'),
+             coalesce(array_agg(pg_try_advisory_xact_lock(lock_ns('key'),
+                                  (get_byte(k.d, 0) << 24) | (get_byte(k.d, 1) << 16) | (get_byte(k.d, 2) << 8) | get_byte(k.d, 3))
+                                ORDER BY k.first), '{}')
+        INTO v_new, v_new_locked
+      FROM (SELECT u.d, min(u.i) AS first FROM unnest(v_digests) WITH ORDINALITY u(d, i)
+            WHERE u.d IS NOT NULL AND NOT (u.d = ANY (v_keys))
+            GROUP BY u.d ORDER BY min(u.i) LIMIT 32 - cardinality(v_keys)) k;
+      -- Their open grants, in a statement that starts after the locks are held: it sees every
+      -- grant committed by an earlier holder of each lock. (Keys whose lock another claimer
+      -- holds are not counted: the walk stops at them.) In every slot: the slot ranges read for
+      -- the pick may predate a rotation, and a grant of this key can sit in any lane's newer slot.
+      SELECT coalesce(array_agg(CASE WHEN v_new_locked[k.i] THEN
+                                  (SELECT count(*) FROM claims c
+                                   WHERE c.key_policy = p_policy AND c.key_digest = k.d
+                                     AND NOT EXISTS (SELECT 1 FROM closures x
+                                                     WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease AND x.slot = c.slot))::int
+                                END ORDER BY k.i), '{}')
+        INTO v_new_held
+      FROM unnest(v_new) WITH ORDINALITY k(d, i);
+      v_keys := v_keys || v_new;
+      v_locked_keys := v_locked_keys || v_new_locked;
+      v_held := v_held || v_new_held;
+    END IF;
+    -- The admitted prefix.
+    v_admit := 0;
+    FOR v_i IN 1 .. cardinality(v_ids) LOOP
+      EXIT WHEN v_at_claim[v_i];
+      v_d := v_digests[v_i];
+      IF v_d IS NOT NULL AND v_state <> 'disabled' THEN
+        IF v_state = 'draining' THEN
+          v_gated := true;
+          EXIT;
+        END IF;
+        v_pos := array_position(v_keys, v_d);
+        EXIT WHEN v_pos IS NULL; -- past the 32 keys of this call
+        IF NOT v_locked_keys[v_pos] THEN
+          v_contended := true;
+          EXIT;
+        END IF;
+        IF v_held[v_pos] >= v_limit THEN
+          v_gated := true;
+          EXIT;
+        END IF;
+        v_held[v_pos] := v_held[v_pos] + 1;
+      END IF;
+      v_admit := v_i;
+    END LOOP;
+    CONTINUE WHEN v_admit = 0;
+    -- Mark, claim and return the prefix (the rows of positions v_cursor .. v_seqs[v_admit] read
+    -- above: none can appear or go while we hold the lane's claim lock, see claim).
+    RETURN QUERY
+    WITH picked AS MATERIALIZED (
+      SELECT r.slot, r.generation, r.job_id, r.kind, r.queue, r.priority, r.shard, r.lane_seq, r.args, r.metadata,
+             r.tags, r.errors, r.attempt, r.run_lease, r.max_attempts, r.run_at, r.created_at, r.progress,
+             v_digests[array_position(v_ids, r.job_id)] AS digest
+      FROM ready r
+      WHERE r.queue = p_queue AND r.priority = v_prios[v_k] AND r.shard = v_shards[v_k]
+        AND r.lane_seq >= v_cursor AND r.lane_seq <= v_seqs[v_admit]
+        AND (r.slot BETWEEN v_lo1 AND v_hi1 OR r.slot BETWEEN v_lo2 AND v_hi2)
+        AND r.job_id = ANY (v_ids[1:v_admit])
+    ),
+    mark AS (
+      INSERT INTO claim_marks (slot, generation, queue, priority, shard, next_lane_seq)
+      SELECT ring.slot, ring.generation, p_queue, v_prios[v_k], v_shards[v_k], v_seqs[v_admit] + 1
+      FROM (SELECT g.slot, g.generation FROM ring_rotations g WHERE g.ring = 'queue'
+            ORDER BY g.generation DESC LIMIT 1) ring
+    ),
+    ins AS (
+      INSERT INTO claims (slot, generation, job_id, run_lease, attempt, queue, priority, shard, lane_seq, claimed_at,
+                          deadline_at, key_policy, key_digest)
+      SELECT p.slot, p.generation, p.job_id, p.run_lease + 1, p.attempt + 1, p.queue, p.priority, p.shard, p.lane_seq,
+             v_now, v_deadline, CASE WHEN p.digest IS NOT NULL THEN p_policy END, p.digest
+      FROM picked p
+    )
+    SELECT p.job_id, p.run_lease + 1, p.attempt + 1, p.max_attempts, p.kind, p.queue, p.priority, p.args, p.metadata,
+           p.tags, p.errors, p.run_at, p.created_at, v_now, v_deadline, p.progress, NULL::text
+    FROM picked p
+    ORDER BY p.lane_seq;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    v_total := v_total + v_n;
+    v_left := v_left - v_n;
+  END LOOP;
+  IF v_total = 0 AND (v_contended OR v_gated) THEN
+    RETURN QUERY SELECT NULL::bigint, NULL::bigint, NULL::int, NULL::int, NULL::text, p_queue, NULL::smallint, NULL::jsonb,
+                        NULL::jsonb, NULL::text[], NULL::jsonb, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz,
+                        NULL::timestamptz, NULL::jsonb,
+                        CASE WHEN v_contended THEN 'keyLockContended' ELSE 'keyGated' END;
+  END IF;
 END
 $function$
 -- execute besides the owner: owner only
@@ -2387,6 +2627,96 @@ END
 $function$
 -- execute besides the owner: owner only
 
+CREATE OR REPLACE FUNCTION awa.key_digest(p_key text)
+ RETURNS bytea
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$ SELECT pg_catalog.sha256(pg_catalog.convert_to('awa.concurrency-key.v1' || pg_catalog.chr(31) || 'awa' || pg_catalog.chr(31) || p_key, 'UTF8')) $function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.key_open_grants(p_policy text, p_digest bytea)
+ RETURNS integer
+ LANGUAGE sql
+ STABLE
+ SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
+AS $function$
+  SELECT count(*)::int FROM claims c
+  WHERE c.key_policy = p_policy AND c.key_digest = p_digest
+    AND NOT EXISTS (SELECT 1 FROM closures x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease AND x.slot = c.slot)
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.key_policy_activate(p_id text, p_epoch bigint, p_target integer)
+ RETURNS text
+ LANGUAGE plpgsql
+ SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
+AS $function$
+DECLARE
+  v_row key_policies;
+BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'key_policy_activate needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  SELECT * INTO v_row FROM key_policies kp WHERE kp.id = p_id FOR UPDATE;
+  IF NOT FOUND THEN
+    RETURN 'missing';
+  END IF;
+  IF v_row.epoch <> p_epoch OR v_row.state <> 'draining' OR v_row.target <> p_target THEN
+    RETURN 'stale';
+  END IF;
+  IF key_policy_open_max(p_id) > p_target THEN
+    RETURN 'over';
+  END IF;
+  UPDATE key_policies kp SET state = 'active', max_in_flight = p_target, target = NULL, updated_at = now()
+  WHERE kp.id = p_id;
+  RETURN 'activated';
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.key_policy_lower(p_id text, p_target integer)
+ RETURNS bigint
+ LANGUAGE plpgsql
+ SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
+AS $function$
+DECLARE
+  v_epoch bigint;
+BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'key_policy_lower needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  PERFORM pg_advisory_xact_lock(lock_ns('key_policy'), hashtext(p_id));
+  UPDATE key_policies kp SET state = 'draining', target = p_target, epoch = kp.epoch + 1, updated_at = now()
+  WHERE kp.id = p_id
+  RETURNING kp.epoch INTO v_epoch;
+  RETURN v_epoch;
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.key_policy_open_max(p_id text)
+ RETURNS integer
+ LANGUAGE sql
+ STABLE
+ SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
+AS $function$
+  SELECT coalesce(max(n), 0)::int FROM (
+    SELECT count(*) AS n FROM claims c
+    WHERE c.key_policy = p_id
+      AND NOT EXISTS (SELECT 1 FROM closures x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease AND x.slot = c.slot)
+    GROUP BY c.key_digest
+  ) k
+$function$
+-- execute besides the owner: owner only
+
 CREATE OR REPLACE FUNCTION awa.lane_cursor(p_queue text, p_priority integer, p_shard integer)
  RETURNS bigint
  LANGUAGE plpgsql
@@ -2895,8 +3225,10 @@ BEGIN
     SELECT v_cur.slot, v_cur.generation, r.job_id, r.kind, r.queue, r.priority, r.shard, r.lane_seq, r.args, r.metadata, r.tags,
            r.errors, r.progress, r.attempt, r.run_lease, r.max_attempts, r.run_at, r.created_at, r.unique_key, r.unique_states
     FROM unnest(v_open_ready) r;
-    INSERT INTO claims (slot, generation, job_id, run_lease, attempt, queue, priority, shard, lane_seq, claimed_at, deadline_at)
-    SELECT v_cur.slot, v_cur.generation, o.job_id, o.run_lease, o.attempt, o.queue, o.priority, o.shard, o.lane_seq, o.claimed_at, o.deadline_at
+    INSERT INTO claims (slot, generation, job_id, run_lease, attempt, queue, priority, shard, lane_seq, claimed_at, deadline_at,
+                        key_policy, key_digest) -- 0033
+    SELECT v_cur.slot, v_cur.generation, o.job_id, o.run_lease, o.attempt, o.queue, o.priority, o.shard, o.lane_seq, o.claimed_at, o.deadline_at,
+           o.key_policy, o.key_digest -- 0033
     FROM unnest(v_open_claims) o;
     -- the lane's cursor is past every carried row (they were claimed); a mark at it keeps it there
     -- once this slot's marks are gone
@@ -3263,8 +3595,10 @@ BEGIN
     SELECT v_cur.slot, v_cur.generation, r.job_id, r.kind, r.queue, r.priority, r.shard, r.lane_seq, r.args, r.metadata, r.tags,
            r.errors, r.progress, r.attempt, r.run_lease, r.max_attempts, r.run_at, r.created_at, r.unique_key, r.unique_states
     FROM unnest(v_open_ready) r;
-    INSERT INTO claims (slot, generation, job_id, run_lease, attempt, queue, priority, shard, lane_seq, claimed_at, deadline_at)
-    SELECT v_cur.slot, v_cur.generation, o.job_id, o.run_lease, o.attempt, o.queue, o.priority, o.shard, o.lane_seq, o.claimed_at, o.deadline_at
+    INSERT INTO claims (slot, generation, job_id, run_lease, attempt, queue, priority, shard, lane_seq, claimed_at, deadline_at,
+                        key_policy, key_digest) -- 0033
+    SELECT v_cur.slot, v_cur.generation, o.job_id, o.run_lease, o.attempt, o.queue, o.priority, o.shard, o.lane_seq, o.claimed_at, o.deadline_at,
+           o.key_policy, o.key_digest -- 0033
     FROM unnest(v_open_claims) o;
     INSERT INTO claim_marks (slot, generation, queue, priority, shard, next_lane_seq)
     SELECT v_cur.slot, v_cur.generation, l.queue, l.priority, l.shard, lane_cursor(l.queue, l.priority, l.shard)
