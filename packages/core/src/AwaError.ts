@@ -126,3 +126,44 @@ export class ReadCommittedRequired extends Schema.TaggedError<ReadCommittedRequi
     return `${this.operation} needs READ COMMITTED; it was called inside a ${this.isolation} transaction`
   }
 }
+
+/** No callback has this id (never registered, malformed, or its attempt's records are reclaimed). */
+export class CallbackNotFound extends Schema.TaggedError<CallbackNotFound>()("CallbackNotFound", {
+  callbackId: Schema.String
+}) {
+  override get message(): string {
+    return `callback ${this.callbackId} not found`
+  }
+}
+
+/**
+ * The callback id is known but no longer current: its attempt finished (or another resolution won),
+ * or the handler registered a newer callback since.
+ */
+export class CallbackStale extends Schema.TaggedError<CallbackStale>()("CallbackStale", {
+  callbackId: Schema.String
+}) {
+  override get message(): string {
+    return `callback ${this.callbackId} is stale: already resolved, superseded, or its attempt ended`
+  }
+}
+
+/** A callback request's signature is missing, malformed or does not match. */
+export class InvalidSignature extends Schema.TaggedError<InvalidSignature>()("InvalidSignature", {
+  reason: Schema.String
+}) {
+  override get message(): string {
+    return `invalid callback signature: ${this.reason}`
+  }
+}
+
+/** A CEL expression given to `registerCallback` does not compile. */
+export class InvalidCelExpression extends Schema.TaggedError<InvalidCelExpression>()("InvalidCelExpression", {
+  field: Schema.String,
+  expression: Schema.String,
+  reason: Schema.String
+}) {
+  override get message(): string {
+    return `invalid CEL expression in ${this.field} (${JSON.stringify(this.expression)}): ${this.reason}`
+  }
+}

@@ -109,6 +109,16 @@ export type JobResult =
   /** Not a failure: run again after `delay`; the attempt is not counted. */
   | { readonly _tag: "Snooze"; readonly delay: Duration.Input }
   | { readonly _tag: "Cancel"; readonly reason: string }
+  /**
+   * Park until the callback registered with `ctx.registerCallback` is resolved from outside
+   * (capabilities.md §17): the worker's permit is freed, the attempt stays open with its run lease.
+   */
+  | { readonly _tag: "WaitForCallback"; readonly callbackId: string }
+
+/** A registered callback: send `id` to the external system (after registering, never before). */
+export interface CallbackToken {
+  readonly id: string
+}
 
 export const JobResult = {
   completed: { _tag: "Completed" } as JobResult,
@@ -118,7 +128,8 @@ export const JobResult = {
     reason
   }),
   snooze: (delay: Duration.Input): JobResult => ({ _tag: "Snooze", delay }),
-  cancel: (reason: string): JobResult => ({ _tag: "Cancel", reason })
+  cancel: (reason: string): JobResult => ({ _tag: "Cancel", reason }),
+  waitForCallback: (token: CallbackToken): JobResult => ({ _tag: "WaitForCallback", callbackId: token.id })
 } as const
 
 /** Fails the job now, whatever attempts remain. */

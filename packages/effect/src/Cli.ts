@@ -12,8 +12,8 @@
  */
 
 import { createServer } from "node:http"
-import { Admin, QueueOverrides } from "@awa/runtime"
-import { CronStorage, FlowStorage, PgQueueStorage } from "@awa/storage"
+import { Admin, Callbacks, QueueOverrides } from "@awa/runtime"
+import { CronStorage, FlowStorage, PgCallbackStorage, PgQueueStorage } from "@awa/storage"
 import { NodeHttpServer } from "@effect/platform-node"
 import { PgClient } from "@effect/sql-pg"
 import { Cause, Console, Effect, Exit, Layer, Option, Redacted, Schema } from "effect"
@@ -113,7 +113,9 @@ const adminLayer = Effect.gen(function* () {
   const client = PgClient.layer({ url: Redacted.make(url), maxConnections: 2, applicationName: "awa-cli" })
   const storage = Layer.mergeAll(
     PgQueueStorage.layer({ schema: flags.schema }),
-    CronStorage.layerPg({ schema: flags.schema })
+    CronStorage.layerPg({ schema: flags.schema }),
+    // waiting jobs (issue 21): `awa callback …` and the admin API's waiting-job actions
+    Callbacks.layer.pipe(Layer.provide(PgCallbackStorage.layer({ schema: flags.schema })))
   ).pipe(Layer.provideMerge(client))
   return { admin: Admin.layer({ schema: flags.schema }).pipe(Layer.provideMerge(storage)), json: flags.json }
 })
@@ -675,6 +677,73 @@ const dlq = Command.make("dlq").pipe(
   Command.withDescription("the dead letter queue")
 )
 
+// callback complete|fail|retry|resume (issue 21) ------------------------------------------------
+// A job waiting for its callback, by job id: the operator answers in the external system's place.
+// Cancel is `jobs cancel`.
+
+const withCallbacks = <A, E>(
+  body: (callbacks: Callbacks.Callbacks["Service"], json: boolean) => Effect.Effect<A, E>
+) =>
+  Effect.gen(function* () {
+    const { admin, json } = yield* adminLayer
+    return yield* Effect.flatMap(Effect.service(Callbacks.Callbacks), (c) => body(c, json)).pipe(
+      Effect.provide(admin)
+    )
+  })
+
+const callbackCommand = (
+  name: "complete" | "fail" | "retry" | "resume",
+  description: string,
+  action: (flags: {
+    readonly error: string
+    readonly payload: Option.Option<string>
+  }) => Effect.Effect<Parameters<Callbacks.Callbacks["Service"]["resolveWaiting"]>[1], UsageError>
+) =>
+  Command.make(
+    name,
+    {
+      id: idArgument,
+      error: Flag.String("error").pipe(Flag.withDefault("failed by operator")),
+      payload: Flag.String("payload").pipe(Flag.optional)
+    },
+    (f) =>
+      withCallbacks((callbacks, json) =>
+        Effect.gen(function* () {
+          const jobId = yield* parseId(f.id)
+          const r = yield* callbacks.resolveWaiting(jobId, yield* action(f))
+          yield* print(json, r, () => `job ${r.jobId} is ${r.state}`)
+        })
+      )
+  ).pipe(Command.withDescription(description))
+
+const payloadOf = (text: Option.Option<string>) =>
+  Option.match(text, {
+    onNone: () => Effect.succeed(null as unknown),
+    onSome: (t) =>
+      Effect.try({
+        try: () => JSON.parse(t) as unknown,
+        catch: () => new UsageError({ message: "--payload must be JSON" })
+      })
+  })
+
+const callback = Command.make("callback").pipe(
+  Command.withSubcommands([
+    callbackCommand("complete", "complete a job that waits for its callback", () =>
+      Effect.succeed({ _tag: "Complete" })
+    ),
+    callbackCommand("fail", "fail a waiting job (--error)", (f) =>
+      Effect.succeed({ _tag: "Fail", error: f.error })
+    ),
+    callbackCommand("retry", "run a parked job again from attempt 0", () =>
+      Effect.succeed({ _tag: "Retry" })
+    ),
+    callbackCommand("resume", "resume a waiting job with --payload (JSON)", (f) =>
+      Effect.map(payloadOf(f.payload), (payload) => ({ _tag: "Resume", payload }))
+    )
+  ]),
+  Command.withDescription("answer a job that waits for an external callback")
+)
+
 // cron list|pause|resume|trigger --------------------------------------------------------------------
 
 const cronName = Argument.String("name").pipe(Argument.withDescription("schedule name"))
@@ -827,7 +896,7 @@ const serve = Command.make(
 
 /** The whole command tree. */
 export const command = root.pipe(
-  Command.withSubcommands([migrate, status, queues, queue, jobs, dlq, cron, doctor, serve])
+  Command.withSubcommands([migrate, status, queues, queue, jobs, dlq, cron, doctor, serve, callback])
 )
 
 export const version = "0.1.0"

@@ -34,7 +34,8 @@
  * retried after the poll interval (the dispatcher never dies on a database error). On `stop`,
  * jobs still waiting are given back (snoozed with no delay) instead of starting.
  */
-import { Clock, Effect, type FiberSet, Queue, Random } from "effect"
+import { CallbackStorage } from "@awa/storage"
+import { Clock, Effect, type FiberSet, Option, Queue, Random } from "effect"
 import type { QueueShare } from "./ConcurrencyPermits.ts"
 import type { Executor, RunningAttempt } from "./Executor.ts"
 import type * as FlowMetrics from "./FlowMetrics.ts"
@@ -63,12 +64,16 @@ export interface DispatcherConfig {
 const claimLingerMs = 2
 /** The buffer aims to cover this many claim round trips of work. */
 const lookaheadRoundTrips = 2
+/** Fallback period of the look for resumed parked attempts (a notification normally rings first). */
+const resumeCheckMs = 30_000
 /** Weight of the newest sample in the moving averages of rate and claim latency. */
 const smoothing = 0.3
 
 export interface Dispatcher<R> {
   /** Rings the doorbell: something may be claimable now. */
   readonly wake: Effect.Effect<void>
+  /** A parked attempt of this queue was resumed: take it back (`claimResumed`) on the next round. */
+  readonly resumed: Effect.Effect<void>
   /** The loop; runs until interrupted. */
   readonly loop: Effect.Effect<never, never, R>
   /** Stops starting buffered jobs and gives them back. Call after interrupting `loop`. */
@@ -102,6 +107,12 @@ export const make = Effect.fnUntraced(function* <R>(
   flow: DispatcherFlow = {}
 ) {
   const claimBatch = yield* KeyedDispatch.claimer(config.queue, config.keyPolicy)
+  const callbacks = Option.getOrUndefined(yield* Effect.serviceOption(CallbackStorage))
+  // Resumed parked attempts (capabilities.md §17): taken back when a notification says so, and
+  // every resumeCheckMs in case it was lost (well inside the stale sweep's 90 s, which would
+  // otherwise retry them without their payload).
+  let resumeWanted = true
+  let lastResumeCheck = 0
   const localKeys =
     config.localKeyLimit === undefined ? undefined : KeyedDispatch.makeLocalKeyGate(config.localKeyLimit)
   const live: LiveSettings = flow.live ?? {
@@ -279,15 +290,44 @@ export const make = Effect.fnUntraced(function* <R>(
       }
       batch = granted
     }
-    const { claimed, busy, capped } = yield* claimAttempts(now, batch)
+    // Resumed parked attempts first (capability 17): they take tokens and permits as new starts do.
+    let resumedCount = 0
+    if (callbacks !== undefined && (resumeWanted || now - lastResumeCheck >= resumeCheckMs)) {
+      resumeWanted = false
+      lastResumeCheck = now
+      resumedCount = yield* callbacks.claimResumed(config.queue, batch).pipe(
+        // a background look like the claim: no span unless asked for
+        Effect.withSpan(`awa.claim-resumed ${config.queue}`, { attributes: { "awa.queue": config.queue } }),
+        (take) => (config.backgroundSpans ? take : Effect.withTracerEnabled(take, false)),
+        Effect.flatMap((jobs) =>
+          Effect.map(Clock.currentTimeMillis, (heldAt) => {
+            for (const job of jobs) buffer.push(executor.hold(job, heldAt))
+            return jobs.length
+          })
+        ),
+        Effect.uninterruptible,
+        Effect.catchCause((cause) =>
+          Effect.logWarning(`taking back resumed attempts failed on queue ${config.queue}`, cause).pipe(
+            Effect.andThen(Effect.sync(() => (resumeWanted = true))),
+            Effect.as(0)
+          )
+        )
+      )
+      if (resumedCount >= batch) {
+        yield* startBuffered
+        return
+      }
+    }
+    const { claimed, busy, capped } = yield* claimAttempts(now, batch - resumedCount)
     yield* startBuffered
     // Keys at their limit or a busy key lock are not an idle queue: no idle backoff (§23).
-    idleClaims = claimed === 0 && busy === undefined ? idleClaims + 1 : 0
-    if (claimed === 0 && busy === undefined) permits?.idle()
+    const idle = claimed + resumedCount === 0 && busy === undefined
+    idleClaims = idle ? idleClaims + 1 : 0
+    if (idle) permits?.idle()
     if (claimed === 0 && busy === "contended") return yield* KeyedDispatch.contendedBackoff
     // A full batch (or a keyed claim cut at its per-call cap) means more may be waiting: claim
     // again at once. Gated: until a closure's wake-up, or the poll interval at the latest.
-    if (claimed < batch && !capped) yield* waitForWork
+    if (claimed < batch - resumedCount && !capped) yield* waitForWork
   })
 
   /**
@@ -349,6 +389,10 @@ export const make = Effect.fnUntraced(function* <R>(
 
   return {
     wake: ring(wakeBell),
+    resumed: Effect.suspend(() => {
+      resumeWanted = true
+      return ring(wakeBell)
+    }),
     loop: Effect.forever(claimOnce).pipe(Effect.annotateLogs({ module: "Dispatcher", queue: config.queue })),
     stop
   } satisfies Dispatcher<R>

@@ -58,7 +58,12 @@ import * as Admin from "./Admin.ts"
 import * as Awa from "./Awa.ts"
 import { AwaClient, type InsertResult } from "./AwaClient.ts"
 import * as Cron from "./Cron.ts"
-import { handler as effectHandler, type Handler, type JobContext } from "./Handler.ts"
+import {
+  handler as effectHandler,
+  type Handler,
+  type JobContext,
+  type RegisterCallbackOptions
+} from "./Handler.ts"
 import type * as QueueOverrides from "./QueueOverrides.ts"
 import type { WorkerOptions } from "./Worker.ts"
 
@@ -87,7 +92,14 @@ export interface ClientOptions extends Awa.AwaPgOptions {
 }
 
 export interface PromiseHandlerContext
-  extends Omit<JobContext, "setProgress" | "updateMetadata" | "flushProgress"> {
+  extends Omit<
+    JobContext,
+    "setProgress" | "updateMetadata" | "flushProgress" | "registerCallback" | "waitForCallback"
+  > {
+  /** As `JobContext.registerCallback`; rejects with its typed error (`InvalidCelExpression`, …). */
+  readonly registerCallback: (options: RegisterCallbackOptions) => Promise<Job.CallbackToken>
+  /** As `JobContext.waitForCallback`: resolves with the resume payload; rejects with `CallbackStale`. */
+  readonly waitForCallback: (token: Job.CallbackToken) => Promise<unknown>
   /** As `JobContext.setProgress`; throws its `ValidationError` or `ProgressTooLarge`. */
   readonly setProgress: (percent: number, message?: string) => void
   /** As `JobContext.updateMetadata`; throws its `ValidationError` or `ProgressTooLarge`. */
@@ -224,7 +236,11 @@ export const createClient = async (options: ClientOptions) => {
             signal,
             setProgress: (percent, message) => orThrow(ctx.setProgress(percent, message)),
             updateMetadata: (patch) => orThrow(ctx.updateMetadata(patch)),
-            flushProgress: () => Effect.runPromise(ctx.flushProgress)
+            flushProgress: () => Effect.runPromise(ctx.flushProgress),
+            registerCallback: (options) => Effect.runPromise(ctx.registerCallback(options)),
+            // the attempt's signal also ends the wait (cancel, rescue, deadline, shutdown)
+            waitForCallback: (token) => Effect.runPromise(ctx.waitForCallback(token), { signal }),
+            callbackResult: ctx.callbackResult
           }),
         catch: (error) =>
           error instanceof Job.JobTerminalError

@@ -11,6 +11,7 @@
 import { monitorEventLoopDelay } from "node:perf_hooks"
 import { AwaConfigError, checkQueueName, type ValidationError } from "@awa/core"
 import {
+  CallbackStorage,
   type CronStorage,
   FlowStorage,
   Heartbeats,
@@ -692,7 +693,8 @@ export const make = Effect.fnUntraced(function* <R>(options: WorkerOptions<R>) {
     shuttingDown: () => shuttingDown,
     tracing: options.tracing ?? true,
     maxProgressBytes: config.maxProgressBytes,
-    heartbeats
+    heartbeats,
+    callbacks: Option.getOrUndefined(yield* Effect.serviceOption(CallbackStorage))
   })
   yield* Effect.forkScoped(executor.deadlines)
   const dispatchers = new Map<string, Dispatcher.Dispatcher<R>>()
@@ -738,11 +740,16 @@ export const make = Effect.fnUntraced(function* <R>(options: WorkerOptions<R>) {
         ? (dispatchers.get(signal.queue)?.wake ?? Effect.void)
         : signal._tag === "Cancel"
           ? executor.interrupt(signal.token.jobId, signal.token.runLease)
-          : // (re)subscribed: wake-ups sent while nobody listened were lost, so look now
-            Effect.suspend(() => {
-              listening = true
-              return Effect.forEach(dispatchers.values(), (d) => d.wake, { discard: true })
-            })
+          : signal._tag === "Resumed"
+            ? Effect.andThen(
+                executor.wakeCallback(signal.token.jobId, signal.token.runLease),
+                dispatchers.get(signal.queue)?.resumed ?? Effect.void
+              )
+            : // (re)subscribed: wake-ups sent while nobody listened were lost, so look now
+              Effect.suspend(() => {
+                listening = true
+                return Effect.forEach(dispatchers.values(), (d) => d.wake, { discard: true })
+              })
     ),
     Effect.ensuring(Effect.sync(() => (listening = false))),
     Effect.catchCause((cause) => Effect.logWarning("notification listener lost; re-subscribing", cause)),

@@ -121,7 +121,7 @@ export interface RescueParams {
 }
 
 export interface RescuedAttempt extends AttemptToken {
-  readonly reason: "stale_heartbeat" | "deadline_exceeded"
+  readonly reason: "stale_heartbeat" | "deadline_exceeded" | "callback_timeout"
   readonly state: JobState
 }
 
