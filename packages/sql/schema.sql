@@ -23,6 +23,13 @@ CREATE TABLE awa.attempt_state (
   run_lease bigint NOT NULL,
   heartbeat_at timestamp with time zone NOT NULL,
   progress jsonb,
+  callback_id text,
+  callback_timeout_at timestamp with time zone,
+  callback_config jsonb,
+  callback_state text,
+  callback_result jsonb,
+  callback_waiting boolean DEFAULT false NOT NULL,
+  parked_at timestamp with time zone,
   CONSTRAINT attempt_state_pkey PRIMARY KEY (job_id, run_lease)
 )
 WITH (fillfactor=80);
@@ -263,6 +270,7 @@ CREATE TABLE awa.queue_meta (
   updated_at timestamp with time zone DEFAULT now() NOT NULL,
   dlq_enabled boolean,
   dlq_retention interval,
+  overrides jsonb,
   CONSTRAINT queue_meta_pkey PRIMARY KEY (queue)
 );
 -- privileges besides the owner: owner only
@@ -417,6 +425,10 @@ CREATE TABLE awa.unique_claims (
 -- Indexes (those not backing a constraint)
 -- ================================================================================================
 
+CREATE INDEX attempt_state_callback_timeout ON awa.attempt_state USING btree (callback_timeout_at) WHERE (callback_state = 'pending'::text);
+
+CREATE INDEX attempt_state_resumed ON awa.attempt_state USING btree (job_id) WHERE (callback_waiting AND (callback_state = 'resumed'::text));
+
 CREATE INDEX claim_marks_queue_priority_shard_next_lane_seq_idx ON ONLY awa.claim_marks USING btree (queue, priority, shard, next_lane_seq DESC);
 
 CREATE INDEX claims_claimed_at_idx ON ONLY awa.claims USING btree (claimed_at);
@@ -496,7 +508,10 @@ UNION ALL
 UNION ALL
  SELECT c.job_id,
     2 AS rank,
-    'running'::text AS state,
+        CASE
+            WHEN a.callback_waiting AND a.callback_state = 'pending'::text THEN 'waiting_external'::text
+            ELSE 'running'::text
+        END AS state,
     r.kind,
     r.queue,
     r.priority,
@@ -662,6 +677,52 @@ AS $function$
 $function$
 -- execute besides the owner: owner only
 
+CREATE OR REPLACE FUNCTION awa.callback_attempt(p_callback_id text, OUT job_id bigint, OUT run_lease bigint)
+ RETURNS record
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+  SELECT split_part(p_callback_id, '.', 1)::bigint, split_part(p_callback_id, '.', 2)::bigint
+  WHERE p_callback_id ~ '^[0-9]{1,18}\.[0-9]{1,18}\.[0-9a-f]{32}$'
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.callback_info(p_callback_id text, OUT status text, OUT job_id bigint, OUT run_lease bigint, OUT config jsonb, OUT waiting boolean, OUT result jsonb)
+ RETURNS record
+ LANGUAGE plpgsql
+ STABLE
+ SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
+AS $function$
+#variable_conflict use_column
+DECLARE
+  v_state attempt_state%ROWTYPE;
+BEGIN
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'callback_info needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  SELECT x.job_id, x.run_lease INTO job_id, run_lease FROM callback_attempt(p_callback_id) x;
+  IF job_id IS NULL THEN
+    status := 'not_found';
+    RETURN;
+  END IF;
+  SELECT * INTO v_state FROM attempt_state a WHERE a.job_id = callback_info.job_id AND a.run_lease = callback_info.run_lease;
+  IF FOUND AND v_state.callback_id = p_callback_id
+     AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.job_id = callback_info.job_id AND z.run_lease = callback_info.run_lease) THEN
+    status := v_state.callback_state;
+    config := v_state.callback_config;
+    waiting := v_state.callback_waiting;
+    result := v_state.callback_result;
+  ELSIF EXISTS (SELECT 1 FROM claims c WHERE c.job_id = callback_info.job_id AND c.run_lease = callback_info.run_lease) THEN
+    status := 'stale';
+  ELSE
+    status := 'not_found';
+  END IF;
+END
+$function$
+-- execute besides the owner: owner only
+
 CREATE OR REPLACE FUNCTION awa.cancel_by_unique_key(p_key text, p_reason text)
  RETURNS bigint
  LANGUAGE plpgsql
@@ -685,6 +746,29 @@ BEGIN
     RETURN v_job_id;
   END IF;
   RETURN NULL;
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.cancel_callback(p_job_id bigint, p_run_lease bigint)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
+AS $function$
+BEGIN
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'cancel_callback needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  IF lock_attempt(p_job_id, p_run_lease) <> 'open' THEN
+    RETURN false;
+  END IF;
+  UPDATE attempt_state a SET callback_id = NULL, callback_state = NULL, callback_timeout_at = NULL,
+                             callback_config = NULL, callback_result = NULL, callback_waiting = false,
+                             heartbeat_at = now()
+  WHERE a.job_id = p_job_id AND a.run_lease = p_run_lease AND a.callback_state = 'pending';
+  RETURN FOUND;
 END
 $function$
 -- execute besides the owner: owner only
@@ -1281,6 +1365,52 @@ BEGIN
                         NULL::timestamptz, NULL::jsonb,
                         CASE WHEN v_contended THEN 'keyLockContended' ELSE 'keyGated' END;
   END IF;
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.claim_resumed(p_queue text, p_max integer)
+ RETURNS TABLE(job_id bigint, run_lease bigint, kind text, queue text, priority smallint, attempt integer, max_attempts integer, args jsonb, metadata jsonb, tags text[], errors jsonb, run_at timestamp with time zone, created_at timestamp with time zone, claimed_at timestamp with time zone, progress jsonb, callback_result jsonb)
+ LANGUAGE plpgsql
+ SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
+AS $function$
+#variable_conflict use_column
+BEGIN
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'claim_resumed needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  -- One statement. A writer of attempt_state holds the claims row while it writes, so a row we
+  -- lock here is not being changed; one changed and committed after our snapshot (a take, a
+  -- finalize deleting the row) is caught by the UPDATE, which re-checks its WHERE on the newest
+  -- version of each attempt_state row.
+  RETURN QUERY
+  WITH locked AS MATERIALIZED (
+    SELECT c.job_id, c.run_lease, c.attempt, c.claimed_at, c.slot, c.queue, c.priority, c.shard, c.lane_seq
+    FROM claims c
+    WHERE (c.job_id, c.run_lease) IN (SELECT a.job_id, a.run_lease FROM attempt_state a
+                                      WHERE a.callback_waiting AND a.callback_state = 'resumed')
+      AND c.queue = p_queue
+      AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.job_id = c.job_id AND z.run_lease = c.run_lease)
+    ORDER BY c.job_id, c.run_lease
+    LIMIT p_max
+    FOR NO KEY UPDATE OF c SKIP LOCKED
+  ),
+  taken AS (
+    UPDATE attempt_state a SET callback_waiting = false, heartbeat_at = now(), callback_id = NULL,
+                               callback_state = NULL, callback_timeout_at = NULL, callback_config = NULL
+    FROM locked l
+    WHERE a.job_id = l.job_id AND a.run_lease = l.run_lease AND a.callback_waiting AND a.callback_state = 'resumed'
+    RETURNING a.job_id, a.run_lease, a.callback_result, a.progress
+  )
+  SELECT t.job_id, t.run_lease, r.kind, r.queue, r.priority, l.attempt, r.max_attempts, r.args, r.metadata, r.tags,
+         r.errors, r.run_at, r.created_at, l.claimed_at, coalesce(t.progress, r.progress), t.callback_result
+  FROM taken t
+  JOIN locked l ON l.job_id = t.job_id AND l.run_lease = t.run_lease
+  JOIN ready r ON r.slot = l.slot AND r.queue = l.queue AND r.priority = l.priority AND r.shard = l.shard
+              AND r.lane_seq = l.lane_seq
+  ORDER BY t.job_id;
 END
 $function$
 -- execute besides the owner: owner only
@@ -2662,6 +2792,30 @@ AS $function$
 $function$
 -- execute besides the owner: owner only
 
+CREATE OR REPLACE FUNCTION awa.lock_attempt(p_job_id bigint, p_run_lease bigint)
+ RETURNS text
+ LANGUAGE plpgsql
+ SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
+AS $function$
+BEGIN
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'lock_attempt needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  PERFORM 1 FROM claims c WHERE c.job_id = p_job_id AND c.run_lease = p_run_lease FOR NO KEY UPDATE OF c;
+  IF NOT FOUND THEN
+    RETURN 'unknown';
+  END IF;
+  -- a new statement after the lock: it sees the closure of whoever held the row before us
+  IF EXISTS (SELECT 1 FROM closures z WHERE z.job_id = p_job_id AND z.run_lease = p_run_lease) THEN
+    RETURN 'closed';
+  END IF;
+  RETURN 'open';
+END
+$function$
+-- execute besides the owner: owner only
+
 CREATE OR REPLACE FUNCTION awa.lock_current_slot(p_table text, OUT o_generation bigint, OUT o_slot integer)
  RETURNS record
  LANGUAGE plpgsql
@@ -2689,6 +2843,37 @@ CREATE OR REPLACE FUNCTION awa.lock_ns(p_name text)
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
 AS $function$ SELECT hashtext('awa:' || p_name) $function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.park_callback(p_job_id bigint, p_run_lease bigint, p_callback_id text, OUT status text, OUT result jsonb)
+ RETURNS record
+ LANGUAGE plpgsql
+ SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
+AS $function$
+DECLARE
+  v_state attempt_state%ROWTYPE;
+BEGIN
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'park_callback needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  status := 'stale';
+  IF lock_attempt(p_job_id, p_run_lease) <> 'open' THEN
+    RETURN;
+  END IF;
+  SELECT * INTO v_state FROM attempt_state a WHERE a.job_id = p_job_id AND a.run_lease = p_run_lease;
+  IF NOT FOUND OR v_state.callback_id IS DISTINCT FROM p_callback_id THEN
+    RETURN;
+  END IF;
+  -- parked either way; a resume that came first leaves it 'resumed', for claim_resumed to hand
+  -- back to a worker (with the payload) as it would after a park
+  UPDATE attempt_state a SET callback_waiting = true, parked_at = coalesce(a.parked_at, now())
+  WHERE a.job_id = p_job_id AND a.run_lease = p_run_lease;
+  status := CASE WHEN v_state.callback_state = 'resumed' THEN 'resumed' ELSE 'parked' END;
+  result := v_state.callback_result;
+END
+$function$
 -- execute besides the owner: owner only
 
 CREATE OR REPLACE FUNCTION awa.promote(p_limit integer)
@@ -3522,6 +3707,50 @@ END
 $function$
 -- execute besides the owner: owner only
 
+CREATE OR REPLACE FUNCTION awa.queue_depth(p_queue text, p_cap integer)
+ RETURNS bigint
+ LANGUAGE plpgsql
+ STABLE
+ SET search_path TO 'awa', 'pg_catalog'
+ SET plan_cache_mode TO 'force_generic_plan'
+ SET jit TO 'off'
+AS $function$
+DECLARE
+  v_n bigint;
+BEGIN
+  IF p_cap IS NULL OR p_cap < 1 THEN
+    RAISE EXCEPTION 'queue_depth: p_cap must be at least 1, got %', p_cap USING ERRCODE = '22023';
+  END IF;
+  WITH rng AS MATERIALIZED (SELECT s.lo1, s.hi1, s.lo2, s.hi2 FROM queue_slot_ranges() s),
+  cursors AS MATERIALIZED (
+    -- = lane_cursor(queue, priority, shard), inline, as in queue_stats
+    SELECT l.queue, l.priority, l.shard,
+           coalesce((SELECT m.next_lane_seq FROM claim_marks m
+                     WHERE m.queue = l.queue AND m.priority = l.priority AND m.shard = l.shard
+                     ORDER BY m.next_lane_seq DESC LIMIT 1), 0) AS c
+    FROM lanes l
+    WHERE l.queue = p_queue
+  )
+  SELECT count(*) INTO v_n FROM (
+    (SELECT 1 FROM cursors k
+     CROSS JOIN LATERAL (
+       SELECT 1 FROM ready r, rng
+       WHERE r.queue = k.queue AND r.priority = k.priority AND r.shard = k.shard AND r.lane_seq >= k.c
+         AND (r.slot BETWEEN rng.lo1 AND rng.hi1 OR r.slot BETWEEN rng.lo2 AND rng.hi2)
+         AND NOT EXISTS (SELECT 1 FROM ready_tombstones t
+                         WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard
+                           AND t.lane_seq = r.lane_seq)
+       LIMIT p_cap
+     ) x)
+    UNION ALL
+    (SELECT 1 FROM parked p WHERE p.queue = p_queue LIMIT p_cap)
+    LIMIT p_cap
+  ) capped;
+  RETURN v_n;
+END
+$function$
+-- execute besides the owner: owner only
+
 CREATE OR REPLACE FUNCTION awa.queue_history(p_window_ms bigint, p_bucket_ms bigint)
  RETURNS TABLE(queue text, bucket_start timestamp with time zone, enqueued bigint, completed bigint, failed bigint, cancelled bigint)
  LANGUAGE plpgsql
@@ -3743,6 +3972,35 @@ END
 $function$
 -- execute besides the owner: owner only
 
+CREATE OR REPLACE FUNCTION awa.register_callback(p_job_id bigint, p_run_lease bigint, p_timeout_ms bigint, p_config jsonb)
+ RETURNS text
+ LANGUAGE plpgsql
+ SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
+AS $function$
+DECLARE
+  v_id text := p_job_id || '.' || p_run_lease || '.' || replace(gen_random_uuid()::text, '-', '');
+BEGIN
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'register_callback needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  IF lock_attempt(p_job_id, p_run_lease) <> 'open' THEN
+    RETURN NULL;
+  END IF;
+  INSERT INTO attempt_state AS a (job_id, run_lease, heartbeat_at, callback_id, callback_timeout_at, callback_config,
+                                  callback_state, callback_result, callback_waiting)
+  VALUES (p_job_id, p_run_lease, now(), v_id, now() + p_timeout_ms * interval '1 millisecond', p_config,
+          'pending', NULL, false)
+  ON CONFLICT (job_id, run_lease) DO UPDATE
+    SET heartbeat_at = excluded.heartbeat_at, callback_id = excluded.callback_id,
+        callback_timeout_at = excluded.callback_timeout_at, callback_config = excluded.callback_config,
+        callback_state = 'pending', callback_result = NULL, callback_waiting = false;
+  RETURN v_id;
+END
+$function$
+-- execute besides the owner: owner only
+
 CREATE OR REPLACE FUNCTION awa.release_keys_of(p_rows jsonb)
  RETURNS void
  LANGUAGE sql
@@ -3806,6 +4064,7 @@ BEGIN
       SELECT c.job_id, c.run_lease, c.attempt FROM claims c
       LEFT JOIN attempt_state a ON a.job_id = c.job_id AND a.run_lease = c.run_lease
       WHERE c.claimed_at < v_cutoff AND (a.heartbeat_at IS NULL OR a.heartbeat_at < v_cutoff)
+        AND NOT (coalesce(a.callback_waiting, false) AND a.callback_state = 'pending') -- 0034: parked, no worker heartbeats it
         AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.job_id = c.job_id AND z.run_lease = c.run_lease)
       ORDER BY c.claimed_at LIMIT p_limit
     )
@@ -3813,11 +4072,34 @@ BEGIN
              'delay_ms', backoff_ms(cand.attempt, random()), 'message', 'heartbeat stale: worker presumed dead',
              'reason', 'stale_heartbeat', 'stale_before', v_cutoff))
       INTO v_items FROM cand;
+  ELSIF p_kind = 'callback' THEN -- 0034
+    -- 0034: pending callbacks past their timeout. Lock their claims rows first (as a resolver or a
+    -- callback heartbeat does), then re-read the timeout: an extension committed meanwhile wins.
+    PERFORM 1 FROM claims c -- 0034
+    WHERE (c.job_id, c.run_lease) IN (SELECT a.job_id, a.run_lease FROM attempt_state a -- 0034
+                                      WHERE a.callback_state = 'pending' AND a.callback_timeout_at < now() -- 0034
+                                      ORDER BY a.callback_timeout_at LIMIT p_limit) -- 0034
+    ORDER BY c.job_id, c.run_lease -- 0034
+    FOR NO KEY UPDATE OF c; -- 0034
+    WITH cand AS ( -- 0034
+      SELECT c.job_id, c.run_lease, c.attempt FROM attempt_state a -- 0034
+      JOIN claims c ON c.job_id = a.job_id AND c.run_lease = a.run_lease -- 0034
+      WHERE a.callback_state = 'pending' AND a.callback_timeout_at < now() -- 0034
+        AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.job_id = c.job_id AND z.run_lease = c.run_lease) -- 0034
+      ORDER BY a.callback_timeout_at LIMIT p_limit -- 0034
+    ) -- 0034
+    SELECT jsonb_agg(jsonb_build_object('job_id', cand.job_id, 'run_lease', cand.run_lease, 'outcome', 'retry', -- 0034
+             'delay_ms', backoff_ms(cand.attempt, random()), 'message', 'callback timed out', -- 0034
+             'reason', 'callback_timeout')) -- 0034
+      INTO v_items FROM cand; -- 0034
   ELSE
     WITH cand AS (
       SELECT c.job_id, c.run_lease, c.attempt FROM claims c
       WHERE c.deadline_at < now()
         AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.job_id = c.job_id AND z.run_lease = c.run_lease)
+        -- 0034: a parked attempt's claim deadline is void; its callback timeout bounds it
+        AND NOT EXISTS (SELECT 1 FROM attempt_state a WHERE a.job_id = c.job_id AND a.run_lease = c.run_lease -- 0034
+                          AND a.parked_at IS NOT NULL) -- 0034
       ORDER BY c.deadline_at LIMIT p_limit
     )
     SELECT jsonb_agg(jsonb_build_object('job_id', cand.job_id, 'run_lease', cand.run_lease, 'outcome', 'retry',
@@ -3838,6 +4120,87 @@ BEGIN
     state := v_row.s;
     RETURN NEXT;
   END LOOP;
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.resolve_callback(p_callback_id text, p_action text, p_payload jsonb, p_error text, p_timeout_ms bigint)
+ RETURNS TABLE(result text, job_id bigint, run_lease bigint, state text)
+ LANGUAGE plpgsql
+ SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
+AS $function$
+#variable_conflict use_column
+DECLARE
+  v_job bigint;
+  v_lease bigint;
+  v_lock text;
+  v_state attempt_state%ROWTYPE;
+  v_final record;
+BEGIN
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'resolve_callback needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  SELECT x.job_id, x.run_lease INTO v_job, v_lease FROM callback_attempt(p_callback_id) x;
+  IF v_job IS NULL THEN
+    RETURN QUERY SELECT 'not_found'::text, NULL::bigint, NULL::bigint, NULL::text;
+    RETURN;
+  END IF;
+  v_lock := lock_attempt(v_job, v_lease);
+  IF v_lock = 'unknown' THEN
+    RETURN QUERY SELECT 'not_found'::text, v_job, v_lease, NULL::text;
+    RETURN;
+  END IF;
+  SELECT * INTO v_state FROM attempt_state a WHERE a.job_id = v_job AND a.run_lease = v_lease;
+  IF v_lock = 'closed' OR v_state.callback_id IS DISTINCT FROM p_callback_id
+     OR (v_state.callback_state IS DISTINCT FROM 'pending'
+         AND NOT (p_action = 'heartbeat' AND v_state.callback_state = 'resumed')) THEN
+    RETURN QUERY SELECT 'stale'::text, v_job, v_lease, NULL::text;
+    RETURN;
+  END IF;
+  IF p_action = 'heartbeat' THEN
+    UPDATE attempt_state a SET callback_timeout_at = now() + p_timeout_ms * interval '1 millisecond'
+    WHERE a.job_id = v_job AND a.run_lease = v_lease;
+    RETURN QUERY SELECT 'applied'::text, v_job, v_lease,
+                        CASE WHEN v_state.callback_waiting THEN 'waiting_external' ELSE 'running' END;
+    RETURN;
+  END IF;
+  IF p_action = 'resume' THEN
+    -- a parked attempt's heartbeat restarts now: if no worker takes it back (claim_resumed)
+    -- within the staleness, the stale sweep retries it (it is no longer a pending park)
+    UPDATE attempt_state a SET callback_state = 'resumed', callback_result = p_payload, heartbeat_at = now()
+    WHERE a.job_id = v_job AND a.run_lease = v_lease;
+    -- 'resumed:<job>:<lease>:<queue>' on the cancel channel (a third channel would cost every
+    -- worker a pooled connection for its LISTEN; workers before 0034 ignore the payload): wakes
+    -- an in-handler wait, or (parked) the queue's dispatchers, which take it back (claim_resumed)
+    PERFORM pg_notify('awa_cancel_awa', 'resumed:' || v_job || ':' || v_lease || ':' || c.queue)
+    FROM claims c WHERE c.job_id = v_job AND c.run_lease = v_lease;
+    RETURN QUERY SELECT 'applied'::text, v_job, v_lease, 'running'::text;
+    RETURN;
+  END IF;
+  IF p_action = 'retry' AND NOT v_state.callback_waiting THEN
+    RETURN QUERY SELECT 'not_waiting'::text, v_job, v_lease, NULL::text;
+    RETURN;
+  END IF;
+  SELECT f.applied, f.state INTO v_final
+  FROM finalize(jsonb_build_array(jsonb_strip_nulls(jsonb_build_object(
+         'job_id', v_job, 'run_lease', v_lease,
+         'outcome', CASE p_action WHEN 'complete' THEN 'complete' WHEN 'fail' THEN 'fail' WHEN 'retry' THEN 'release' END,
+         'delay_ms', 0,
+         'message', CASE p_action WHEN 'fail' THEN coalesce(p_error, 'failed by callback')
+                                  WHEN 'retry' THEN 'retried by callback' END)))) f;
+  IF v_final.applied IS NOT TRUE THEN
+    RETURN QUERY SELECT 'stale'::text, v_job, v_lease, NULL::text;
+    RETURN;
+  END IF;
+  IF p_action = 'retry' THEN
+    -- "attempt reset to 0" (§17): the deferred row is the job's newest representation
+    UPDATE deferred d SET attempt = 0 WHERE d.job_id = v_job AND d.run_lease = v_lease;
+  ELSE
+    PERFORM pg_notify('awa_cancel_awa', v_job || ':' || v_lease);
+  END IF;
+  RETURN QUERY SELECT 'applied'::text, v_job, v_lease, v_final.state;
 END
 $function$
 -- execute besides the owner: owner only
@@ -4232,6 +4595,47 @@ AS $function$
     WHEN 'scheduled' THEN 1 WHEN 'available' THEN 2 WHEN 'running' THEN 4
     WHEN 'waiting_external' THEN 8 WHEN 'retryable' THEN 16 WHEN 'completed' THEN 32
     WHEN 'failed' THEN 64 WHEN 'cancelled' THEN 128 WHEN 'waiting_on' THEN 256 ELSE 0 END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.take_callback(p_job_id bigint, p_run_lease bigint, p_callback_id text, OUT status text, OUT result jsonb)
+ RETURNS record
+ LANGUAGE plpgsql
+ SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
+AS $function$
+DECLARE
+  v_state attempt_state%ROWTYPE;
+BEGIN
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'take_callback needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  status := 'stale';
+  -- cheap unlocked look first: the common answer while waiting is 'pending'
+  SELECT * INTO v_state FROM attempt_state a WHERE a.job_id = p_job_id AND a.run_lease = p_run_lease;
+  IF FOUND AND v_state.callback_id = p_callback_id AND v_state.callback_state = 'pending'
+     AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.job_id = p_job_id AND z.run_lease = p_run_lease) THEN
+    status := 'pending';
+    RETURN;
+  END IF;
+  IF lock_attempt(p_job_id, p_run_lease) <> 'open' THEN
+    RETURN;
+  END IF;
+  SELECT * INTO v_state FROM attempt_state a WHERE a.job_id = p_job_id AND a.run_lease = p_run_lease;
+  IF NOT FOUND OR v_state.callback_id IS DISTINCT FROM p_callback_id THEN
+    RETURN;
+  END IF;
+  IF v_state.callback_state = 'resumed' THEN
+    UPDATE attempt_state a SET callback_id = NULL, callback_state = NULL, callback_timeout_at = NULL,
+                               callback_config = NULL, callback_waiting = false
+    WHERE a.job_id = p_job_id AND a.run_lease = p_run_lease;
+    status := 'resumed';
+    result := v_state.callback_result;
+    RETURN;
+  END IF;
+  status := v_state.callback_state;
+END
 $function$
 -- execute besides the owner: owner only
 

@@ -160,6 +160,10 @@ export interface WorkerConfig {
   readonly maxConnections?: number | undefined
   /** `WorkerOptions` without `handlers`; passed through unchecked, so it can be invalid on purpose. */
   readonly options: Record<string, unknown>
+  /** HTTP-worker kinds this worker also runs (callback scenarios): `Awa.httpWorker(kind, options)`. */
+  readonly http?:
+    | ReadonlyArray<{ readonly kind: string; readonly options: Record<string, unknown> }>
+    | undefined
 }
 
 /** A line `worker-process.ts` prints for the suite: `@@fault {json}`. */

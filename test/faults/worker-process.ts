@@ -184,9 +184,10 @@ const Announce = Layer.effectDiscard(
 )
 
 const runEffectWorker = () => {
+  const http = (config.http ?? []).map((h) => Awa.httpWorker(h.kind, h.options as never))
   const options = {
     ...config.options,
-    handlers: effectHandlers
+    handlers: [...effectHandlers, ...http]
   } as unknown as Worker.WorkerOptions<SqlClient.SqlClient>
   const app = Announce.pipe(
     Layer.provideMerge(Awa.worker(options)),

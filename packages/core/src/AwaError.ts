@@ -85,6 +85,20 @@ export class UnsafeBulkFilter extends Schema.TaggedError<UnsafeBulkFilter>()("Un
   }
 }
 
+/**
+ * An insert with `backpressure: { reject: { limit } }` found its queue's depth at the limit
+ * (capabilities.md §25); nothing was written. `depth` is the capped count it saw (≥ `limit`).
+ */
+export class BackpressureRejected extends Schema.TaggedError<BackpressureRejected>()("BackpressureRejected", {
+  queue: Schema.String,
+  depth: Schema.Number,
+  limit: Schema.Number
+}) {
+  override get message(): string {
+    return `queue ${this.queue} holds at least ${this.depth} claimable jobs (limit ${this.limit}); insert refused`
+  }
+}
+
 /** A handler's progress (percent, message and metadata) would exceed `maxProgressBytes` (capability 14). */
 export class ProgressTooLarge extends Schema.TaggedError<ProgressTooLarge>()("ProgressTooLarge", {
   bytes: Schema.Number,
@@ -110,5 +124,46 @@ export class ReadCommittedRequired extends Schema.TaggedError<ReadCommittedRequi
 ) {
   override get message(): string {
     return `${this.operation} needs READ COMMITTED; it was called inside a ${this.isolation} transaction`
+  }
+}
+
+/** No callback has this id (never registered, malformed, or its attempt's records are reclaimed). */
+export class CallbackNotFound extends Schema.TaggedError<CallbackNotFound>()("CallbackNotFound", {
+  callbackId: Schema.String
+}) {
+  override get message(): string {
+    return `callback ${this.callbackId} not found`
+  }
+}
+
+/**
+ * The callback id is known but no longer current: its attempt finished (or another resolution won),
+ * or the handler registered a newer callback since.
+ */
+export class CallbackStale extends Schema.TaggedError<CallbackStale>()("CallbackStale", {
+  callbackId: Schema.String
+}) {
+  override get message(): string {
+    return `callback ${this.callbackId} is stale: already resolved, superseded, or its attempt ended`
+  }
+}
+
+/** A callback request's signature is missing, malformed or does not match. */
+export class InvalidSignature extends Schema.TaggedError<InvalidSignature>()("InvalidSignature", {
+  reason: Schema.String
+}) {
+  override get message(): string {
+    return `invalid callback signature: ${this.reason}`
+  }
+}
+
+/** A CEL expression given to `registerCallback` does not compile. */
+export class InvalidCelExpression extends Schema.TaggedError<InvalidCelExpression>()("InvalidCelExpression", {
+  field: Schema.String,
+  expression: Schema.String,
+  reason: Schema.String
+}) {
+  override get message(): string {
+    return `invalid CEL expression in ${this.field} (${JSON.stringify(this.expression)}): ${this.reason}`
   }
 }

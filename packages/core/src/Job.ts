@@ -31,7 +31,21 @@ export interface InsertOptions {
    * key policy of the queue, if it has one (`keyPolicy` worker option).
    */
   readonly concurrencyKey?: string | undefined
+  /**
+   * Producer flow control (capabilities.md §25). `"off"` (default): no depth check, no query.
+   * `"signal"`: the result carries `pressure: { queue, depth, capped }`, the queue's claimable
+   * jobs counted up to 100,000 and cached per process for at most 1 s. `{ reject: { limit } }`
+   * (limit 1–1,000,000): when the queue already holds `limit` claimable jobs the insert fails
+   * with `BackpressureRejected` before anything is written (a batch is refused whole); the count
+   * stops at `limit`, so the check costs at most `limit` index entries, and is cached ≤ 1 s.
+   * Inside the caller's transaction a rejection fails that transaction's business work too:
+   * queue health becomes a business failure, so choose it deliberately.
+   */
+  readonly backpressure?: Backpressure | undefined
 }
+
+/** See `InsertOptions.backpressure`. */
+export type Backpressure = "off" | "signal" | { readonly reject: { readonly limit: number } }
 
 export interface JobDefinition<A, I = A> {
   readonly kind: string
@@ -95,6 +109,16 @@ export type JobResult =
   /** Not a failure: run again after `delay`; the attempt is not counted. */
   | { readonly _tag: "Snooze"; readonly delay: Duration.Input }
   | { readonly _tag: "Cancel"; readonly reason: string }
+  /**
+   * Park until the callback registered with `ctx.registerCallback` is resolved from outside
+   * (capabilities.md §17): the worker's permit is freed, the attempt stays open with its run lease.
+   */
+  | { readonly _tag: "WaitForCallback"; readonly callbackId: string }
+
+/** A registered callback: send `id` to the external system (after registering, never before). */
+export interface CallbackToken {
+  readonly id: string
+}
 
 export const JobResult = {
   completed: { _tag: "Completed" } as JobResult,
@@ -104,7 +128,8 @@ export const JobResult = {
     reason
   }),
   snooze: (delay: Duration.Input): JobResult => ({ _tag: "Snooze", delay }),
-  cancel: (reason: string): JobResult => ({ _tag: "Cancel", reason })
+  cancel: (reason: string): JobResult => ({ _tag: "Cancel", reason }),
+  waitForCallback: (token: CallbackToken): JobResult => ({ _tag: "WaitForCallback", callbackId: token.id })
 } as const
 
 /** Fails the job now, whatever attempts remain. */

@@ -1,5 +1,6 @@
 export * from "./AwaError.ts"
 export * as Backoff from "./Backoff.ts"
+export * as CallbackSignature from "./CallbackSignature.ts"
 export * as CanonicalJson from "./CanonicalJson.ts"
 export * as Job from "./Job.ts"
 export * from "./JobState.ts"

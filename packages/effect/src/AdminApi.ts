@@ -8,7 +8,7 @@
  * (401) unless `insecureNoAuth`. `readOnly` answers 503 to every action, token or not. Bodies are
  * JSON with bigints as strings and dates as ISO text (the CLI's `--json` form).
  */
-import { Admin } from "@awa/runtime"
+import { Admin, Callbacks } from "@awa/runtime"
 import { Effect, Layer, Option, Redacted, Schema } from "effect"
 import { HttpServerRequest } from "effect/http"
 import {
@@ -67,6 +67,8 @@ export class ReadAuth extends HttpApiMiddleware.Service<ReadAuth>()("awa/admin/R
 // ---------------------------------------------------------------------------------------------
 // The API
 
+// waiting-job routes (issue 21) still answer untyped JSON
+const Json = Schema.Unknown
 const id = { id: Schema.String }
 const errors = [BadRequest, NotFound, Conflict, Unavailable] as const
 
@@ -177,8 +179,28 @@ const health = HttpApiGroup.make("health").add(
   HttpApiEndpoint.get("readyz", "/readyz", { success: Bodies.Ready, error: Unavailable })
 )
 
+// ---------------------------------------------------------------------------------------------
+// Waiting jobs (issue 21, capabilities.md §17): an operator resolves, retries or fails a job that
+// waits for its callback, by job id. Cancel is the ordinary cancelJob. Same auth as actions.
+
+const WaitingBody = Schema.Struct({
+  payload: Schema.optional(Schema.Unknown),
+  error: Schema.optional(Schema.String)
+})
+
+const waiting = HttpApiGroup.make("waiting")
+  .add(
+    HttpApiEndpoint.post("resolveWaiting", "/api/jobs/:id/callback/:action", {
+      params: { id: Schema.String, action: Schema.Literals(["complete", "fail", "retry", "resume"]) },
+      payload: WaitingBody,
+      success: Json,
+      error: errors
+    })
+  )
+  .middleware(ActionAuth)
+
 /** The admin API's contract (also what `/openapi.json` describes). */
-export const api = HttpApi.make("awa-admin").add(reads).add(actions).add(health)
+export const api = HttpApi.make("awa-admin").add(reads).add(actions).add(health).add(waiting)
 
 // ---------------------------------------------------------------------------------------------
 // Handlers
@@ -431,6 +453,40 @@ const healthLive = HttpApiBuilder.group(api, "health", (handlers) =>
   })
 )
 
+const waitingLive = HttpApiBuilder.group(api, "waiting", (handlers) =>
+  Effect.gen(function* () {
+    // optional, so mounting the admin API needs nothing new; `awa serve` provides it
+    const found = yield* Effect.serviceOption(Callbacks.Callbacks)
+    return handlers.handle("resolveWaiting", ({ params, payload }) =>
+      Effect.flatMap(parseId(params.id), (jobId) =>
+        found._tag === "None"
+          ? Effect.fail(new Unavailable({ message: "callbacks are not available in this server" }))
+          : found.value
+              .resolveWaiting(
+                jobId,
+                params.action === "complete"
+                  ? { _tag: "Complete" }
+                  : params.action === "fail"
+                    ? { _tag: "Fail", error: payload.error ?? "failed by operator" }
+                    : params.action === "retry"
+                      ? { _tag: "Retry" }
+                      : { _tag: "Resume", payload: payload.payload ?? null }
+              )
+              .pipe(
+                Effect.map(plain),
+                Effect.mapError((error) =>
+                  error._tag === "CallbackNotFound"
+                    ? new NotFound({ message: error.message })
+                    : error._tag === "CallbackStale"
+                      ? new Conflict({ message: `${error._tag}: ${error.message}` })
+                      : toHttp(error)
+                )
+              )
+      )
+    )
+  })
+)
+
 const middlewareLive = (options: AdminApiOptions) =>
   Layer.mergeAll(
     Layer.succeed(ActionAuth, {
@@ -459,12 +515,13 @@ const middlewareLive = (options: AdminApiOptions) =>
 
 /**
  * The admin API's routes for an `HttpRouter` (serve it with `HttpRouter.serve`), with the OpenAPI
- * document at `/openapi.json`. Needs the `Admin` service and its `SqlClient`.
+ * document at `/openapi.json`. Needs the `Admin` service and its `SqlClient`; the waiting-job
+ * actions also use `Callbacks` when it is provided (else they answer 503).
  */
 export const layer = (options: AdminApiOptions = {}) =>
   Layer.mergeAll(
     HttpApiBuilder.layer(api, { openapiPath: "/openapi.json" }).pipe(
-      Layer.provide(Layer.mergeAll(readsLive(options), actionsLive, healthLive)),
+      Layer.provide(Layer.mergeAll(readsLive(options), actionsLive, healthLive, waitingLive)),
       Layer.provide(middlewareLive(options))
     ),
     // GET /metrics, Prometheus text (open, as /healthz: bind the server to a private address)

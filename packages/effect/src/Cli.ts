@@ -12,8 +12,8 @@
  */
 
 import { createServer } from "node:http"
-import { Admin } from "@awa/runtime"
-import { CronStorage, PgQueueStorage, StorageSignals } from "@awa/storage"
+import { Admin, Callbacks, QueueOverrides } from "@awa/runtime"
+import { CronStorage, FlowStorage, PgCallbackStorage, PgQueueStorage, StorageSignals } from "@awa/storage"
 import { NodeHttpServer } from "@effect/platform-node"
 import { PgClient } from "@effect/sql-pg"
 import { Cause, Console, Context, Duration, Effect, Exit, Layer, Option, Redacted, Schema } from "effect"
@@ -115,7 +115,9 @@ const adminLayerWith = (maxConnections: number) =>
     const client = PgClient.layer({ url: Redacted.make(url), maxConnections, applicationName: "awa-cli" })
     const storage = Layer.mergeAll(
       PgQueueStorage.layer({ schema: flags.schema }),
-      CronStorage.layerPg({ schema: flags.schema })
+      CronStorage.layerPg({ schema: flags.schema }),
+      // waiting jobs (issue 21): `awa callback …` and the admin API's waiting-job actions
+      Callbacks.layer.pipe(Layer.provide(PgCallbackStorage.layer({ schema: flags.schema })))
     ).pipe(Layer.provideMerge(client))
     return {
       admin: Admin.layer({ schema: flags.schema }).pipe(Layer.provideMerge(storage)),
@@ -378,9 +380,127 @@ const queueDrain = Command.make(
     )
 ).pipe(Command.withDescription("cancel every job of a queue that is not running yet"))
 
+// queue overrides set|clear|show (issue 20, capabilities.md §13) -----------------------------------
+
+/** Runs `body` with `FlowStorage` on a pool opened for this command (not the `Admin` service's). */
+const withFlow = <A, E>(body: (json: boolean) => Effect.Effect<A, E, FlowStorage.FlowStorage>) =>
+  Effect.gen(function* () {
+    const flags = yield* root
+    const url = Option.getOrUndefined(flags.databaseUrl) ?? process.env.DATABASE_URL
+    if (url === undefined || url === "")
+      return yield* new UsageError({ message: "no database: pass --database-url or set DATABASE_URL" })
+    const client = PgClient.layer({ url: Redacted.make(url), maxConnections: 1, applicationName: "awa-cli" })
+    return yield* body(flags.json).pipe(
+      Effect.provide(FlowStorage.layerPg({ schema: flags.schema }).pipe(Layer.provide(client)))
+    )
+  })
+
+const renderOverrides = (o: QueueOverrides.QueueOverrides) =>
+  [
+    o.pollIntervalMs === undefined ? undefined : `pollInterval=${o.pollIntervalMs}ms`,
+    o.claimBatchSize === undefined ? undefined : `claimBatchSize=${o.claimBatchSize}`,
+    o.rateLimit === undefined ? undefined : `rateLimit=${o.rateLimit.maxRate}/s burst ${o.rateLimit.burst}`,
+    o.deadlineMs === undefined ? undefined : `deadline=${o.deadlineMs}ms`
+  ]
+    .filter((x) => x !== undefined)
+    .join(" ")
+
+const overridesSet = Command.make(
+  "set",
+  {
+    queue: queueArgument,
+    pollInterval: Flag.Int("poll-interval-ms").pipe(Flag.withDescription("10–60,000"), Flag.optional),
+    claimBatchSize: Flag.Int("claim-batch-size").pipe(Flag.withDescription("1–10,000"), Flag.optional),
+    maxRate: Flag.Finite("max-rate").pipe(
+      Flag.withDescription("jobs/s, > 0 and ≤ 100,000 (retunes a queue's rateLimit; cannot create one)"),
+      Flag.optional
+    ),
+    burst: Flag.Int("burst").pipe(
+      Flag.withDescription("with --max-rate: bucket size, 0 = ceil(max-rate)"),
+      Flag.optional
+    ),
+    deadline: Flag.Int("deadline-ms").pipe(
+      Flag.withDescription("0 (none) or 10 – 604,800,000"),
+      Flag.optional
+    )
+  },
+  (f) =>
+    withFlow((json) =>
+      Effect.gen(function* () {
+        const value = <A>(o: Option.Option<A>) => Option.getOrUndefined(o)
+        const maxRate = value(f.maxRate)
+        if (maxRate === undefined && Option.isSome(f.burst))
+          return yield* new UsageError({ message: "--burst needs --max-rate" })
+        const stored = yield* QueueOverrides.set(f.queue, {
+          pollInterval: value(f.pollInterval),
+          claimBatchSize: value(f.claimBatchSize),
+          rateLimit: maxRate === undefined ? undefined : { maxRate, burst: value(f.burst) },
+          deadline: value(f.deadline)
+        })
+        yield* print(
+          json,
+          { queue: f.queue, overrides: stored },
+          () =>
+            `queue ${f.queue} overrides: ${renderOverrides(stored) || "(none)"} (replaces the previous set; workers apply it within their refresh interval)`
+        )
+      })
+    )
+).pipe(
+  Command.withDescription(
+    "replace a queue's hot overrides (every worker applies them within overrideRefreshInterval)"
+  )
+)
+
+const overridesClear = Command.make("clear", { queue: queueArgument }, ({ queue }) =>
+  withFlow((json) =>
+    Effect.flatMap(QueueOverrides.clear(queue), (had) =>
+      print(json, { queue, cleared: had }, () =>
+        had
+          ? `queue ${queue}: overrides cleared (workers revert to their code's values)`
+          : `queue ${queue} had no overrides`
+      )
+    )
+  )
+).pipe(Command.withDescription("remove a queue's hot overrides"))
+
+const overridesShow = Command.make(
+  "show",
+  {
+    queue: Argument.String("queue").pipe(
+      Argument.withDescription("queue name (default: every queue)"),
+      Argument.optional
+    )
+  },
+  ({ queue }) =>
+    withFlow((json) =>
+      Effect.flatMap(QueueOverrides.get(Option.isSome(queue) ? [queue.value] : undefined), (rows) =>
+        print(json, rows, () =>
+          rows.length === 0
+            ? "no queue overrides"
+            : renderTable(
+                ["queue", "overrides", "ignored (invalid)", "updated"],
+                rows.map((r) => [
+                  r.queue,
+                  renderOverrides(r.overrides),
+                  r.invalid.map((i) => `${i.field}: ${i.reason}`).join("; "),
+                  r.updatedAt.toISOString()
+                ])
+              )
+        )
+      )
+    )
+).pipe(Command.withDescription("show stored hot overrides"))
+
+const queueOverrides = Command.make("overrides").pipe(
+  Command.withSubcommands([overridesSet, overridesClear, overridesShow]),
+  Command.withDescription(
+    "set, clear or show a queue's hot overrides (pollInterval, claimBatchSize, rateLimit, deadline)"
+  )
+)
+
 const queue = Command.make("queue").pipe(
-  Command.withSubcommands([queuePause, queueResume, queueDrain]),
-  Command.withDescription("pause, resume or drain one queue")
+  Command.withSubcommands([queuePause, queueResume, queueDrain, queueOverrides]),
+  Command.withDescription("pause, resume or drain one queue; its hot overrides")
 )
 
 // jobs list|show|retry|cancel -------------------------------------------------------------------
@@ -595,6 +715,73 @@ const dlq = Command.make("dlq").pipe(
   Command.withDescription("the dead letter queue")
 )
 
+// callback complete|fail|retry|resume (issue 21) ------------------------------------------------
+// A job waiting for its callback, by job id: the operator answers in the external system's place.
+// Cancel is `jobs cancel`.
+
+const withCallbacks = <A, E>(
+  body: (callbacks: Callbacks.Callbacks["Service"], json: boolean) => Effect.Effect<A, E>
+) =>
+  Effect.gen(function* () {
+    const { admin, json } = yield* adminLayer
+    return yield* Effect.flatMap(Effect.service(Callbacks.Callbacks), (c) => body(c, json)).pipe(
+      Effect.provide(admin)
+    )
+  })
+
+const callbackCommand = (
+  name: "complete" | "fail" | "retry" | "resume",
+  description: string,
+  action: (flags: {
+    readonly error: string
+    readonly payload: Option.Option<string>
+  }) => Effect.Effect<Parameters<Callbacks.Callbacks["Service"]["resolveWaiting"]>[1], UsageError>
+) =>
+  Command.make(
+    name,
+    {
+      id: idArgument,
+      error: Flag.String("error").pipe(Flag.withDefault("failed by operator")),
+      payload: Flag.String("payload").pipe(Flag.optional)
+    },
+    (f) =>
+      withCallbacks((callbacks, json) =>
+        Effect.gen(function* () {
+          const jobId = yield* parseId(f.id)
+          const r = yield* callbacks.resolveWaiting(jobId, yield* action(f))
+          yield* print(json, r, () => `job ${r.jobId} is ${r.state}`)
+        })
+      )
+  ).pipe(Command.withDescription(description))
+
+const payloadOf = (text: Option.Option<string>) =>
+  Option.match(text, {
+    onNone: () => Effect.succeed(null as unknown),
+    onSome: (t) =>
+      Effect.try({
+        try: () => JSON.parse(t) as unknown,
+        catch: () => new UsageError({ message: "--payload must be JSON" })
+      })
+  })
+
+const callback = Command.make("callback").pipe(
+  Command.withSubcommands([
+    callbackCommand("complete", "complete a job that waits for its callback", () =>
+      Effect.succeed({ _tag: "Complete" })
+    ),
+    callbackCommand("fail", "fail a waiting job (--error)", (f) =>
+      Effect.succeed({ _tag: "Fail", error: f.error })
+    ),
+    callbackCommand("retry", "run a parked job again from attempt 0", () =>
+      Effect.succeed({ _tag: "Retry" })
+    ),
+    callbackCommand("resume", "resume a waiting job with --payload (JSON)", (f) =>
+      Effect.map(payloadOf(f.payload), (payload) => ({ _tag: "Resume", payload }))
+    )
+  ]),
+  Command.withDescription("answer a job that waits for an external callback")
+)
+
 // cron list|pause|resume|trigger --------------------------------------------------------------------
 
 const cronName = Argument.String("name").pipe(Argument.withDescription("schedule name"))
@@ -770,7 +957,7 @@ const serve = Command.make(
 
 /** The whole command tree. */
 export const command = root.pipe(
-  Command.withSubcommands([migrate, status, queues, queue, jobs, dlq, cron, doctor, serve])
+  Command.withSubcommands([migrate, status, queues, queue, jobs, dlq, cron, doctor, serve, callback])
 )
 
 export const version = "0.1.0"

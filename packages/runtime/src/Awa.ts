@@ -12,8 +12,10 @@
 import { Migrations } from "@awa/sql"
 import {
   CronStorage,
+  FlowStorage,
   Heartbeats,
   LeaderLock,
+  PgCallbackStorage,
   PgKeyGrants,
   PgQueueStorage,
   SimKeyGrants,
@@ -24,6 +26,8 @@ import { PgClient } from "@effect/sql-pg"
 import { Effect, Layer } from "effect"
 import { type SqlClient, SqlError } from "effect/sql"
 import * as AwaClient from "./AwaClient.ts"
+import * as Callbacks from "./Callbacks.ts"
+import * as HttpWorker from "./HttpWorker.ts"
 import * as Worker from "./Worker.ts"
 
 export interface AwaPgOptions extends PgQueueStorage.PgQueueStorageOptions, AwaClient.AwaClientOptions {
@@ -44,23 +48,26 @@ export const layerPg = (options: AwaPgOptions = {}) => {
   )
   const engine = Layer.mergeAll(
     PgQueueStorage.layer(options),
+    PgCallbackStorage.layer(options),
     StorageSignals.layerPg(options),
     LeaderLock.layerPg(options),
     CronStorage.layerPg(options),
-    PgKeyGrants.layer(options)
+    PgKeyGrants.layer(options),
+    FlowStorage.layerPg(options)
   ).pipe(Layer.provide(fence))
-  return AwaClient.layer(options).pipe(
+  return Layer.merge(AwaClient.layer(options), Callbacks.layer).pipe(
     Layer.provideMerge(Heartbeats.layerThread(options).pipe(Layer.provideMerge(engine)))
   )
 }
 
 /** The same services in memory: deterministic under `TestClock`, no Postgres. */
 export const layerSim = (options: AwaClient.AwaClientOptions = {}) =>
-  AwaClient.layer(options).pipe(
+  Layer.merge(AwaClient.layer(options), Callbacks.layer).pipe(
     Layer.provideMerge(
       // cron enqueues into the same in-memory queue
       Layer.mergeAll(
         CronStorage.layerSim,
+        FlowStorage.layerSim,
         StorageSignals.layerSilent,
         LeaderLock.layerMemory,
         SimKeyGrants.layer
@@ -69,6 +76,9 @@ export const layerSim = (options: AwaClient.AwaClientOptions = {}) =>
   )
 
 export const worker = Worker.layer
+
+/** A handler that runs `kind` by calling an HTTP function (capabilities.md §18; HttpWorker.ts). */
+export const httpWorker = HttpWorker.make
 
 /**
  * Applies pending migrations once (what `migrateOnStart` does at start). Needs a `SqlClient`,

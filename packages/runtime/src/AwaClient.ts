@@ -8,6 +8,7 @@
  * the caller's metadata carries its own (it wins; a malformed one is a `ValidationError`).
  */
 import {
+  type BackpressureRejected,
   checkNewJob,
   Job,
   type ReadCommittedRequired,
@@ -16,10 +17,20 @@ import {
   ValidationError
 } from "@awa/core"
 import type { EnqueuedJob, EnqueueError, JobView, ListFilter, QueueStateCount } from "@awa/storage"
-import { QueueStorage } from "@awa/storage"
+import { FlowStorage, QueueStorage } from "@awa/storage"
 import { Clock, Context, Duration, Effect, Layer, type Option, Schema } from "effect"
 import type { SqlError } from "effect/sql"
+import * as Backpressure from "./Backpressure.ts"
+import * as FlowMetrics from "./FlowMetrics.ts"
+import * as QueueOverrides from "./QueueOverrides.ts"
 import * as RuntimeMetrics from "./RuntimeMetrics.ts"
+
+/** An enqueued job; with `backpressure: "signal"`, also its queue's depth when it was sent. */
+export interface InsertResult extends EnqueuedJob {
+  readonly pressure?: Backpressure.Pressure | undefined
+}
+
+export type InsertError = EnqueueError | BackpressureRejected
 
 export interface AwaClientOptions {
   /**
@@ -36,12 +47,12 @@ export class AwaClient extends Context.Service<
       job: Job.JobDefinition<A, I>,
       args: A,
       options?: Job.InsertOptions
-    ) => Effect.Effect<EnqueuedJob, EnqueueError>
+    ) => Effect.Effect<InsertResult, InsertError>
     readonly insertMany: <A, I>(
       job: Job.JobDefinition<A, I>,
       args: ReadonlyArray<A>,
       options?: Job.InsertOptions
-    ) => Effect.Effect<ReadonlyArray<EnqueuedJob>, EnqueueError>
+    ) => Effect.Effect<ReadonlyArray<InsertResult>, InsertError>
     /**
      * Cancels the live job holding the unique key that `insert(job, args, options)` would compute
      * (the definition's `unique` options, or `options.unique`); returns its id, if any.
@@ -51,6 +62,22 @@ export class AwaClient extends Context.Service<
       args: A,
       options?: Job.InsertOptions & { readonly reason?: string | undefined }
     ) => Effect.Effect<Option.Option<bigint>, ValidationError | ReadCommittedRequired | SqlError.SqlError>
+    /**
+     * Replaces the queue's hot overrides (capabilities.md §13): every worker of the fleet applies
+     * them within its `overrideRefreshInterval`. Out-of-range values ⇒ `ValidationError`, nothing written.
+     */
+    readonly setQueueOverrides: (
+      queue: string,
+      overrides: QueueOverrides.QueueOverridesInput
+    ) => Effect.Effect<QueueOverrides.QueueOverrides, ValidationError | SqlError.SqlError>
+    /** Removes the queue's overrides (workers revert to their code's values); true when it had some. */
+    readonly clearQueueOverrides: (
+      queue: string
+    ) => Effect.Effect<boolean, ValidationError | SqlError.SqlError>
+    /** Stored overrides of one queue (every queue with some when unset). */
+    readonly getQueueOverrides: (
+      queue?: string
+    ) => Effect.Effect<ReadonlyArray<QueueOverrides.QueueOverridesView>, SqlError.SqlError>
     readonly storage: QueueStorage["Service"]
   }
 >()("@awa/runtime/AwaClient") {}
@@ -59,6 +86,10 @@ export const make = Effect.fnUntraced(function* (options: AwaClientOptions = {})
   const storage = yield* QueueStorage
   const tracing = options.tracing ?? true
   const metrics = yield* RuntimeMetrics.makeRecorder
+  const flow = yield* FlowStorage.FlowStorage
+  const backpressure = Backpressure.make(flow, yield* FlowMetrics.makeRecorder)
+  const withFlow = <A, E>(effect: Effect.Effect<A, E, FlowStorage.FlowStorage>) =>
+    Effect.provideService(effect, FlowStorage.FlowStorage, flow)
 
   interface Prepared {
     readonly merged: Job.InsertOptions
@@ -121,9 +152,13 @@ export const make = Effect.fnUntraced(function* (options: AwaClientOptions = {})
     )
   }
 
-  const send = <A, I>(job: Job.JobDefinition<A, I>, args: ReadonlyArray<A>, options?: Job.InsertOptions) =>
-    Effect.flatMap(prepare(job, options), ({ merged, runAt, metadata }) =>
-      Effect.flatMap(
+  const send = <A, I>(
+    job: Job.JobDefinition<A, I>,
+    args: ReadonlyArray<A>,
+    options?: Job.InsertOptions
+  ): Effect.Effect<ReadonlyArray<InsertResult>, InsertError> =>
+    Effect.flatMap(prepare(job, options), ({ merged, runAt, metadata }) => {
+      const written = Effect.flatMap(
         args.length === 1 ? Effect.map(encode(job, args[0]!), (e) => [e]) : encodeAll(job, args),
         (encoded: ReadonlyArray<unknown>) =>
           // one metadata and one tags object for the whole batch: storage checks them once
@@ -148,13 +183,21 @@ export const make = Effect.fnUntraced(function* (options: AwaClientOptions = {})
           return jobs
         })
       )
-    )
+      // "off" (the default) adds nothing, not even a generator; otherwise the check runs first
+      const mode = merged.backpressure
+      if (mode === undefined || mode === "off") return written
+      return Effect.flatMap(backpressure.check(merged.queue ?? "default", mode), (pressure) =>
+        pressure === undefined
+          ? written
+          : Effect.map(written, (jobs) => jobs.map((j) => ({ ...j, pressure })))
+      )
+    })
 
   const insertMany = <A, I>(
     job: Job.JobDefinition<A, I>,
     args: ReadonlyArray<A>,
     options?: Job.InsertOptions
-  ): Effect.Effect<ReadonlyArray<EnqueuedJob>, EnqueueError> =>
+  ): Effect.Effect<ReadonlyArray<InsertResult>, InsertError> =>
     // With tracing off there is no producer span at all (as for the worker's consumer spans): a
     // span per insert is measurable per-job cost. Its stack trace would only point here.
     tracing
@@ -199,11 +242,16 @@ export const make = Effect.fnUntraced(function* (options: AwaClientOptions = {})
     insert: (job, args, options) => Effect.map(insertMany(job, [args], options), (jobs) => jobs[0]!),
     insertMany,
     cancelByUniqueKey,
+    setQueueOverrides: (queue, overrides) => withFlow(QueueOverrides.set(queue, overrides)),
+    clearQueueOverrides: (queue) => withFlow(QueueOverrides.clear(queue)),
+    getQueueOverrides: (queue) => withFlow(QueueOverrides.get(queue === undefined ? undefined : [queue])),
     storage
   })
 })
 
-export const layer = (options: AwaClientOptions = {}): Layer.Layer<AwaClient, never, QueueStorage> =>
+export const layer = (
+  options: AwaClientOptions = {}
+): Layer.Layer<AwaClient, never, QueueStorage | FlowStorage.FlowStorage> =>
   Layer.effect(AwaClient, make(options))
 
 /** Reads and operator actions, straight from storage. */

@@ -21,14 +21,26 @@
  * it is heartbeated and cancellable from the moment it is held, and its deadline counts from the
  * claim (docs/adr/0011-claim-ahead.md).
  *
+ * **Flow control** (docs/adr/0028-flow-control.md) A claim takes at most `claimBatchSize` jobs,
+ * at most the whole tokens of the queue's rate limiter (refunded when the claim returns fewer),
+ * and, in weighted mode, at most the permits it got from the pool, which it takes before the
+ * claim and gives back in the claim's release step (interruption and defects included) unless
+ * a claimed job now holds them; each job gives its permit back when its handler is done or it
+ * is given back unstarted. Poll interval, batch size, deadline and rate are read on every claim
+ * from the queue's live settings, which hot overrides change.
+ *
  * **Guarantees** Never more than `maxConcurrency` handlers at once; never more than `prefetch`
  * jobs waiting; jobs start in claim order (FIFO per lane is kept). A claim error is logged and
  * retried after the poll interval (the dispatcher never dies on a database error). On `stop`,
  * jobs still waiting are given back (snoozed with no delay) instead of starting.
  */
-import { Clock, Effect, type FiberSet, Queue, Random } from "effect"
+import { CallbackStorage } from "@awa/storage"
+import { Clock, Effect, type FiberSet, Option, Queue, Random } from "effect"
+import type { QueueShare } from "./ConcurrencyPermits.ts"
 import type { Executor, RunningAttempt } from "./Executor.ts"
+import type * as FlowMetrics from "./FlowMetrics.ts"
 import * as KeyedDispatch from "./KeyedDispatch.ts"
+import type { LiveSettings } from "./QueueOverrides.ts"
 
 export interface DispatcherConfig {
   readonly queue: string
@@ -52,12 +64,16 @@ export interface DispatcherConfig {
 const claimLingerMs = 2
 /** The buffer aims to cover this many claim round trips of work. */
 const lookaheadRoundTrips = 2
+/** Fallback period of the look for resumed parked attempts (a notification normally rings first). */
+const resumeCheckMs = 30_000
 /** Weight of the newest sample in the moving averages of rate and claim latency. */
 const smoothing = 0.3
 
 export interface Dispatcher<R> {
   /** Rings the doorbell: something may be claimable now. */
   readonly wake: Effect.Effect<void>
+  /** A parked attempt of this queue was resumed: take it back (`claimResumed`) on the next round. */
+  readonly resumed: Effect.Effect<void>
   /** The loop; runs until interrupted. */
   readonly loop: Effect.Effect<never, never, R>
   /** Stops starting buffered jobs and gives them back. Call after interrupting `loop`. */
@@ -71,6 +87,15 @@ export interface WakeSource {
 
 const alwaysPoll: WakeSource = { listening: () => false }
 
+/** Flow control of one queue (all optional: absent, the dispatcher claims as before). */
+export interface DispatcherFlow {
+  /** Settings hot overrides change; default: the config's values, no rate limit. */
+  readonly live?: LiveSettings | undefined
+  /** This queue's share of the weighted pool; absent in hard-reserved mode. */
+  readonly permits?: QueueShare | undefined
+  readonly metrics?: FlowMetrics.FlowRecorder | undefined
+}
+
 /** Jitter of the idle poll: the wait is scaled by a factor in [1 − j, 1 + j). */
 const idleJitter = 0.2
 
@@ -78,11 +103,28 @@ export const make = Effect.fnUntraced(function* <R>(
   config: DispatcherConfig,
   fibers: FiberSet.FiberSet<unknown, unknown>,
   executor: Executor<R>,
-  wakes: WakeSource = alwaysPoll
+  wakes: WakeSource = alwaysPoll,
+  flow: DispatcherFlow = {}
 ) {
   const claimBatch = yield* KeyedDispatch.claimer(config.queue, config.keyPolicy)
+  const callbacks = Option.getOrUndefined(yield* Effect.serviceOption(CallbackStorage))
+  // Resumed parked attempts (capabilities.md §17): taken back when a notification says so, and
+  // every resumeCheckMs in case it was lost (well inside the stale sweep's 90 s, which would
+  // otherwise retry them without their payload).
+  let resumeWanted = true
+  let lastResumeCheck = 0
   const localKeys =
     config.localKeyLimit === undefined ? undefined : KeyedDispatch.makeLocalKeyGate(config.localKeyLimit)
+  const live: LiveSettings = flow.live ?? {
+    pollIntervalMs: config.pollIntervalMs,
+    claimBatchSize: undefined,
+    deadlineMs: config.deadlineMs,
+    limiter: undefined
+  }
+  const permits = flow.permits
+  const metrics = flow.metrics
+  /** A job this dispatcher claimed is done with (finished or given back): its permit goes back. */
+  const releasePermits = (n: number) => (permits === undefined || n <= 0 ? Effect.void : permits.release(n))
   // Plain mutable state: every reader and writer runs on the JS thread between fiber yields, and
   // a Ref per started job was measurable per-job cost in the drain profile.
   let inFlight = 0
@@ -133,9 +175,11 @@ export const make = Effect.fnUntraced(function* <R>(
     if (next !== undefined) {
       inFlight++
       const started = executor.start(fibers, next, release)
-      return bufferedCount() * 2 <= prefetchTarget() ? Effect.andThen(started, ring(capacityBell)) : started
+      const handedOn =
+        bufferedCount() * 2 <= prefetchTarget() ? Effect.andThen(started, ring(capacityBell)) : started
+      return permits === undefined ? handedOn : Effect.andThen(releasePermits(1), handedOn)
     }
-    return ring(capacityBell)
+    return permits === undefined ? ring(capacityBell) : Effect.andThen(releasePermits(1), ring(capacityBell))
   })
 
   // Tier 1 (localKeyLimit): the next job whose key has room here; the others wait in the gate.
@@ -147,6 +191,11 @@ export const make = Effect.fnUntraced(function* <R>(
   }
   // Tier 1: each attempt's own release, which hands its key's slot to a held job of that key.
   const releaseOf = (entry: RunningAttempt): Effect.Effect<void, never, R> =>
+    Effect.suspend(() => {
+      if (permits !== undefined) return Effect.andThen(releasePermits(1), handOnKey(entry))
+      return handOnKey(entry)
+    })
+  const handOnKey = (entry: RunningAttempt): Effect.Effect<void, never, R> =>
     Effect.suspend(() => {
       inFlight--
       finished++
@@ -172,8 +221,10 @@ export const make = Effect.fnUntraced(function* <R>(
   let idleClaims = 0
 
   const pollWaitMs = Effect.suspend(() => {
-    if (idleClaims === 0 || !wakes.listening()) return Effect.succeed(config.pollIntervalMs)
-    const backedOff = Math.min(config.idlePollMaxMs, config.pollIntervalMs * 2 ** Math.min(idleClaims, 30))
+    const pollIntervalMs = live.pollIntervalMs
+    if (idleClaims === 0 || !wakes.listening()) return Effect.succeed(pollIntervalMs)
+    const idlePollMaxMs = Math.max(pollIntervalMs, config.idlePollMaxMs)
+    const backedOff = Math.min(idlePollMaxMs, pollIntervalMs * 2 ** Math.min(idleClaims, 30))
     return Effect.map(Random.next, (r) =>
       Math.max(1, Math.round(backedOff * (1 - idleJitter + 2 * idleJitter * r)))
     )
@@ -217,54 +268,131 @@ export const make = Effect.fnUntraced(function* <R>(
       return
     }
     lingered = false
-    // Uninterruptible from the call to the hand-over: claimed jobs interrupted on the way would
-    // stay claimed with nobody running them until rescued as stale.
-    let busy: KeyedDispatch.ClaimBatch["busy"]
-    let capped = false
-    const claimed = yield* claimBatch({
-      queue: config.queue,
-      max: want,
-      deadlineMs: config.deadlineMs,
-      agingIntervalMs: config.agingIntervalMs
-    }).pipe(
-      // an idle queue claims every poll interval: no span per poll unless asked for
-      Effect.withSpan(`awa.claim ${config.queue}`, { attributes: { "awa.queue": config.queue } }),
-      (claim) => (config.backgroundSpans ? claim : Effect.withTracerEnabled(claim, false)),
-      Effect.flatMap((batch) =>
-        Effect.map(Clock.currentTimeMillis, (heldAt) => {
-          claimLatencyMs += smoothing * (Math.max(1, heldAt - now) - claimLatencyMs)
-          for (const job of batch.jobs) buffer.push(executor.hold(job, heldAt))
-          busy = batch.busy
-          capped = batch.capped
-          return batch.jobs.length
-        })
-      ),
-      Effect.uninterruptible,
-      Effect.catchCause((cause) =>
-        Effect.logWarning(
-          `claim failed on queue ${config.queue}; retrying after the poll interval`,
-          cause
-        ).pipe(Effect.andThen(Effect.sleep(config.pollIntervalMs)), Effect.as(0))
+    let batch = live.claimBatchSize === undefined ? want : Math.min(want, live.claimBatchSize)
+    // Rate: whole tokens only; none ⇒ sleep until the next one, then look again.
+    const limiter = live.limiter
+    if (limiter !== undefined) {
+      const tokens = limiter.take(batch, now)
+      if (tokens === 0) {
+        metrics?.throttled(config.queue)
+        yield* Effect.sleep(Math.max(1, Math.ceil(limiter.msUntilToken(now))))
+        return
+      }
+      batch = tokens
+    }
+    // Weights: permits before the claim; none free ⇒ wait for a release (or a wake-up, or a poll).
+    if (permits !== undefined) {
+      const granted = permits.acquire(batch)
+      if (granted < batch) limiter?.refund(batch - granted)
+      if (granted === 0) {
+        yield* Effect.raceFirst(permits.changed, waitForWork)
+        return
+      }
+      batch = granted
+    }
+    // Resumed parked attempts first (capability 17): they take tokens and permits as new starts do.
+    let resumedCount = 0
+    if (callbacks !== undefined && (resumeWanted || now - lastResumeCheck >= resumeCheckMs)) {
+      resumeWanted = false
+      lastResumeCheck = now
+      resumedCount = yield* callbacks.claimResumed(config.queue, batch).pipe(
+        // a background look like the claim: no span unless asked for
+        Effect.withSpan(`awa.claim-resumed ${config.queue}`, { attributes: { "awa.queue": config.queue } }),
+        (take) => (config.backgroundSpans ? take : Effect.withTracerEnabled(take, false)),
+        Effect.flatMap((jobs) =>
+          Effect.map(Clock.currentTimeMillis, (heldAt) => {
+            for (const job of jobs) buffer.push(executor.hold(job, heldAt))
+            return jobs.length
+          })
+        ),
+        Effect.uninterruptible,
+        Effect.catchCause((cause) =>
+          Effect.logWarning(`taking back resumed attempts failed on queue ${config.queue}`, cause).pipe(
+            Effect.andThen(Effect.sync(() => (resumeWanted = true))),
+            Effect.as(0)
+          )
+        )
       )
-    )
+      if (resumedCount >= batch) {
+        yield* startBuffered
+        return
+      }
+    }
+    const { claimed, busy, capped } = yield* claimAttempts(now, batch - resumedCount)
     yield* startBuffered
     // Keys at their limit or a busy key lock are not an idle queue: no idle backoff (§23).
-    idleClaims = claimed === 0 && busy === undefined ? idleClaims + 1 : 0
+    const idle = claimed + resumedCount === 0 && busy === undefined
+    idleClaims = idle ? idleClaims + 1 : 0
+    if (idle) permits?.idle()
     if (claimed === 0 && busy === "contended") return yield* KeyedDispatch.contendedBackoff
     // A full batch (or a keyed claim cut at its per-call cap) means more may be waiting: claim
     // again at once. Gated: until a closure's wake-up, or the poll interval at the latest.
-    if (claimed < want && !capped) yield* waitForWork
+    if (claimed < batch - resumedCount && !capped) yield* waitForWork
   })
+
+  /**
+   * One claim of up to `batch` jobs, its permits and tokens already taken. Whatever it did not
+   * hand to the buffer (fewer rows, an error, an interruption, a defect) is given back in the
+   * release step: tokens to the limiter, permits to the pool.
+   */
+  const claimAttempts = (now: number, batch: number) => {
+    let held = 0
+    let busy: KeyedDispatch.ClaimBatch["busy"]
+    let capped = false
+    return Effect.acquireUseRelease(
+      Effect.void,
+      () =>
+        // Uninterruptible from the call to the hand-over: claimed jobs interrupted on the way would
+        // stay claimed with nobody running them until rescued as stale.
+        claimBatch({
+          queue: config.queue,
+          max: batch,
+          deadlineMs: live.deadlineMs,
+          agingIntervalMs: config.agingIntervalMs
+        }).pipe(
+          // an idle queue claims every poll interval: no span per poll unless asked for
+          Effect.withSpan(`awa.claim ${config.queue}`, { attributes: { "awa.queue": config.queue } }),
+          (claim) => (config.backgroundSpans ? claim : Effect.withTracerEnabled(claim, false)),
+          Effect.flatMap((claimedBatch) =>
+            Effect.map(Clock.currentTimeMillis, (heldAt) => {
+              claimLatencyMs += smoothing * (Math.max(1, heldAt - now) - claimLatencyMs)
+              for (const job of claimedBatch.jobs) buffer.push(executor.hold(job, heldAt))
+              held = claimedBatch.jobs.length
+              busy = claimedBatch.busy
+              capped = claimedBatch.capped
+              return held
+            })
+          ),
+          Effect.uninterruptible,
+          Effect.catchCause((cause) =>
+            Effect.logWarning(
+              `claim failed on queue ${config.queue}; retrying after the poll interval`,
+              cause
+            ).pipe(Effect.andThen(Effect.suspend(() => Effect.sleep(live.pollIntervalMs))), Effect.as(0))
+          ),
+          Effect.map((claimed) => ({ claimed, busy, capped }))
+        ),
+      () =>
+        Effect.suspend(() => {
+          live.limiter?.refund(batch - held)
+          return releasePermits(batch - held)
+        })
+    )
+  }
 
   const stop = Effect.suspend(() => {
     stopping = true
     const unstarted: Array<RunningAttempt> = localKeys === undefined ? [] : localKeys.drain<RunningAttempt>()
     for (let next = takeNext(); next !== undefined; next = takeNext()) unstarted.push(next)
-    return executor.giveBack(unstarted)
+    return Effect.andThen(executor.giveBack(unstarted), releasePermits(unstarted.length))
   })
 
   return {
     wake: ring(wakeBell),
+    resumed: Effect.suspend(() => {
+      resumeWanted = true
+      return ring(wakeBell)
+    }),
     loop: Effect.forever(claimOnce).pipe(Effect.annotateLogs({ module: "Dispatcher", queue: config.queue })),
     stop
   } satisfies Dispatcher<R>

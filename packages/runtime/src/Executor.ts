@@ -21,10 +21,23 @@
  *   before the first of them starts: a handler blocking the event loop from its first line is
  *   already covered.
  */
-import { Backoff, Job, ProgressTooLarge, Traceparent, ValidationError } from "@awa/core"
-import type { ClaimedJob, Heartbeats, Outcome } from "@awa/storage"
-import { Cause, Duration, Effect, Exit, Fiber, FiberSet, Random, Schema, Tracer } from "effect"
+import { Backoff, CallbackStale, Job, ProgressTooLarge, Traceparent, ValidationError } from "@awa/core"
+import type { CallbackStorage, ClaimedJob, Heartbeats, Outcome, ResumedJob } from "@awa/storage"
+import {
+  Cause,
+  Deferred,
+  Duration,
+  Effect,
+  Exit,
+  Fiber,
+  FiberSet,
+  Option,
+  Random,
+  Schema,
+  Tracer
+} from "effect"
 import type { SqlError } from "effect/sql"
+import * as CallbackCel from "./CallbackCel.ts"
 import type { CompletionBatcher } from "./CompletionBatcher.ts"
 import * as Deadlines from "./Deadlines.ts"
 import type { Handler, JobContext } from "./Handler.ts"
@@ -52,6 +65,8 @@ export interface ExecutorOptions<R> {
   readonly shuttingDown?: (() => boolean) | undefined
   /** Told of every outcome storage applied (synchronously, after the acknowledgement). */
   readonly onApplied?: ((job: ClaimedJob) => void) | undefined
+  /** Callbacks (capabilities.md §17); without them `ctx.registerCallback` dies. */
+  readonly callbacks?: CallbackStorage["Service"] | undefined
 }
 
 /** An attempt running in this process. */
@@ -80,6 +95,8 @@ export interface RunningAttempt {
   deadline: Deadlines.DeadlineNode | undefined
   /** `performance.now()` when its handler began (the handler duration metric). */
   startedAt: number | undefined
+  /** Completed by a resume notification for this attempt while its handler waits in `waitForCallback`. */
+  callbackWake: Deferred.Deferred<void> | undefined
   readonly key: string
 }
 
@@ -107,10 +124,22 @@ const messageOf = (error: unknown): string => {
 class AttemptContext implements JobContext {
   readonly #entry: RunningAttempt
   readonly #progress: ProgressOps
+  readonly #callbacks: CallbackOps
   #job: JobContext["job"] | undefined
-  constructor(entry: RunningAttempt, progress: ProgressOps) {
+  constructor(entry: RunningAttempt, progress: ProgressOps, callbacks: CallbackOps) {
     this.#entry = entry
     this.#progress = progress
+    this.#callbacks = callbacks
+  }
+  get registerCallback(): JobContext["registerCallback"] {
+    return (options) => this.#callbacks.register(this.#entry, options)
+  }
+  get waitForCallback(): JobContext["waitForCallback"] {
+    return (token) => this.#callbacks.wait(this.#entry, token)
+  }
+  get callbackResult(): unknown {
+    const job = this.#entry.job as Partial<ResumedJob>
+    return "callbackResult" in job ? job.callbackResult : undefined
   }
   get job(): JobContext["job"] {
     const job = this.#entry.job
@@ -153,6 +182,20 @@ class AttemptContext implements JobContext {
     return this.#progress.flush(this.#entry)
   }
 }
+
+interface CallbackOps {
+  readonly register: (
+    entry: RunningAttempt,
+    options: Parameters<JobContext["registerCallback"]>[0]
+  ) => ReturnType<JobContext["registerCallback"]>
+  readonly wait: (
+    entry: RunningAttempt,
+    token: Job.CallbackToken
+  ) => ReturnType<JobContext["waitForCallback"]>
+}
+
+/** How often an in-handler wait looks again when no notification came (capabilities.md §17). */
+const callbackPollMs = 1000
 
 interface ProgressOps {
   readonly maxBytes: number
@@ -237,6 +280,8 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
         const result = exit.value
         if (result === undefined || result._tag === "Completed") return { _tag: "Complete" }
         if (result._tag === "Cancel") return { _tag: "Cancel", reason: result.reason }
+        if (result._tag === "WaitForCallback")
+          return yield* retry("waitForCallback: callbacks need a storage layer that provides CallbackStorage")
         const delayMs = delayOf(result.delay)
         if (delayMs === undefined)
           return yield* retry(`invalid handler outcome: ${result._tag} delay out of 0 ms – 30 days`)
@@ -310,8 +355,55 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
     options.heartbeats.track(batch)
   }
 
+  const callbackStorage = () =>
+    options.callbacks === undefined
+      ? Effect.die(new Error("callbacks need a storage layer that provides CallbackStorage"))
+      : Effect.succeed(options.callbacks)
+  const callbackOps: CallbackOps = {
+    register: (entry, o) =>
+      Effect.gen(function* () {
+        const storage = yield* callbackStorage()
+        const timeout = Duration.fromInput(o.timeout)
+        if (timeout._tag === "None")
+          return yield* new ValidationError({ field: "timeout", reason: "is not a duration" })
+        const expressions = {
+          filter: o.filter,
+          onComplete: o.onComplete,
+          onFail: o.onFail,
+          transform: o.transform
+        }
+        yield* CallbackCel.check(expressions)
+        const id = yield* storage.register(entry.job, {
+          timeoutMs: Math.round(Duration.toMillis(timeout.value)),
+          expressions
+        })
+        if (Option.isNone(id))
+          return yield* new CallbackStale({ callbackId: `${entry.key} (attempt closed)` })
+        return { id: id.value }
+      }),
+    wait: (entry, token) =>
+      Effect.gen(function* () {
+        const storage = yield* callbackStorage()
+        while (true) {
+          // armed before the look, so a resume between the look and the wait still wakes it
+          const wake = yield* Deferred.make<void>()
+          entry.callbackWake = wake
+          const found = yield* storage.take(entry.job, token.id)
+          if (found._tag === "Resumed") return found.payload
+          if (found._tag === "Stale") return yield* new CallbackStale({ callbackId: token.id })
+          yield* Deferred.await(wake).pipe(Effect.timeoutOption(callbackPollMs))
+        }
+      }).pipe(
+        Effect.ensuring(
+          Effect.sync(() => {
+            entry.callbackWake = undefined
+          })
+        )
+      )
+  }
+
   /** The context a handler sees. */
-  const contextOf = (entry: RunningAttempt): JobContext => new AttemptContext(entry, progressOps)
+  const contextOf = (entry: RunningAttempt): JobContext => new AttemptContext(entry, progressOps, callbackOps)
 
   const undecodable = (e: Schema.SchemaError) => new ArgsUndecodable({ message: e.message })
 
@@ -392,6 +484,7 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
       deadlineExceeded: false,
       deadline: undefined,
       startedAt: undefined,
+      callbackWake: undefined,
       key: keyOf(job.jobId, job.runLease)
     }
     metrics.claimed(job)
@@ -438,6 +531,8 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
     // cancel, rescue, deadline or shutdown: tell a handler that watches its signal
     if (entry.controller !== undefined && Exit.isFailure(exit) && Cause.hasInterrupts(exit.cause))
       entry.controller.abort()
+    if (Exit.isSuccess(exit) && exit.value?._tag === "WaitForCallback" && options.callbacks !== undefined)
+      return park(entry, options.callbacks, exit.value.callbackId, release)
     // Whatever the handler returned (even `null`), the attempt must reach `release` and an
     // outcome: an unexpected failure of the mapping itself becomes a retry with its reason.
     // suspended, so that even a throw while mapping becomes a cause handled below
@@ -464,6 +559,29 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
       Effect.ensuring(Effect.sync(() => forget(entry)))
     )
   }
+
+  /**
+   * Parks the attempt (`JobResult.waitForCallback`): the permit is freed and this process forgets
+   * it (no heartbeats: storage does not expect them from a parked attempt). Stale (closed
+   * meanwhile, e.g. completed by its callback) needs nothing more. A failed park leaves the
+   * attempt open and unparked: no longer heartbeated, the stale sweep retries it.
+   */
+  const park = (
+    entry: RunningAttempt,
+    callbacks: CallbackStorage["Service"],
+    callbackId: string,
+    release: Effect.Effect<void, never, R>
+  ): Effect.Effect<void, never, R> =>
+    callbacks.park(entry.job, callbackId).pipe(
+      Effect.flatMap((parked) =>
+        parked._tag === "Stale" && !entry.closedElsewhere
+          ? Effect.logDebug(`attempt ${entry.key} closed before it parked`)
+          : Effect.void
+      ),
+      Effect.catchCause((cause) => Effect.logWarning("parking failed; the attempt stays rescuable", cause)),
+      Effect.ensuring(release),
+      Effect.ensuring(Effect.sync(() => forget(entry)))
+    )
 
   /**
    * Starts a held attempt on its own fiber in `fibers` and runs it to its durable outcome.
@@ -543,11 +661,19 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
       return interruptIfBegun(entry)
     })
 
+  /** A resume notification for this attempt: wakes its in-handler wait, if any. */
+  const wakeCallback = (jobId: bigint, runLease: bigint) =>
+    Effect.suspend(() => {
+      const wake = running.get(keyOf(jobId, runLease))?.callbackWake
+      return wake === undefined ? Effect.void : Effect.asVoid(Deferred.succeed(wake, undefined))
+    })
+
   return {
     hold,
     start,
     giveBack,
     interrupt,
+    wakeCallback,
     /** Enforces hard deadlines; fork it for the worker's lifetime. */
     deadlines: deadlines.run,
     running: running as ReadonlyMap<string, RunningAttempt>

@@ -1,9 +1,16 @@
 /**
  * Handlers: the Effect that processes one job kind. `R` comes from the application's own layers.
  */
-import type { Job, ProgressTooLarge, ValidationError } from "@awa/core"
+import type {
+  CallbackStale,
+  InvalidCelExpression,
+  Job,
+  ProgressTooLarge,
+  ReadCommittedRequired,
+  ValidationError
+} from "@awa/core"
 import type { ErrorEntry } from "@awa/storage"
-import type { Effect } from "effect"
+import type { Duration, Effect } from "effect"
 import type { SqlError } from "effect/sql"
 import type { JobProgress } from "./Progress.ts"
 
@@ -50,6 +57,47 @@ export interface JobContext {
    * closed, and when nothing changed since the last write).
    */
   readonly flushProgress: Effect.Effect<void, SqlError.SqlError>
+  /**
+   * Registers a callback for this attempt (capabilities.md §17) and returns its token: register
+   * first, then send `token.id` out. Then either return `JobResult.waitForCallback(token)` (park:
+   * the permit is freed) or call `waitForCallback(token)` (wait here, holding the permit). A newer
+   * registration makes the older id stale. CEL expressions over `payload` steer
+   * `resolveCallback`; one that does not parse is `InvalidCelExpression`. `CallbackStale` when the
+   * attempt is no longer open.
+   */
+  readonly registerCallback: (
+    options: RegisterCallbackOptions
+  ) => Effect.Effect<
+    Job.CallbackToken,
+    InvalidCelExpression | ValidationError | CallbackStale | ReadCommittedRequired | SqlError.SqlError
+  >
+  /**
+   * Waits in the handler for a resume of `token`'s callback and returns its payload; repeatable
+   * with a new registration each time. Woken by notification (a 1 s poll is the fallback).
+   * `CallbackStale` when the callback was completed, failed or superseded instead (the attempt is
+   * then usually interrupted anyway).
+   */
+  readonly waitForCallback: (
+    token: Job.CallbackToken
+  ) => Effect.Effect<unknown, CallbackStale | ReadCommittedRequired | SqlError.SqlError>
+  /**
+   * The payload of the resume that handed this parked attempt back (`undefined` when the attempt
+   * was not resumed from a park). Same run lease and attempt number as before the park.
+   */
+  readonly callbackResult: unknown
+}
+
+export interface RegisterCallbackOptions {
+  /** How long the callback may stay unresolved: 1 s – 30 days. Heartbeats extend it. */
+  readonly timeout: Duration.Input
+  /** CEL (bool): a payload it rejects is ignored by `resolveCallback`. */
+  readonly filter?: string | undefined
+  /** CEL (bool): true ⇒ `resolveCallback` completes. */
+  readonly onComplete?: string | undefined
+  /** CEL (bool): true ⇒ `resolveCallback` fails the job (checked before `onComplete`). */
+  readonly onFail?: string | undefined
+  /** CEL (any): maps the payload before it is delivered. */
+  readonly transform?: string | undefined
 }
 
 export interface Handler<R = never> {

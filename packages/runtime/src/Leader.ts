@@ -11,6 +11,7 @@
  * rows, rescue takes per-attempt locks, a cron fire compares-and-swaps its schedule's last fire.
  */
 import {
+  CallbackStorage,
   CronStorage,
   LeaderLock,
   type PruneOutcome,
@@ -171,6 +172,14 @@ export const duties = Effect.fnUntraced(function* (config: MaintenanceConfig) {
     config.rescueIntervalMs,
     Effect.map(storage.rescueDeadlines(config.rescueBatch), counted)
   )
+  // Callback timeouts (capabilities.md §6, §17): where the storage layer has callbacks.
+  const callbacks = yield* Effect.serviceOption(CallbackStorage)
+  if (callbacks._tag === "Some")
+    yield* every(
+      "rescue-callback",
+      config.rescueIntervalMs,
+      Effect.map(callbacks.value.rescueTimedOut(config.rescueBatch), counted)
+    )
   yield* every("rotate-prune", config.rotateIntervalMs, rotateAndPrune)
   yield* every("history", config.historyIntervalMs, history)
   yield* every("stats-sample", config.statsSampleIntervalMs, sample)

@@ -58,9 +58,15 @@ import {
 } from "effect"
 import * as Admin from "./Admin.ts"
 import * as Awa from "./Awa.ts"
-import { AwaClient } from "./AwaClient.ts"
+import { AwaClient, type InsertResult } from "./AwaClient.ts"
 import * as Cron from "./Cron.ts"
-import { handler as effectHandler, type Handler, type JobContext } from "./Handler.ts"
+import {
+  handler as effectHandler,
+  type Handler,
+  type JobContext,
+  type RegisterCallbackOptions
+} from "./Handler.ts"
+import type * as QueueOverrides from "./QueueOverrides.ts"
 import type { WorkerOptions } from "./Worker.ts"
 
 /** One issue of a Standard Schema result (https://standardschema.dev). */
@@ -88,7 +94,14 @@ export interface ClientOptions extends Awa.AwaPgOptions {
 }
 
 export interface PromiseHandlerContext
-  extends Omit<JobContext, "setProgress" | "updateMetadata" | "flushProgress"> {
+  extends Omit<
+    JobContext,
+    "setProgress" | "updateMetadata" | "flushProgress" | "registerCallback" | "waitForCallback"
+  > {
+  /** As `JobContext.registerCallback`; rejects with its typed error (`InvalidCelExpression`, …). */
+  readonly registerCallback: (options: RegisterCallbackOptions) => Promise<Job.CallbackToken>
+  /** As `JobContext.waitForCallback`: resolves with the resume payload; rejects with `CallbackStale`. */
+  readonly waitForCallback: (token: Job.CallbackToken) => Promise<unknown>
   /** As `JobContext.setProgress`; throws its `ValidationError` or `ProgressTooLarge`. */
   readonly setProgress: (percent: number, message?: string) => void
   /** As `JobContext.updateMetadata`; throws its `ValidationError` or `ProgressTooLarge`. */
@@ -225,7 +238,11 @@ export const createClient = async (options: ClientOptions) => {
             signal,
             setProgress: (percent, message) => orThrow(ctx.setProgress(percent, message)),
             updateMetadata: (patch) => orThrow(ctx.updateMetadata(patch)),
-            flushProgress: () => Effect.runPromise(ctx.flushProgress)
+            flushProgress: () => Effect.runPromise(ctx.flushProgress),
+            registerCallback: (options) => Effect.runPromise(ctx.registerCallback(options)),
+            // the attempt's signal also ends the wait (cancel, rescue, deadline, shutdown)
+            waitForCallback: (token) => Effect.runPromise(ctx.waitForCallback(token), { signal }),
+            callbackResult: ctx.callbackResult
           }),
         catch: (error) =>
           error instanceof Job.JobTerminalError
@@ -247,7 +264,7 @@ export const createClient = async (options: ClientOptions) => {
     define,
     handler,
     start,
-    insert: <A, I>(job: Job.JobDefinition<A, I>, args: A, opts?: Job.InsertOptions): Promise<EnqueuedJob> =>
+    insert: <A, I>(job: Job.JobDefinition<A, I>, args: A, opts?: Job.InsertOptions): Promise<InsertResult> =>
       runtime.runPromise(client.insert(job, args, opts)),
     insertMany: <A, I>(job: Job.JobDefinition<A, I>, args: ReadonlyArray<A>, opts?: Job.InsertOptions) =>
       runtime.runPromise(client.insertMany(job, args, opts)),
@@ -283,6 +300,16 @@ export const createClient = async (options: ClientOptions) => {
       run(Effect.flatMap(AwaClient, (c) => c.storage.retryDlqBulk(filter, options))),
     purgeDlqBulk: (filter: DlqFilter, options?: { readonly all?: boolean }) =>
       run(Effect.flatMap(AwaClient, (c) => c.storage.purgeDlqBulk(filter, options))),
+    /**
+     * Replaces a queue's hot overrides (pollInterval, claimBatchSize, rateLimit, deadline); every
+     * worker applies them within its `overrideRefreshInterval`. Rejects out-of-range values.
+     */
+    setQueueOverrides: (queue: string, overrides: QueueOverrides.QueueOverridesInput) =>
+      runtime.runPromise(client.setQueueOverrides(queue, overrides)),
+    /** Removes a queue's overrides; workers revert to their code's values. True when it had some. */
+    clearQueueOverrides: (queue: string) => runtime.runPromise(client.clearQueueOverrides(queue)),
+    /** Stored overrides of one queue, or of every queue with some. */
+    getQueueOverrides: (queue?: string) => runtime.runPromise(client.getQueueOverrides(queue)),
     /** Declares a cron schedule for `start({ cron: [...] })` (checked when the worker starts). */
     schedule: Cron.schedule,
     /** Every stored cron schedule with its next fire time. */

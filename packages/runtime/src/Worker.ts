@@ -11,7 +11,9 @@
 import { monitorEventLoopDelay } from "node:perf_hooks"
 import { AwaConfigError, checkQueueName, type ValidationError } from "@awa/core"
 import {
+  CallbackStorage,
   type CronStorage,
+  FlowStorage,
   Heartbeats,
   KeyGrants,
   type LeaderLock,
@@ -19,20 +21,51 @@ import {
   StorageChecks,
   StorageSignals
 } from "@awa/storage"
-import { Context, Duration, Effect, FiberSet, Layer, Option, Schedule, Stream, SubscriptionRef } from "effect"
+import {
+  Clock,
+  Context,
+  Duration,
+  Effect,
+  FiberSet,
+  Layer,
+  Option,
+  Schedule,
+  Stream,
+  SubscriptionRef
+} from "effect"
 import type { SqlError } from "effect/sql"
 import * as CompletionBatcher from "./CompletionBatcher.ts"
+import * as ConcurrencyPermits from "./ConcurrencyPermits.ts"
 import * as Cron from "./Cron.ts"
 import * as Dispatcher from "./Dispatcher.ts"
 import * as Executor from "./Executor.ts"
+import * as FlowMetrics from "./FlowMetrics.ts"
 import type { Handler } from "./Handler.ts"
 import * as KeyedDispatch from "./KeyedDispatch.ts"
 import * as Leader from "./Leader.ts"
 import * as Progress from "./Progress.ts"
+import * as QueueOverrides from "./QueueOverrides.ts"
+import * as RateLimiter from "./RateLimiter.ts"
 
 export interface QueueOptions {
-  /** Handlers of this queue running at once. Default 10 (1–10,000). */
+  /**
+   * Handlers of this queue running at once. Default 10 (1–10,000); in weighted mode
+   * (`globalMaxWorkers` set) the default is no cap of its own beyond the pool.
+   */
   readonly maxConcurrency?: number | undefined
+  /**
+   * Most jobs of this queue that start per second in this process: a token bucket of `burst`
+   * tokens (0: `max(1, ceil(maxRate))`) refilled at `maxRate` a second (> 0, ≤ 100,000), shared by
+   * the queue's claims in the process. Per process: N processes start up to N × `maxRate`.
+   * Default none. Hot overrides can retune it (not create one).
+   */
+  readonly rateLimit?: { readonly maxRate: number; readonly burst?: number | undefined } | undefined
+  /** Most jobs one claim takes (1–10,000). Default: what the free capacity and prefetch allow. */
+  readonly claimBatchSize?: number | undefined
+  /** Weighted mode only: permits reserved for this queue (0 – `globalMaxWorkers`). Default 0. */
+  readonly minWorkers?: number | undefined
+  /** Weighted mode only: this queue's share of the overflow permits (1–1,000). Default 1. */
+  readonly weight?: number | undefined
   /**
    * Most jobs claimed ahead of free capacity, waiting in this process (0–10,000). The dispatcher
    * sizes its buffer to about two claim round trips of the queue's measured throughput, up to
@@ -132,6 +165,17 @@ export interface WatchdogOptions {
 
 export interface WorkerOptions<R> {
   readonly queues: Readonly<Record<string, QueueOptions>>
+  /**
+   * Weighted mode: one pool of this many permits (claimed attempts, 1–100,000) shared by the
+   * queues, each with its `minWorkers` floor and a `weight` share of the rest. Unset: each queue
+   * has its own `maxConcurrency` (hard-reserved mode). Σ `minWorkers` must not exceed it.
+   */
+  readonly globalMaxWorkers?: number | undefined
+  /**
+   * How often this worker re-reads its queues' hot overrides from the database (one query per
+   * interval, never per poll). Default 10 s (50 ms – 1 h).
+   */
+  readonly overrideRefreshInterval?: Duration.Input | undefined
   readonly handlers: ReadonlyArray<Handler<R>>
   /** Heartbeat of attempts older than one interval. Default 30 s (100 ms – 10 min). */
   readonly heartbeatInterval?: Duration.Input | undefined
@@ -190,6 +234,8 @@ export class Worker extends Context.Service<
     readonly isLeader: SubscriptionRef.SubscriptionRef<boolean>
     /** Attempts running in this process. */
     readonly running: Effect.Effect<number>
+    /** Weighted mode's pool (mode, floors, weights, permits and overflow held); undefined when hard-reserved. */
+    readonly permits: Effect.Effect<ConcurrencyPermits.PoolSnapshot | undefined>
   }
 >()("@awa/runtime/Worker") {}
 
@@ -252,6 +298,12 @@ export const resolveConfig = <R>(options: WorkerOptions<R>) =>
   Effect.gen(function* () {
     const issues: Array<Issue> = []
     const queues: Array<Dispatcher.DispatcherConfig> = []
+    const flows: Array<{
+      readonly base: QueueOverrides.QueueBase
+      readonly weight: ConcurrencyPermits.QueueWeight
+    }> = []
+    const weighted = options.globalMaxWorkers !== undefined
+    const globalMaxWorkers = integer(issues, "globalMaxWorkers", options.globalMaxWorkers, 0, 1, 100_000)
     const queueSettings: Array<{
       readonly queue: string
       readonly dlq: boolean | undefined
@@ -268,9 +320,52 @@ export const resolveConfig = <R>(options: WorkerOptions<R>) =>
         10,
         60_000
       )
+      const maxConcurrency = integer(
+        issues,
+        `queues.${queue}.maxConcurrency`,
+        q.maxConcurrency,
+        weighted ? Math.min(10_000, globalMaxWorkers) : 10,
+        1,
+        10_000
+      )
+      const rateReason = q.rateLimit === undefined ? undefined : RateLimiter.invalidReason(q.rateLimit)
+      if (rateReason !== undefined) issues.push({ path: `queues.${queue}.rateLimit`, reason: rateReason })
+      const claimBatchSize =
+        q.claimBatchSize === undefined
+          ? undefined
+          : integer(issues, `queues.${queue}.claimBatchSize`, q.claimBatchSize, 0, 1, 10_000)
+      if (!weighted && (q.minWorkers !== undefined || q.weight !== undefined))
+        issues.push({
+          path: `queues.${queue}`,
+          reason: "minWorkers and weight need globalMaxWorkers (weighted mode)"
+        })
+      const minWorkers = integer(issues, `queues.${queue}.minWorkers`, q.minWorkers, 0, 0, 100_000)
+      const weight = integer(issues, `queues.${queue}.weight`, q.weight, 1, 1, 1000)
+      const deadlineMs = durationMs(
+        issues,
+        `queues.${queue}.deadline`,
+        q.deadline,
+        300_000,
+        10,
+        7 * day,
+        true
+      )
+      flows.push({
+        base: {
+          queue,
+          pollIntervalMs,
+          claimBatchSize,
+          deadlineMs,
+          rateLimit:
+            q.rateLimit === undefined
+              ? undefined
+              : { maxRate: q.rateLimit.maxRate, burst: q.rateLimit.burst ?? 0 }
+        },
+        weight: { queue, minWorkers, weight }
+      })
       queues.push({
         queue,
-        maxConcurrency: integer(issues, `queues.${queue}.maxConcurrency`, q.maxConcurrency, 10, 1, 10_000),
+        maxConcurrency,
         prefetch: integer(
           issues,
           `queues.${queue}.prefetch`,
@@ -284,7 +379,7 @@ export const resolveConfig = <R>(options: WorkerOptions<R>) =>
           pollIntervalMs,
           durationMs(issues, `queues.${queue}.idlePollMax`, q.idlePollMax, 30_000, 10, 600_000)
         ),
-        deadlineMs: durationMs(issues, `queues.${queue}.deadline`, q.deadline, 300_000, 10, 7 * day, true),
+        deadlineMs,
         agingIntervalMs: durationMs(
           issues,
           `queues.${queue}.priorityAgingInterval`,
@@ -320,6 +415,17 @@ export const resolveConfig = <R>(options: WorkerOptions<R>) =>
       })
     }
     if (queues.length === 0) issues.push({ path: "queues", reason: "at least one queue is required" })
+    const floors = flows.reduce((sum, f) => sum + f.weight.minWorkers, 0)
+    if (weighted && floors > globalMaxWorkers)
+      issues.push({ path: "globalMaxWorkers", reason: `must be at least the sum of minWorkers (${floors})` })
+    const overrideRefreshMs = durationMs(
+      issues,
+      "overrideRefreshInterval",
+      options.overrideRefreshInterval,
+      10_000,
+      50,
+      3_600_000
+    )
     const kinds = new Set<string>()
     for (const h of options.handlers) {
       if (kinds.has(h.definition.kind))
@@ -503,6 +609,9 @@ export const resolveConfig = <R>(options: WorkerOptions<R>) =>
     if (issues.length > 0) return yield* new AwaConfigError({ issues })
     return {
       queues,
+      flows,
+      globalMaxWorkers: weighted ? globalMaxWorkers : undefined,
+      overrideRefreshMs,
       queueSettings,
       heartbeatIntervalMs,
       maintenance,
@@ -597,15 +706,40 @@ export const make = Effect.fnUntraced(function* <R>(options: WorkerOptions<R>) {
     shuttingDown: () => shuttingDown,
     tracing: options.tracing ?? true,
     maxProgressBytes: config.maxProgressBytes,
-    heartbeats
+    heartbeats,
+    callbacks: Option.getOrUndefined(yield* Effect.serviceOption(CallbackStorage))
   })
   yield* Effect.forkScoped(executor.deadlines)
   const dispatchers = new Map<string, Dispatcher.Dispatcher<R>>()
   // Set while the listener is subscribed: dispatchers then let idle polls back off.
   let listening = false
   const wakes: Dispatcher.WakeSource = { listening: () => listening }
-  for (const queue of config.queues) {
-    const dispatcher = yield* Dispatcher.make(queue, fibers, executor, wakes)
+  // Flow control (docs/adr/0028-flow-control.md): live settings per queue, the weighted pool.
+  const flowMetrics = yield* FlowMetrics.makeRecorder
+  const startedAt = yield* Clock.currentTimeMillis
+  const lives = config.flows.map((f) => ({
+    base: f.base,
+    live: QueueOverrides.liveSettings(f.base, startedAt)
+  }))
+  const pool =
+    config.globalMaxWorkers === undefined
+      ? undefined
+      : yield* ConcurrencyPermits.make(
+          config.globalMaxWorkers,
+          config.flows.map((f) => f.weight)
+        )
+  yield* startOverrideRefresh(lives, config.overrideRefreshMs)
+  if (pool !== undefined)
+    yield* Effect.sync(() => flowMetrics.permits(pool.snapshot())).pipe(
+      Effect.repeat(Schedule.spaced(1000)),
+      Effect.forkScoped
+    )
+  for (const [i, queue] of config.queues.entries()) {
+    const dispatcher = yield* Dispatcher.make(queue, fibers, executor, wakes, {
+      live: lives[i]!.live,
+      permits: pool?.share(queue.queue),
+      metrics: flowMetrics
+    })
     dispatchers.set(queue.queue, dispatcher)
     // Registered before the loop is forked, so it runs after the loop is interrupted.
     yield* Effect.addFinalizer(() => dispatcher.stop)
@@ -619,11 +753,16 @@ export const make = Effect.fnUntraced(function* <R>(options: WorkerOptions<R>) {
         ? (dispatchers.get(signal.queue)?.wake ?? Effect.void)
         : signal._tag === "Cancel"
           ? executor.interrupt(signal.token.jobId, signal.token.runLease)
-          : // (re)subscribed: wake-ups sent while nobody listened were lost, so look now
-            Effect.suspend(() => {
-              listening = true
-              return Effect.forEach(dispatchers.values(), (d) => d.wake, { discard: true })
-            })
+          : signal._tag === "Resumed"
+            ? Effect.andThen(
+                executor.wakeCallback(signal.token.jobId, signal.token.runLease),
+                dispatchers.get(signal.queue)?.resumed ?? Effect.void
+              )
+            : // (re)subscribed: wake-ups sent while nobody listened were lost, so look now
+              Effect.suspend(() => {
+                listening = true
+                return Effect.forEach(dispatchers.values(), (d) => d.wake, { discard: true })
+              })
     ),
     Effect.ensuring(Effect.sync(() => (listening = false))),
     Effect.catchCause((cause) => Effect.logWarning("notification listener lost; re-subscribing", cause)),
@@ -669,9 +808,40 @@ export const make = Effect.fnUntraced(function* <R>(options: WorkerOptions<R>) {
 
   return Worker.of({
     isLeader,
-    running: Effect.sync(() => executor.running.size)
+    running: Effect.sync(() => executor.running.size),
+    permits: Effect.sync(() => pool?.snapshot())
   })
 })
+
+/**
+ * Re-reads the queues' hot overrides every `intervalMs`, first at once (so a worker starts with
+ * the fleet's current set). Without `FlowStorage` (a hand-built storage stack) there are none to
+ * read: logged once at debug level. A failed read is logged and the last set stays in force.
+ */
+const startOverrideRefresh = (
+  lives: ReadonlyArray<{
+    readonly base: QueueOverrides.QueueBase
+    readonly live: QueueOverrides.LiveSettings
+  }>,
+  intervalMs: number
+) =>
+  Effect.gen(function* () {
+    const flow = yield* Effect.serviceOption(FlowStorage.FlowStorage)
+    if (flow._tag === "None")
+      return yield* Effect.logDebug("no FlowStorage in the storage layers: hot queue overrides are not read")
+    const reported = new Map<string, string>()
+    const once = QueueOverrides.refresh(lives, reported).pipe(
+      Effect.provideService(FlowStorage.FlowStorage, flow.value),
+      Effect.catchCause((cause) =>
+        Effect.logWarning("reading queue overrides failed; keeping the last set", cause)
+      ),
+      Effect.withTracerEnabled(false),
+      Effect.annotateLogs({ module: "Worker", fiber: "overrides" })
+    )
+    // before the dispatchers start, so the first claim already sees the fleet's overrides
+    yield* once
+    yield* Effect.sleep(intervalMs).pipe(Effect.andThen(once), Effect.forever, Effect.forkScoped)
+  })
 
 /** The worker layer; `R` is what the handlers need, supplied by the application's layers. */
 export const layer = <R>(

@@ -6,7 +6,14 @@
  * latencies are exact.
  */
 import { Job } from "@awa/core"
-import { CronStorage, LeaderLock, QueueStorage, SimQueueStorage, StorageSignals } from "@awa/storage"
+import {
+  CronStorage,
+  FlowStorage,
+  LeaderLock,
+  QueueStorage,
+  SimQueueStorage,
+  StorageSignals
+} from "@awa/storage"
 import { assert, describe, it } from "@effect/vitest"
 import { Clock, Effect, Exit, Layer, Queue, Schema, Scope, Stream } from "effect"
 import { TestClock } from "effect/testing"
@@ -55,7 +62,7 @@ const harness = (listening: boolean) =>
       : StorageSignals.layerSilent
     const layer = AwaClient.layer().pipe(
       Layer.provideMerge(
-        Layer.mergeAll(CronStorage.layerSim, signals, LeaderLock.layerMemory).pipe(
+        Layer.mergeAll(CronStorage.layerSim, FlowStorage.layerSim, signals, LeaderLock.layerMemory).pipe(
           Layer.provideMerge(counting)
         )
       )

@@ -7,6 +7,7 @@
 import { Job } from "@awa/core"
 import {
   CronStorage,
+  FlowStorage,
   KeyGrants,
   LeaderLock,
   SimKeyGrants,
@@ -32,6 +33,7 @@ const listeningSim = AwaClientModule.layer().pipe(
   Layer.provideMerge(
     Layer.mergeAll(
       CronStorage.layerSim,
+      FlowStorage.layerSim,
       LeaderLock.layerMemory,
       SimKeyGrants.layer,
       Layer.succeed(

@@ -34,6 +34,7 @@ const isolationAgnostic: Record<string, string> = {
   queue_stats: "a read of one statement (one snapshot at any level) that writes nothing (0030)",
   queue_rates: "a read of one statement that writes nothing (0031)",
   queue_history: "a read of one statement that writes nothing (0031)",
+  queue_depth: "a capped count of one statement (one snapshot at any level) that writes nothing (0032)",
   slot_has_unclaimed: "a read, called only inside prune_queue",
   end_idle_blockers: "reads pg_locks and pg_stat_activity (no MVCC snapshot); called only inside prune_queue",
   cron_upsert: "one INSERT … ON CONFLICT on cron_schedules, correct at any level",

@@ -121,7 +121,7 @@ export interface RescueParams {
 }
 
 export interface RescuedAttempt extends AttemptToken {
-  readonly reason: "stale_heartbeat" | "deadline_exceeded"
+  readonly reason: "stale_heartbeat" | "deadline_exceeded" | "callback_timeout"
   readonly state: JobState
   /** The job's queue and kind (for metrics); empty when its rows were reclaimed meanwhile. */
   readonly queue: string

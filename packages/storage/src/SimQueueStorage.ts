@@ -55,7 +55,8 @@
  *   scope closes.
  * - A `retryFromDlq` override `runAt` that is not a valid `Date` is a `ValidationError` (field
  *   `runAt`); Postgres passes it to the database as is.
- * - `waiting_external` and `waiting_on` are never produced (no callbacks, no dependencies).
+ * - `waiting_on` is never produced (no dependencies). `waiting_external` comes from the
+ *   `CallbackStorage` the layer also provides (SimCallbackStorage.ts).
  */
 import {
   Backoff,
@@ -75,8 +76,9 @@ import {
   UniqueKey,
   ValidationError
 } from "@awa/core"
-import { Clock, Effect, Layer, Option, Random } from "effect"
+import { Clock, Context, Effect, Layer, Option, Random } from "effect"
 import type { Mutable } from "effect/Types"
+import { CallbackStorage } from "./CallbackStorage.ts"
 import {
   type AttemptToken,
   type AttemptView,
@@ -118,6 +120,8 @@ import {
   type SampleParams,
   type StorageStatus
 } from "./QueueStorage.ts"
+import type { SimCallback } from "./SimCallbackStorage.ts"
+import * as SimCallbackStorage from "./SimCallbackStorage.ts"
 import {
   checkHistoryOptions,
   historyBucketMsRange,
@@ -192,6 +196,8 @@ interface SimJob {
    * lease and the job is running or parked; any closure moves the job on and so closes it.
    */
   grant?: { readonly policy: string; readonly key: string; readonly lease: bigint; readonly at: number }
+  /** The open attempt's callback (SimCallbackStorage), cleared when the attempt closes. */
+  callback: SimCallback | null
 }
 
 /** What `SimKeyGrants` needs of the store behind one `SimQueueStorage` (registered per service). */
@@ -227,6 +233,10 @@ const keyedWindow = 64
 
 const iso = (millis: number): string => new Date(millis).toISOString()
 
+/** Parked with its callback pending: reads `waiting_external`; no worker heartbeats it (0034). */
+const parkedPending = (job: SimJob): boolean =>
+  job.state === "running" && job.callback !== null && job.callback.waiting && job.callback.state === "pending"
+
 const retentionOf = (retention: RetentionParams, state: JobState): number | undefined => {
   switch (state) {
     case "completed":
@@ -242,7 +252,8 @@ const retentionOf = (retention: RetentionParams, state: JobState): number | unde
 
 const rescuedError = {
   stale_heartbeat: "heartbeat stale: worker presumed dead",
-  deadline_exceeded: "hard deadline exceeded"
+  deadline_exceeded: "hard deadline exceeded",
+  callback_timeout: "callback timed out"
 } as const
 
 /**
@@ -276,7 +287,13 @@ class Lane {
   }
 }
 
-export const make: Effect.Effect<QueueStorage["Service"]> = Effect.gen(function* () {
+/**
+ * Both simulated services over one store: `QueueStorage` and the `CallbackStorage` of its attempts.
+ */
+export const makeWithCallbacks: Effect.Effect<{
+  readonly storage: QueueStorage["Service"]
+  readonly callbacks: CallbackStorage["Service"]
+}> = Effect.gen(function* () {
   /** Every stored job by id; insertion order is id order (ids only grow, jobs are never re-inserted). */
   const jobs = new Map<JobId, SimJob>()
   /** Available jobs per queue, then per priority (one lane each, shard 0), in position order. */
@@ -380,6 +397,7 @@ export const make: Effect.Effect<QueueStorage["Service"]> = Effect.gen(function*
     job.claimedAt = null
     job.deadlineAt = null
     job.heartbeatAt = null
+    job.callback = null
   }
 
   const finish = (
@@ -517,7 +535,7 @@ export const make: Effect.Effect<QueueStorage["Service"]> = Effect.gen(function*
     kind: job.kind,
     queue: job.queue,
     priority: job.priority,
-    state: job.state,
+    state: parkedPending(job) ? "waiting_external" : job.state,
     attempt: job.attempt,
     maxAttempts: job.maxAttempts,
     runLease: job.runLease,
@@ -603,6 +621,7 @@ export const make: Effect.Effect<QueueStorage["Service"]> = Effect.gen(function*
           claimedAt: null,
           deadlineAt: null,
           heartbeatAt: null,
+          callback: null,
           finalizedAt: null,
           dlq: null
         }
@@ -812,7 +831,9 @@ export const make: Effect.Effect<QueueStorage["Service"]> = Effect.gen(function*
   const rescueStale = (params: RescueParams) =>
     rescue(
       "stale_heartbeat",
-      (job, now) => Math.max(job.claimedAt!, job.heartbeatAt ?? job.claimedAt!) < now - params.stalenessMs,
+      (job, now) =>
+        !parkedPending(job) &&
+        Math.max(job.claimedAt!, job.heartbeatAt ?? job.claimedAt!) < now - params.stalenessMs,
       (job) => job.claimedAt!,
       params.limit
     )
@@ -820,7 +841,8 @@ export const make: Effect.Effect<QueueStorage["Service"]> = Effect.gen(function*
   const rescueDeadlines = (limit: number) =>
     rescue(
       "deadline_exceeded",
-      (job, now) => job.deadlineAt !== null && job.deadlineAt < now,
+      // a parked attempt's claim deadline is void: its callback timeout bounds it (0034)
+      (job, now) => job.deadlineAt !== null && job.deadlineAt < now && job.callback?.parkedAt == null,
       (job) => job.deadlineAt!,
       limit
     )
@@ -1370,6 +1392,21 @@ export const make: Effect.Effect<QueueStorage["Service"]> = Effect.gen(function*
           { _tag: "Noop" } as PruneOutcome
         )
 
+  const openAttempts = function* (): Generator<SimJob> {
+    for (const job of jobs.values()) if (job.state === "running") yield job
+  }
+  const callbacks = SimCallbackStorage.make({
+    open: (token) => openAttempt(token),
+    known: (token) => {
+      const job = jobs.get(token.jobId)
+      return job !== undefined && job.runLease >= token.runLease
+    },
+    close: (attempt, outcome, now, reason) =>
+      applyOutcome(attempt as SimJob, outcome, now, (reason ?? "max_attempts_exhausted") as DlqReason),
+    openAttempts,
+    claimed: (attempt, now) => claimed(attempt as SimJob, now)
+  })
+
   const service = QueueStorage.of({
     enqueueMany,
     claim,
@@ -1410,8 +1447,20 @@ export const make: Effect.Effect<QueueStorage["Service"]> = Effect.gen(function*
     drainQueue
   })
   simHooks.set(service, keyHooks)
-  return service
+  return { storage: service, callbacks }
 })
 
-/** `QueueStorage` in memory; each build of the layer starts with an empty store. */
-export const layer: Layer.Layer<QueueStorage> = Layer.effect(QueueStorage, make)
+export const make: Effect.Effect<QueueStorage["Service"]> = Effect.map(
+  makeWithCallbacks,
+  (both) => both.storage
+)
+
+/**
+ * `QueueStorage` and `CallbackStorage` in memory, over one store; each build of the layer starts
+ * with an empty store.
+ */
+export const layer: Layer.Layer<QueueStorage | CallbackStorage> = Layer.effectContext(
+  Effect.map(makeWithCallbacks, ({ callbacks, storage }) =>
+    Context.add(Context.make(QueueStorage, storage), CallbackStorage, callbacks)
+  )
+)

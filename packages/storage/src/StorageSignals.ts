@@ -22,6 +22,8 @@ import type { AttemptToken } from "./QueueStorage.ts"
 export type Signal =
   | { readonly _tag: "Wake"; readonly queue: string }
   | { readonly _tag: "Cancel"; readonly token: AttemptToken }
+  /** A callback of this attempt was resumed (migration 0034): wake its wait, or take it back if parked. */
+  | { readonly _tag: "Resumed"; readonly token: AttemptToken; readonly queue: string }
   /**
    * First element of every (re)subscription, once Postgres has confirmed both LISTENs:
    * notifications sent while nobody listened are lost, so a subscriber should look for work now.
@@ -39,6 +41,13 @@ export class StorageSignals extends Context.Service<
 export const wakeChannel = (schema: string) => `awa_wake_${schema}`
 export const cancelChannel = (schema: string) => `awa_cancel_${schema}`
 
+/** `resumed:<job>:<lease>:<queue>` on the cancel channel (migration 0034): no third LISTEN. */
+const parseResumed = (payload: string): Array<Signal> => {
+  const m = /^resumed:(\d+):(\d+):(.*)$/s.exec(payload)
+  if (m === null) return []
+  return [{ _tag: "Resumed", token: { jobId: BigInt(m[1]!), runLease: BigInt(m[2]!) }, queue: m[3]! }]
+}
+
 const parseCancel = (payload: string): Array<Signal> => {
   const [jobId, runLease] = payload.split(":")
   if (jobId === undefined || runLease === undefined || !/^\d+$/.test(jobId) || !/^\d+$/.test(runLease))
@@ -46,7 +55,7 @@ const parseCancel = (payload: string): Array<Signal> => {
   return [{ _tag: "Cancel", token: { jobId: BigInt(jobId), runLease: BigInt(runLease) } }]
 }
 
-/** LISTEN on both channels of `schema`. */
+/** LISTEN on both channels of `schema` (each LISTEN holds a pooled connection). */
 export const layerPg = (options: { readonly schema?: string | undefined } = {}) =>
   Layer.effect(
     StorageSignals,
@@ -63,7 +72,9 @@ export const layerPg = (options: { readonly schema?: string | undefined } = {}) 
             (n): Signal => ({ _tag: "Wake", queue: n.payload })
           )
           const cancels = Stream.flatMap(Stream.fromQueue(cancelQueue), (n) =>
-            Stream.fromIterable(parseCancel(n.payload))
+            Stream.fromIterable(
+              n.payload.startsWith("resumed:") ? parseResumed(n.payload) : parseCancel(n.payload)
+            )
           )
           return Stream.concat(Stream.succeed<Signal>({ _tag: "Subscribed" }), Stream.merge(wakes, cancels))
         })

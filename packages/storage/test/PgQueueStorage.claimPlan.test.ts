@@ -19,10 +19,19 @@ interface Reads {
   readonly tombstoneTuples: number
 }
 
-/** Rows fetched from the children of a partitioned table by the current transaction so far. */
+/**
+ * What the current transaction so far read from the children of a partitioned table: blocks
+ * (heap accesses, whatever the scan), or tuples: rows of sequential scans and bitmap heap fetches,
+ * counted on the children, plus the entries their indexes returned (an index scan's rows are
+ * counted on the index, not on the table).
+ */
 const fetchedFrom = (parent: string, what: "tuples" | "blocks") =>
-  `(SELECT coalesce(sum(pg_stat_get_xact_${what}_fetched(i.inhrelid)), 0)::int
-      FROM pg_inherits i WHERE i.inhparent = '${parent}'::regclass)`
+  what === "blocks"
+    ? `(SELECT coalesce(sum(pg_stat_get_xact_blocks_fetched(i.inhrelid)), 0)::int
+         FROM pg_inherits i WHERE i.inhparent = '${parent}'::regclass)`
+    : `(SELECT coalesce(sum(pg_stat_get_xact_tuples_returned(i.inhrelid) + pg_stat_get_xact_tuples_fetched(i.inhrelid)
+              + (SELECT coalesce(sum(pg_stat_get_xact_tuples_returned(x.indexrelid)), 0) FROM pg_index x WHERE x.indrelid = i.inhrelid)), 0)::int
+         FROM pg_inherits i WHERE i.inhparent = '${parent}'::regclass)`
 
 describe("claim after ANALYZE", () => {
   it.live("claim(1) on a 3,000-job lane reads a handful of rows, not the lane or its tombstones", () =>
