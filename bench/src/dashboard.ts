@@ -1,8 +1,9 @@
 /**
  * Dashboard benchmark (issue 19): what one refresh of the dashboard's overview costs with N jobs
- * stored over Q queues. The overview page polls three admin API reads at once:
- * `GET /api/queues?window=3600`, `GET /api/status` and `GET /api/doctor`; this times each of them
- * and the three together (as the page issues them), over HTTP from the admin server
+ * stored over Q queues. The overview page polls four admin API reads at once:
+ * `GET /api/queues?window=3600`, `GET /api/queues/history` (the sparklines, over an hour of the
+ * leader's samples taken first), `GET /api/status` and `GET /api/doctor`; this times each of them
+ * and the four together (as the page issues them), over HTTP from the admin server
  * (`AdminApi.layer` + `Dashboard.layer` on `NodeHttpServer`) to Postgres, plus the page itself
  * and the cron read.
  *
@@ -31,97 +32,22 @@ import { HttpRouter, HttpServer } from "effect/http"
 import { Reactivity } from "effect/reactivity"
 import {
   acquireServer,
+  addOpenWork,
   createDatabase,
   databaseName,
   dropDatabase,
+  fillHistory,
+  intArg,
   loadLine,
   now,
-  summarize,
-  table
+  table,
+  timeCalls as time
 } from "./lib.ts"
 
-const round = 10_000
-const calls = 20
-const day = 86_400_000
-const keep = { completedMs: day, failedMs: 3 * day, cancelledMs: 3 * day }
 const resultsFile = new URL("../results/dashboard-latest.json", import.meta.url)
 
-const arg = (name: string, fallback: number): number => {
-  const argv = process.argv.slice(2)
-  const i = argv.indexOf(name)
-  if (i === -1) return fallback
-  const n = Number(argv[i + 1])
-  if (!Number.isInteger(n) || n < 0)
-    throw new Error(`${name} needs a non-negative integer (got ${argv[i + 1]})`)
-  return n
-}
-
-const queueCount = arg("--queues", 100)
+const queueCount = intArg("--queues", 100)
 const queues = Array.from({ length: queueCount }, (_, i) => `dash-${String(i).padStart(3, "0")}`)
-const jobsOf = (count: number, runAt?: Date) =>
-  Array.from({ length: count }, (_, i) => ({
-    kind: "dash",
-    queue: queues[i % queues.length]!,
-    args: { i },
-    runAt
-  }))
-
-/** Enqueues, claims and completes `count` jobs in rounds over every queue, reclaiming after each. */
-const fillHistory = (count: number) =>
-  Effect.gen(function* () {
-    const storage = yield* QueueStorage
-    for (let done = 0; done < count; done += round) {
-      const n = Math.min(round, count - done)
-      yield* storage.enqueueMany(jobsOf(n))
-      yield* Effect.forEach(
-        queues,
-        (queue) =>
-          Effect.flatMap(storage.claim({ queue, max: n, deadlineMs: 0, agingIntervalMs: 0 }), (claimed) =>
-            storage.finalizeMany(
-              claimed.map((c) => ({
-                jobId: c.jobId,
-                runLease: c.runLease,
-                outcome: { _tag: "Complete" as const }
-              }))
-            )
-          ),
-        { concurrency: 2, discard: true }
-      )
-      yield* storage.rotateWhenDue({ minRows: 1, maxAgeMs: 0 })
-      yield* storage.prune({ ...keep, carryAfterMs: 0 })
-      yield* storage.pruneHistory(keep)
-      yield* storage.rotateHistory(0)
-      yield* storage.trimLedgers(1000)
-      if ((done / round) % 10 === 0) yield* Console.log(`  ${done + n} jobs stored (load ${loadLine()})`)
-    }
-  })
-
-/** Open work: a backlog over every queue, scheduled jobs, dead letters and open attempts. */
-const addOpenWork = (backlog: number) =>
-  Effect.gen(function* () {
-    const storage = yield* QueueStorage
-    for (let done = 0; done < backlog; done += round)
-      yield* storage.enqueueMany(jobsOf(Math.min(round, backlog - done)))
-    yield* storage.enqueueMany(jobsOf(1000, new Date(Date.now() + day)))
-    yield* storage.configureQueue("dash-dlq", { dlq: true })
-    yield* storage.enqueueMany(
-      Array.from({ length: 700 }, (_, i) => ({
-        kind: "dash",
-        queue: "dash-dlq",
-        args: { i },
-        maxAttempts: 1
-      }))
-    )
-    const failing = yield* storage.claim({ queue: "dash-dlq", max: 500, deadlineMs: 0, agingIntervalMs: 0 })
-    yield* storage.finalizeMany(
-      failing.map((c) => ({
-        jobId: c.jobId,
-        runLease: c.runLease,
-        outcome: { _tag: "Fail" as const, error: "bench" }
-      }))
-    )
-    yield* storage.claim({ queue: "dash-dlq", max: 200, deadlineMs: 0, agingIntervalMs: 0 })
-  })
 
 const fetchOk = (url: string) =>
   Effect.promise(async () => {
@@ -131,21 +57,9 @@ const fetchOk = (url: string) =>
     return body.length
   })
 
-const time = <A, E, R>(effect: Effect.Effect<A, E, R>) =>
-  Effect.gen(function* () {
-    for (let i = 0; i < 3; i++) yield* effect
-    const samples: Array<number> = []
-    for (let i = 0; i < calls; i++) {
-      const t = now()
-      yield* effect
-      samples.push(now() - t)
-    }
-    return summarize(samples)
-  })
-
 const program = Effect.gen(function* () {
-  const jobs = arg("--jobs", 10_000)
-  const backlog = Math.min(jobs, arg("--backlog", Math.min(10_000, Math.floor(jobs / 10))))
+  const jobs = intArg("--jobs", 10_000)
+  const backlog = Math.min(jobs, intArg("--backlog", Math.min(10_000, Math.floor(jobs / 10))))
   const server = yield* acquireServer
   const name = databaseName("awa_dash")
   const url = yield* createDatabase(server.url, name)
@@ -157,8 +71,12 @@ const program = Effect.gen(function* () {
   )
   yield* Console.log(`dashboard benchmark: ${jobs} jobs over ${queueCount} queues, database ${name}`)
   const t0 = now()
-  yield* fillHistory(Math.max(0, jobs - backlog - 1700)).pipe(Effect.provide(storage))
-  yield* addOpenWork(backlog).pipe(Effect.provide(storage))
+  yield* fillHistory(queues, "dash", Math.max(0, jobs - backlog - 1700)).pipe(Effect.provide(storage))
+  yield* addOpenWork(queues, "dash", "dash-dlq", backlog).pipe(Effect.provide(storage))
+  // an hour of the leader's samples (default period 15 s), for the sparklines' read
+  yield* Effect.flatMap(QueueStorage, (s) =>
+    Effect.repeat(s.sampleQueueStats({ minIntervalMs: 0, keepMs: 7_200_000 }), { times: 239 })
+  ).pipe(Effect.provide(storage))
   const fillSeconds = (now() - t0) / 1000
   yield* Effect.flatMap(PgClient.PgClient, (sql) => Effect.ignore(sql`VACUUM ANALYZE`)).pipe(
     Effect.provide(client)
@@ -175,12 +93,14 @@ const program = Effect.gen(function* () {
   const reads = yield* Effect.gen(function* () {
     const base = HttpServer.formatAddress((yield* HttpServer.HttpServer).address)
     const get = (path: string) => fetchOk(`${base}${path}`)
-    const overview = Effect.all([get("/api/queues?window=3600"), get("/api/status"), get("/api/doctor")], {
-      concurrency: "unbounded"
-    })
+    const overview = Effect.all(
+      [get("/api/queues?window=3600"), get("/api/queues/history"), get("/api/status"), get("/api/doctor")],
+      { concurrency: "unbounded" }
+    )
     return [
-      ["overview refresh (the 3 reads at once)", yield* time(overview)],
+      ["overview refresh (the 4 reads at once)", yield* time(overview)],
       ["GET /api/queues?window=3600", yield* time(get("/api/queues?window=3600"))],
+      ["GET /api/queues/history", yield* time(get("/api/queues/history"))],
       ["GET /api/status", yield* time(get("/api/status"))],
       ["GET /api/doctor", yield* time(get("/api/doctor"))],
       ["GET /dashboard/api/cron", yield* time(get("/dashboard/api/cron"))],

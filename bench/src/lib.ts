@@ -1,12 +1,15 @@
 /**
- * Helpers shared by the benchmarks (`storage.ts`, `compare.ts`): the Postgres server, one-shot
- * admin clients, fresh databases, and number/table formatting.
+ * Helpers shared by the benchmarks (`storage.ts`, `compare.ts`, `stats.ts`, `dashboard.ts`): the
+ * Postgres server, one-shot admin clients, fresh databases, number/table formatting, command-line
+ * integers, call timing, and stored-job fixtures.
  */
 import { randomBytes } from "node:crypto"
 import os from "node:os"
+import type { NewJob } from "@awa/core"
+import { QueueStorage } from "@awa/storage"
 import * as EmbeddedPostgres from "@awa/testing/EmbeddedPostgres"
 import { PgClient } from "@effect/sql-pg"
-import { Effect, Redacted } from "effect"
+import { Console, Effect, Redacted } from "effect"
 import { Reactivity } from "effect/reactivity"
 
 // ---------------------------------------------------------------------------------------------
@@ -111,3 +114,97 @@ export const createDatabase = (serverUrl: string, name: string, template?: strin
 
 export const dropDatabase = (serverUrl: string, name: string) =>
   execute(serverUrl, `DROP DATABASE IF EXISTS ${name} WITH (FORCE)`).pipe(Effect.ignore)
+
+// ---------------------------------------------------------------------------------------------
+// Arguments, timing and stored-job fixtures (stats.ts, dashboard.ts)
+
+/** `--name <non-negative integer>` from the command line, else `fallback`. */
+export const intArg = (name: string, fallback: number): number => {
+  const argv = process.argv.slice(2)
+  const i = argv.indexOf(name)
+  if (i === -1) return fallback
+  const n = Number(argv[i + 1])
+  if (!Number.isInteger(n) || n < 0)
+    throw new Error(`${name} needs a non-negative integer (got ${argv[i + 1]})`)
+  return n
+}
+
+/** `effect` timed end to end `calls` times, after 3 warm-up calls. */
+export const timeCalls = <A, E, R>(effect: Effect.Effect<A, E, R>, calls = 20) =>
+  Effect.gen(function* () {
+    for (let i = 0; i < 3; i++) yield* effect
+    const samples: Array<number> = []
+    for (let i = 0; i < calls; i++) {
+      const t = now()
+      yield* effect
+      samples.push(now() - t)
+    }
+    return summarize(samples)
+  })
+
+const fillRound = 10_000
+const day = 86_400_000
+const keepDay = { completedMs: day, failedMs: 3 * day, cancelledMs: 3 * day }
+
+/** `count` jobs of `kind` spread round-robin over `queues`. */
+const jobsOver = (queues: ReadonlyArray<string>, kind: string, count: number, runAt?: Date): Array<NewJob> =>
+  Array.from({ length: count }, (_, i) => ({ kind, queue: queues[i % queues.length]!, args: { i }, runAt }))
+
+/**
+ * Stored history through the storage layer's own paths: `count` jobs enqueued, claimed and
+ * completed in rounds of 10,000 over `queues`, each round followed by rotate, prune (retention
+ * 1 day: completed jobs move to the history ring and stay stored) and trimLedgers, as the leader does.
+ */
+export const fillHistory = (queues: ReadonlyArray<string>, kind: string, count: number) =>
+  Effect.gen(function* () {
+    const storage = yield* QueueStorage
+    for (let done = 0; done < count; done += fillRound) {
+      const n = Math.min(fillRound, count - done)
+      yield* storage.enqueueMany(jobsOver(queues, kind, n))
+      yield* Effect.forEach(
+        queues,
+        (queue) =>
+          Effect.flatMap(storage.claim({ queue, max: n, deadlineMs: 0, agingIntervalMs: 0 }), (claimed) =>
+            storage.finalizeMany(
+              claimed.map((c) => ({
+                jobId: c.jobId,
+                runLease: c.runLease,
+                outcome: { _tag: "Complete" as const }
+              }))
+            )
+          ),
+        { concurrency: 2, discard: true }
+      )
+      yield* storage.rotateWhenDue({ minRows: 1, maxAgeMs: 0 })
+      yield* storage.prune({ ...keepDay, carryAfterMs: 0 })
+      yield* storage.pruneHistory(keepDay)
+      yield* storage.rotateHistory(0)
+      yield* storage.trimLedgers(1000)
+      if ((done / fillRound) % 10 === 0) yield* Console.log(`  ${done + n} jobs stored (load ${loadLine()})`)
+    }
+  })
+
+/**
+ * Open work: `backlog` available jobs over `queues`, 1,000 scheduled a day ahead, and in
+ * `dlqQueue` 500 dead-lettered jobs and 200 open attempts (1,700 jobs besides the backlog).
+ */
+export const addOpenWork = (queues: ReadonlyArray<string>, kind: string, dlqQueue: string, backlog: number) =>
+  Effect.gen(function* () {
+    const storage = yield* QueueStorage
+    for (let done = 0; done < backlog; done += fillRound)
+      yield* storage.enqueueMany(jobsOver(queues, kind, Math.min(fillRound, backlog - done)))
+    yield* storage.enqueueMany(jobsOver(queues, kind, 1000, new Date(Date.now() + day)))
+    yield* storage.configureQueue(dlqQueue, { dlq: true })
+    yield* storage.enqueueMany(
+      Array.from({ length: 700 }, (_, i) => ({ kind, queue: dlqQueue, args: { i }, maxAttempts: 1 }))
+    )
+    const failing = yield* storage.claim({ queue: dlqQueue, max: 500, deadlineMs: 0, agingIntervalMs: 0 })
+    yield* storage.finalizeMany(
+      failing.map((c) => ({
+        jobId: c.jobId,
+        runLease: c.runLease,
+        outcome: { _tag: "Fail" as const, error: "bench" }
+      }))
+    )
+    yield* storage.claim({ queue: dlqQueue, max: 200, deadlineMs: 0, agingIntervalMs: 0 })
+  })

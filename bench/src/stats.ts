@@ -10,14 +10,14 @@
  * claimed and completed in rounds of 10,000 over 4 queues, each round followed by rotate, prune
  * (retention 1 day: completed jobs move to the history ring and stay stored) and trimLedgers, as
  * the leader does; then `backlog` jobs left available over the 4 queues, 1,000 scheduled, 500
- * dead-lettered, 200 running. Then each read is called 20 times (after 3 warm-up calls) and
+ * dead-lettered, 200 running; then 480 of the leader's samples (migration 0031: two hours at the
+ * default period, here all within the rates window). Then each read is called 20 times (after 3 warm-up calls) and
  * timed end to end (client round trip included). Postgres: `DATABASE_URL` or an embedded server
  * (durable), a fresh database dropped at the end. Output: a table on stdout and
  * `bench/results/stats-latest.json`. No thresholds (docs/benchmarks.md records the figures).
  */
 import { mkdirSync, writeFileSync } from "node:fs"
 import os from "node:os"
-import type { NewJob } from "@awa/core"
 import { Migrations } from "@awa/sql"
 import { PgQueueStorage, QueueStorage } from "@awa/storage"
 import { NodeRuntime } from "@effect/platform-node"
@@ -26,104 +26,26 @@ import { Console, Effect, Layer, Redacted } from "effect"
 import { Reactivity } from "effect/reactivity"
 import {
   acquireServer,
+  addOpenWork,
   createDatabase,
   databaseName,
   dropDatabase,
+  fillHistory,
+  intArg,
   loadLine,
   now,
-  summarize,
-  table
+  table,
+  timeCalls
 } from "./lib.ts"
 
 const queues = ["stats-a", "stats-b", "stats-c", "stats-d"]
-const round = 10_000
-const calls = 20
-const day = 86_400_000
-const keep = { completedMs: day, failedMs: 3 * day, cancelledMs: 3 * day }
 const resultsFile = new URL("../results/stats-latest.json", import.meta.url)
-
-const arg = (name: string, fallback: number): number => {
-  const argv = process.argv.slice(2)
-  const i = argv.indexOf(name)
-  if (i === -1) return fallback
-  const n = Number(argv[i + 1])
-  if (!Number.isInteger(n) || n < 0)
-    throw new Error(`${name} needs a non-negative integer (got ${argv[i + 1]})`)
-  return n
-}
-
-const jobsOf = (count: number, extra: Partial<NewJob> = {}): Array<NewJob> =>
-  Array.from({ length: count }, (_, i) => ({
-    kind: "stats",
-    queue: queues[i % queues.length]!,
-    args: { i },
-    ...extra
-  }))
-
-/** Enqueues, claims and completes `count` jobs in rounds, reclaiming the queue ring after each. */
-const fillHistory = (count: number) =>
-  Effect.gen(function* () {
-    const storage = yield* QueueStorage
-    for (let done = 0; done < count; done += round) {
-      const n = Math.min(round, count - done)
-      yield* storage.enqueueMany(jobsOf(n))
-      for (const queue of queues) {
-        const claimed = yield* storage.claim({ queue, max: n, deadlineMs: 0, agingIntervalMs: 0 })
-        yield* storage.finalizeMany(
-          claimed.map((c) => ({ jobId: c.jobId, runLease: c.runLease, outcome: { _tag: "Complete" } }))
-        )
-      }
-      yield* storage.rotateWhenDue({ minRows: 1, maxAgeMs: 0 })
-      yield* storage.prune({ ...keep, carryAfterMs: 0 })
-      yield* storage.pruneHistory(keep)
-      yield* storage.rotateHistory(0)
-      yield* storage.trimLedgers(1000)
-      if ((done / round) % 10 === 0) yield* Console.log(`  ${done + n} jobs stored (load ${loadLine()})`)
-    }
-  })
-
-/** Open work: a backlog, scheduled jobs, dead letters and open attempts. */
-const addOpenWork = (backlog: number) =>
-  Effect.gen(function* () {
-    const storage = yield* QueueStorage
-    for (let done = 0; done < backlog; done += round)
-      yield* storage.enqueueMany(jobsOf(Math.min(round, backlog - done)))
-    yield* storage.enqueueMany(jobsOf(1000, { runAt: new Date(Date.now() + day) }))
-    yield* storage.configureQueue("stats-dlq", { dlq: true })
-    yield* storage.enqueueMany(
-      Array.from({ length: 700 }, (_, i) => ({
-        kind: "stats",
-        queue: "stats-dlq",
-        args: { i },
-        maxAttempts: 1
-      }))
-    )
-    const failing = yield* storage.claim({ queue: "stats-dlq", max: 500, deadlineMs: 0, agingIntervalMs: 0 })
-    yield* storage.finalizeMany(
-      failing.map((c) => ({
-        jobId: c.jobId,
-        runLease: c.runLease,
-        outcome: { _tag: "Fail", error: "bench" }
-      }))
-    )
-    yield* storage.claim({ queue: "stats-dlq", max: 200, deadlineMs: 0, agingIntervalMs: 0 })
-  })
-
-const time = <A, E, R>(effect: Effect.Effect<A, E, R>) =>
-  Effect.gen(function* () {
-    for (let i = 0; i < 3; i++) yield* effect
-    const samples: Array<number> = []
-    for (let i = 0; i < calls; i++) {
-      const t = now()
-      yield* effect
-      samples.push(now() - t)
-    }
-    return summarize(samples)
-  })
+/** Samples taken before timing: two hours of the leader's default 15 s period. */
+const samplesTaken = 480
 
 const program = Effect.gen(function* () {
-  const jobs = arg("--jobs", 10_000)
-  const backlog = Math.min(jobs, arg("--backlog", Math.min(10_000, Math.floor(jobs / 10))))
+  const jobs = intArg("--jobs", 10_000)
+  const backlog = Math.min(jobs, intArg("--backlog", Math.min(10_000, Math.floor(jobs / 10))))
   const server = yield* acquireServer
   const name = databaseName("awa_stats")
   const url = yield* createDatabase(server.url, name)
@@ -134,24 +56,33 @@ const program = Effect.gen(function* () {
   const storage = PgQueueStorage.layer().pipe(Layer.provideMerge(client))
   yield* Console.log(`stats benchmark: ${jobs} jobs stored (${backlog} of them available), database ${name}`)
   const t0 = now()
-  yield* fillHistory(jobs - backlog - 1700).pipe(Effect.provide(storage))
-  yield* addOpenWork(backlog).pipe(Effect.provide(storage))
+  yield* fillHistory(queues, "stats", jobs - backlog - 1700).pipe(Effect.provide(storage))
+  yield* addOpenWork(queues, "stats", "stats-dlq", backlog).pipe(Effect.provide(storage))
   const fillSeconds = (now() - t0) / 1000
   const measured = yield* Effect.gen(function* () {
     const s = yield* QueueStorage
     const sql = yield* PgClient.PgClient
     yield* sql`VACUUM ANALYZE`.pipe(Effect.ignore)
     const stored = (yield* sql<{ n: bigint }>`SELECT count(*) AS n FROM awa.jobs`)[0]!.n
-    const fast = yield* time(s.queueStats())
-    const exact = yield* time(s.queueStats({ exact: true }))
-    const view = yield* time(s.countByQueueState)
+    // the leader's samples (migration 0031): two hours' worth, all inside the rates window (the
+    // worst case for the rates read), each one timed as the leader's duty
+    const sampling = yield* timeCalls(
+      s.sampleQueueStats({ minIntervalMs: 0, keepMs: 7_200_000 }),
+      samplesTaken - 3
+    )
+    const fast = yield* timeCalls(s.queueStats())
+    const exact = yield* timeCalls(s.queueStats({ exact: true }))
+    const view = yield* timeCalls(s.countByQueueState)
+    const history = yield* timeCalls(s.queueHistory())
     const sample = yield* s.queueStats()
-    return { stored: Number(stored), fast, exact, view, sample }
+    return { stored: Number(stored), fast, exact, view, history, sampling, sample }
   }).pipe(Effect.provide(storage))
   const rows = [
-    ["queueStats()", measured.fast],
+    ["queueStats() (with rates)", measured.fast],
     ["queueStats({ exact: true })", measured.exact],
-    ["countByQueueState (jobs view)", measured.view]
+    ["countByQueueState (jobs view)", measured.view],
+    [`queueHistory() (${samplesTaken} samples)`, measured.history],
+    ["sampleQueueStats (the leader, per sample)", measured.sampling]
   ] as const
   yield* Console.log(
     `\n${measured.stored} jobs stored (filled in ${fillSeconds.toFixed(0)} s); load ${loadLine()}\n` +
@@ -162,14 +93,15 @@ const program = Effect.gen(function* () {
   )
   yield* Console.log(
     table(
-      ["queue", "available", "running", "scheduled", "dlq", "completed total"],
+      ["queue", "available", "running", "scheduled", "dlq", "completed total", "enq/s"],
       measured.sample.queues.map((q) => [
         q.queue,
         q.available,
         q.running,
         q.scheduled,
         q.deadLettered,
-        q.finalizedTotal.completed
+        q.finalizedTotal.completed,
+        q.rates?.enqueuedPerSecond.toFixed(1) ?? "-"
       ])
     )
   )

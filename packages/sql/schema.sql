@@ -218,6 +218,15 @@ CREATE TABLE awa.lanes (
 );
 -- privileges besides the owner: owner only
 
+CREATE TABLE awa.maintenance_state (
+  ring text NOT NULL,
+  outcome text NOT NULL,
+  reason text,
+  since timestamp with time zone DEFAULT now() NOT NULL,
+  CONSTRAINT maintenance_state_pkey PRIMARY KEY (ring)
+);
+-- privileges besides the owner: owner only
+
 CREATE TABLE awa.parked (
   job_id bigint NOT NULL,
   kind text NOT NULL,
@@ -263,6 +272,20 @@ CREATE TABLE awa.queue_meta (
   dlq_retention interval,
   overrides jsonb,
   CONSTRAINT queue_meta_pkey PRIMARY KEY (queue)
+);
+-- privileges besides the owner: owner only
+
+CREATE TABLE awa.queue_samples (
+  sampled_at timestamp with time zone NOT NULL,
+  queue text NOT NULL,
+  enqueued bigint NOT NULL,
+  completed bigint NOT NULL,
+  failed bigint NOT NULL,
+  cancelled bigint NOT NULL,
+  completed_total bigint NOT NULL,
+  failed_total bigint NOT NULL,
+  cancelled_total bigint NOT NULL,
+  CONSTRAINT queue_samples_pkey PRIMARY KEY (sampled_at, queue)
 );
 -- privileges besides the owner: owner only
 
@@ -350,6 +373,16 @@ CREATE TABLE awa.settings (
   value jsonb NOT NULL,
   updated_at timestamp with time zone DEFAULT now() NOT NULL,
   CONSTRAINT settings_pkey PRIMARY KEY (key)
+);
+-- privileges besides the owner: owner only
+
+CREATE TABLE awa.stat_samples (
+  sampled_at timestamp with time zone NOT NULL,
+  job_id_hw bigint NOT NULL,
+  counted_through bigint NOT NULL,
+  enqueued_from timestamp with time zone,
+  enqueued_until timestamp with time zone,
+  CONSTRAINT stat_samples_pkey PRIMARY KEY (sampled_at)
 );
 -- privileges besides the owner: owner only
 
@@ -3718,6 +3751,55 @@ END
 $function$
 -- execute besides the owner: owner only
 
+CREATE OR REPLACE FUNCTION awa.queue_history(p_window_ms bigint, p_bucket_ms bigint)
+ RETURNS TABLE(queue text, bucket_start timestamp with time zone, enqueued bigint, completed bigint, failed bigint, cancelled bigint)
+ LANGUAGE plpgsql
+ STABLE
+ SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
+AS $function$
+#variable_conflict use_column
+BEGIN
+  RETURN QUERY
+  SELECT q.queue,
+         to_timestamp(floor(extract(epoch FROM q.sampled_at) * 1000 / p_bucket_ms) * p_bucket_ms / 1000.0) AS b,
+         sum(q.enqueued)::bigint, sum(q.completed)::bigint, sum(q.failed)::bigint, sum(q.cancelled)::bigint
+  FROM queue_samples q
+  WHERE q.sampled_at > now() - p_window_ms * interval '1 millisecond'
+  GROUP BY q.queue, b
+  ORDER BY q.queue COLLATE "C", b;
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.queue_rates(p_window_ms bigint)
+ RETURNS TABLE(queue text, enqueued bigint, completed bigint, failed bigint, cancelled bigint, span_start timestamp with time zone, span_end timestamp with time zone, enqueue_span_start timestamp with time zone, enqueue_span_end timestamp with time zone)
+ LANGUAGE plpgsql
+ STABLE
+ SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
+AS $function$
+#variable_conflict use_column
+BEGIN
+  RETURN QUERY
+  WITH win AS MATERIALIZED (
+    SELECT s.sampled_at, s.enqueued_from, s.enqueued_until,
+           (SELECT p.sampled_at FROM stat_samples p WHERE p.sampled_at < s.sampled_at ORDER BY p.sampled_at DESC LIMIT 1) AS prev_at
+    FROM stat_samples s WHERE s.sampled_at > now() - p_window_ms * interval '1 millisecond'
+  ),
+  span AS (
+    SELECT min(w.prev_at) AS a, max(w.sampled_at) AS b, min(w.enqueued_from) AS ea, max(w.enqueued_until) AS eb
+    FROM win w WHERE w.prev_at IS NOT NULL
+  )
+  SELECT q.queue, sum(q.enqueued)::bigint, sum(q.completed)::bigint, sum(q.failed)::bigint, sum(q.cancelled)::bigint,
+         span.a, span.b, span.ea, span.eb
+  FROM queue_samples q JOIN win w ON w.sampled_at = q.sampled_at AND w.prev_at IS NOT NULL CROSS JOIN span
+  GROUP BY q.queue, span.a, span.b, span.ea, span.eb
+  ORDER BY q.queue COLLATE "C";
+END
+$function$
+-- execute besides the owner: owner only
+
 CREATE OR REPLACE FUNCTION awa.queue_slot_ranges(OUT lo1 integer, OUT hi1 integer, OUT lo2 integer, OUT hi2 integer)
  RETURNS record
  LANGUAGE plpgsql
@@ -3863,6 +3945,29 @@ BEGIN
   LEFT JOIN dlq_counts q ON q.queue = n.queue
   LEFT JOIN finals f ON f.queue = n.queue
   ORDER BY n.queue COLLATE "C";
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.record_prune_state(p_ring text, p_outcome text, p_reason text)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
+AS $function$
+#variable_conflict use_column
+DECLARE
+  v_n int;
+BEGIN
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'record_prune_state needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  INSERT INTO maintenance_state AS m (ring, outcome, reason) VALUES (p_ring, p_outcome, p_reason)
+  ON CONFLICT (ring) DO UPDATE SET outcome = excluded.outcome, reason = excluded.reason, since = now()
+  WHERE (m.outcome, m.reason) IS DISTINCT FROM (excluded.outcome, excluded.reason);
+  GET DIAGNOSTICS v_n = ROW_COUNT;
+  RETURN v_n > 0;
 END
 $function$
 -- execute besides the owner: owner only
@@ -4372,6 +4477,72 @@ BEGIN
     END IF;
   END IF;
   RETURN rotate('queue', 0);
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.sample_queue_stats(p_min_interval_ms bigint, p_keep_ms bigint)
+ RETURNS timestamp with time zone
+ LANGUAGE plpgsql
+ SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
+AS $function$
+#variable_conflict use_column
+DECLARE
+  v_now timestamptz := now();
+  v_prev stat_samples;
+  v_hw bigint;
+  v_from bigint;
+  v_to bigint;
+BEGIN
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'sample_queue_stats needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  -- one sampler at a time; the next statement's snapshot sees what a predecessor committed
+  LOCK TABLE stat_samples IN SHARE ROW EXCLUSIVE MODE;
+  SELECT * INTO v_prev FROM stat_samples ORDER BY sampled_at DESC LIMIT 1;
+  IF FOUND AND v_prev.sampled_at > v_now - p_min_interval_ms * interval '1 millisecond' THEN
+    RETURN NULL;
+  END IF;
+  SELECT CASE WHEN q.is_called THEN q.last_value ELSE 0 END INTO v_hw FROM job_id_seq q;
+  IF v_prev.sampled_at IS NOT NULL THEN
+    v_from := v_prev.counted_through;
+    v_to := v_prev.job_id_hw;
+  ELSE
+    -- the first sample is the baseline: nothing handed out before it is counted
+    v_from := v_hw;
+    v_to := v_hw;
+  END IF;
+  INSERT INTO stat_samples (sampled_at, job_id_hw, counted_through, enqueued_from, enqueued_until)
+  SELECT v_now, v_hw, v_to,
+         (SELECT s.sampled_at FROM stat_samples s WHERE s.sampled_at < v_prev.sampled_at ORDER BY s.sampled_at DESC LIMIT 1),
+         v_prev.sampled_at;
+  INSERT INTO queue_samples (sampled_at, queue, enqueued, completed, failed, cancelled,
+                             completed_total, failed_total, cancelled_total)
+  WITH st AS (SELECT * FROM queue_stats(60000)),
+  born AS (
+    SELECT x.queue, count(DISTINCT x.job_id) AS n FROM (
+      SELECT r.job_id, r.queue FROM ready r WHERE r.job_id > v_from AND r.job_id <= v_to
+      UNION ALL SELECT d.job_id, d.queue FROM deferred d WHERE d.job_id > v_from AND d.job_id <= v_to
+      UNION ALL SELECT p.job_id, p.queue FROM parked p WHERE p.job_id > v_from AND p.job_id <= v_to
+      UNION ALL SELECT t.job_id, t.queue FROM terminal t WHERE t.wide AND t.job_id > v_from AND t.job_id <= v_to
+      UNION ALL SELECT h.job_id, h.queue FROM history h WHERE h.job_id > v_from AND h.job_id <= v_to
+      UNION ALL SELECT q.job_id, q.queue FROM dlq q WHERE q.job_id > v_from AND q.job_id <= v_to
+    ) x GROUP BY x.queue
+  ),
+  prev AS (SELECT * FROM queue_samples p WHERE p.sampled_at = v_prev.sampled_at)
+  SELECT v_now, coalesce(st.queue, b.queue), coalesce(b.n, 0),
+         -- no previous sample: a baseline of zeros; a queue new since it: all its finalizations are new
+         CASE WHEN v_prev.sampled_at IS NULL THEN 0 ELSE greatest(0, coalesce(st.completed_total, 0) - coalesce(p.completed_total, 0)) END,
+         CASE WHEN v_prev.sampled_at IS NULL THEN 0 ELSE greatest(0, coalesce(st.failed_total, 0) - coalesce(p.failed_total, 0)) END,
+         CASE WHEN v_prev.sampled_at IS NULL THEN 0 ELSE greatest(0, coalesce(st.cancelled_total, 0) - coalesce(p.cancelled_total, 0)) END,
+         coalesce(st.completed_total, 0), coalesce(st.failed_total, 0), coalesce(st.cancelled_total, 0)
+  FROM st FULL JOIN born b ON b.queue = st.queue
+  LEFT JOIN prev p ON p.queue = coalesce(st.queue, b.queue);
+  DELETE FROM queue_samples WHERE sampled_at < v_now - p_keep_ms * interval '1 millisecond';
+  DELETE FROM stat_samples WHERE sampled_at < v_now - p_keep_ms * interval '1 millisecond';
+  RETURN v_now;
 END
 $function$
 -- execute besides the owner: owner only

@@ -9,7 +9,7 @@
  * JSON with bigints as strings and dates as ISO text (the CLI's `--json` form).
  */
 import { Admin, Callbacks } from "@awa/runtime"
-import { Effect, Layer, Redacted, Schema } from "effect"
+import { Effect, Layer, Option, Redacted, Schema } from "effect"
 import { HttpServerRequest } from "effect/http"
 import {
   HttpApi,
@@ -20,7 +20,11 @@ import {
   HttpApiSecurity
 } from "effect/http-api"
 import { SqlClient } from "effect/sql"
+import * as Bodies from "./AdminSchemas.ts"
 import * as QueueMetrics from "./QueueMetrics.ts"
+import * as Readiness from "./Readiness.ts"
+
+export { Bodies, Readiness }
 
 // ---------------------------------------------------------------------------------------------
 // Errors (JSON bodies with a message)
@@ -63,6 +67,7 @@ export class ReadAuth extends HttpApiMiddleware.Service<ReadAuth>()("awa/admin/R
 // ---------------------------------------------------------------------------------------------
 // The API
 
+// waiting-job routes (issue 21) still answer untyped JSON
 const Json = Schema.Unknown
 const id = { id: Schema.String }
 const errors = [BadRequest, NotFound, Conflict, Unavailable] as const
@@ -71,12 +76,17 @@ const reads = HttpApiGroup.make("reads")
   .add(
     HttpApiEndpoint.get("queues", "/api/queues", {
       query: { exact: Schema.optional(Schema.String), window: Schema.optional(Schema.String) },
-      success: Json,
+      success: Bodies.QueueStatsReport,
       error: errors
     }),
-    HttpApiEndpoint.get("status", "/api/status", { success: Json, error: errors }),
-    HttpApiEndpoint.get("doctor", "/api/doctor", { success: Json, error: errors }),
-    HttpApiEndpoint.get("capabilities", "/api/capabilities", { success: Json }),
+    HttpApiEndpoint.get("queueHistory", "/api/queues/history", {
+      query: { window: Schema.optional(Schema.String), bucket: Schema.optional(Schema.String) },
+      success: Bodies.QueueHistoryReport,
+      error: errors
+    }),
+    HttpApiEndpoint.get("status", "/api/status", { success: Bodies.StorageReport, error: errors }),
+    HttpApiEndpoint.get("doctor", "/api/doctor", { success: Bodies.DoctorChecks, error: errors }),
+    HttpApiEndpoint.get("capabilities", "/api/capabilities", { success: Bodies.Capabilities }),
     HttpApiEndpoint.get("jobs", "/api/jobs", {
       query: {
         queue: Schema.optional(Schema.String),
@@ -84,24 +94,29 @@ const reads = HttpApiGroup.make("reads")
         state: Schema.optional(Schema.String),
         tag: Schema.optional(Schema.String),
         before: Schema.optional(Schema.String),
+        createdAfter: Schema.optional(Schema.String),
+        createdBefore: Schema.optional(Schema.String),
+        finalizedAfter: Schema.optional(Schema.String),
+        finalizedBefore: Schema.optional(Schema.String),
         limit: Schema.optional(Schema.String)
       },
-      success: Json,
+      success: Schema.Array(Bodies.JobView),
       error: errors
     }),
-    HttpApiEndpoint.get("job", "/api/jobs/:id", { params: id, success: Json, error: errors }),
+    HttpApiEndpoint.get("job", "/api/jobs/:id", { params: id, success: Bodies.JobPage, error: errors }),
     HttpApiEndpoint.get("dlq", "/api/dlq", {
       query: {
         queue: Schema.optional(Schema.String),
         kind: Schema.optional(Schema.String),
         tag: Schema.optional(Schema.String),
+        before: Schema.optional(Schema.String),
         limit: Schema.optional(Schema.String)
       },
-      success: Json,
+      success: Schema.Array(Bodies.DlqEntry),
       error: errors
     }),
-    HttpApiEndpoint.get("dlqEntry", "/api/dlq/:id", { params: id, success: Json, error: errors }),
-    HttpApiEndpoint.get("cron", "/api/cron", { success: Json, error: errors })
+    HttpApiEndpoint.get("dlqEntry", "/api/dlq/:id", { params: id, success: Bodies.DlqEntry, error: errors }),
+    HttpApiEndpoint.get("cron", "/api/cron", { success: Bodies.CronSnapshot, error: errors })
   )
   .middleware(ReadAuth)
 
@@ -112,44 +127,56 @@ const actions = HttpApiGroup.make("actions")
   .add(
     HttpApiEndpoint.post("pauseQueue", "/api/queues/:queue/pause", {
       params: queueParam,
-      success: Json,
+      success: Bodies.QueuePaused,
       error: errors
     }),
     HttpApiEndpoint.post("resumeQueue", "/api/queues/:queue/resume", {
       params: queueParam,
-      success: Json,
+      success: Bodies.QueuePaused,
       error: errors
     }),
     HttpApiEndpoint.post("drainQueue", "/api/queues/:queue/drain", {
       params: queueParam,
-      success: Json,
+      success: Bodies.QueueDrained,
       error: errors
     }),
-    HttpApiEndpoint.post("retryJob", "/api/jobs/:id/retry", { params: id, success: Json, error: errors }),
-    HttpApiEndpoint.post("cancelJob", "/api/jobs/:id/cancel", { params: id, success: Json, error: errors }),
-    HttpApiEndpoint.post("retryDlq", "/api/dlq/:id/retry", { params: id, success: Json, error: errors }),
-    HttpApiEndpoint.delete("purgeDlq", "/api/dlq/:id", { params: id, success: Json, error: errors }),
+    HttpApiEndpoint.post("retryJob", "/api/jobs/:id/retry", {
+      params: id,
+      success: Bodies.JobView,
+      error: errors
+    }),
+    HttpApiEndpoint.post("cancelJob", "/api/jobs/:id/cancel", {
+      params: id,
+      success: Bodies.JobView,
+      error: errors
+    }),
+    HttpApiEndpoint.post("retryDlq", "/api/dlq/:id/retry", {
+      params: id,
+      success: Bodies.JobView,
+      error: errors
+    }),
+    HttpApiEndpoint.delete("purgeDlq", "/api/dlq/:id", { params: id, success: Bodies.Purged, error: errors }),
     HttpApiEndpoint.post("pauseCron", "/api/cron/:name/pause", {
       params: nameParam,
-      success: Json,
+      success: Bodies.CronPaused,
       error: errors
     }),
     HttpApiEndpoint.post("resumeCron", "/api/cron/:name/resume", {
       params: nameParam,
-      success: Json,
+      success: Bodies.CronPaused,
       error: errors
     }),
     HttpApiEndpoint.post("triggerCron", "/api/cron/:name/trigger", {
       params: nameParam,
-      success: Json,
+      success: Bodies.Enqueued,
       error: errors
     })
   )
   .middleware(ActionAuth)
 
 const health = HttpApiGroup.make("health").add(
-  HttpApiEndpoint.get("healthz", "/healthz", { success: Json, error: Unavailable }),
-  HttpApiEndpoint.get("readyz", "/readyz", { success: Json, error: Unavailable })
+  HttpApiEndpoint.get("healthz", "/healthz", { success: Bodies.Health, error: Unavailable }),
+  HttpApiEndpoint.get("readyz", "/readyz", { success: Bodies.Ready, error: Unavailable })
 )
 
 // ---------------------------------------------------------------------------------------------
@@ -190,8 +217,11 @@ export interface AdminApiOptions {
 }
 
 const jsonReplacer = (_key: string, value: unknown) => (typeof value === "bigint" ? value.toString() : value)
-/** A value as the JSON it is sent as: bigints as strings, dates as ISO text. */
-const plain = (value: unknown): unknown => JSON.parse(JSON.stringify(value ?? null, jsonReplacer))
+/**
+ * A value as the JSON it is sent as: bigints as strings, dates as ISO text. Typed as the route's
+ * body (the JSON form `AdminSchemas` describes); the route's Schema checks it when encoding.
+ */
+const plain = <A = never>(value: unknown): A => JSON.parse(JSON.stringify(value ?? null, jsonReplacer))
 
 /** Admin failures as HTTP errors; a database error is a 503 with its message. */
 const toHttp = (error: { readonly _tag: string; readonly message?: string }) => {
@@ -212,9 +242,24 @@ const toHttp = (error: { readonly _tag: string; readonly message?: string }) => 
   }
 }
 
-const call = <A, E extends { readonly _tag: string; readonly message?: string }, R>(
+/** An Admin call as a route's answer: its value in JSON form (typed as `body`), failures as HTTP errors. */
+const call = <S extends Schema.Top, A, E extends { readonly _tag: string; readonly message?: string }, R>(
+  _body: S,
   effect: Effect.Effect<A, E, R>
-) => effect.pipe(Effect.map(plain), Effect.mapError(toHttp))
+) =>
+  effect.pipe(
+    Effect.map((a) => plain<S["Type"]>(a)),
+    Effect.mapError(toHttp)
+  )
+
+/** An optional ISO-8601 instant from a query string. */
+const parseInstant = (field: string, text: string | undefined) => {
+  if (text === undefined || text === "") return Effect.succeed(undefined)
+  const date = new Date(text)
+  return Number.isNaN(date.getTime())
+    ? Effect.fail(new BadRequest({ message: `${field} must be an ISO-8601 instant (got ${text})` }))
+    : Effect.succeed(date)
+}
 
 const parseId = (text: string) =>
   /^[1-9][0-9]{0,18}$/.test(text)
@@ -243,6 +288,7 @@ const readsLive = (options: AdminApiOptions) =>
           Effect.gen(function* () {
             const seconds = yield* parseInt10("window", query.window)
             return yield* call(
+              Bodies.QueueStatsReport,
               admin.queueStats({
                 exact: query.exact === "true",
                 windowMs: seconds === undefined ? undefined : seconds * 1000
@@ -250,26 +296,60 @@ const readsLive = (options: AdminApiOptions) =>
             )
           })
         )
-        .handle("status", () => call(admin.status))
-        .handle("doctor", () => call(admin.doctor))
+        .handle("queueHistory", ({ query }) =>
+          Effect.gen(function* () {
+            const window = yield* parseInt10("window", query.window)
+            const bucket = yield* parseInt10("bucket", query.bucket)
+            return yield* call(
+              Bodies.QueueHistoryReport,
+              admin.queueHistory({
+                windowMs: window === undefined ? undefined : window * 1000,
+                bucketMs: bucket === undefined ? undefined : bucket * 1000
+              })
+            )
+          })
+        )
+        .handle("status", () => call(Bodies.StorageReport, admin.status))
+        .handle("doctor", () => call(Bodies.DoctorChecks, admin.doctor))
         .handle("capabilities", () =>
-          Effect.succeed(
-            plain({
-              readOnly: options.readOnly === true,
-              authReads: options.authReads === true,
-              actions:
-                options.readOnly !== true && (options.token !== undefined || options.insecureNoAuth === true)
-            })
-          )
+          Effect.succeed({
+            readOnly: options.readOnly === true,
+            authReads: options.authReads === true,
+            actions:
+              options.readOnly !== true && (options.token !== undefined || options.insecureNoAuth === true)
+          })
         )
         .handle("jobs", ({ query }) =>
           Effect.gen(function* () {
             const before = query.before === undefined ? undefined : yield* parseId(query.before)
             return yield* call(
+              Schema.Array(Bodies.JobView),
               admin.listJobs({
                 queue: query.queue,
                 kind: query.kind,
                 state: query.state as never,
+                tag: query.tag,
+                before,
+                createdAfter: yield* parseInstant("createdAfter", query.createdAfter),
+                createdBefore: yield* parseInstant("createdBefore", query.createdBefore),
+                finalizedAfter: yield* parseInstant("finalizedAfter", query.finalizedAfter),
+                finalizedBefore: yield* parseInstant("finalizedBefore", query.finalizedBefore),
+                limit: yield* parseInt10("limit", query.limit)
+              })
+            )
+          })
+        )
+        .handle("job", ({ params }) =>
+          Effect.flatMap(parseId(params.id), (jobId) => call(Bodies.JobPage, admin.getJob(jobId)))
+        )
+        .handle("dlq", ({ query }) =>
+          Effect.gen(function* () {
+            const before = query.before === undefined ? undefined : yield* parseId(query.before)
+            return yield* call(
+              Schema.Array(Bodies.DlqEntry),
+              admin.listDlq({
+                queue: query.queue,
+                kind: query.kind,
                 tag: query.tag,
                 before,
                 limit: yield* parseInt10("limit", query.limit)
@@ -277,77 +357,81 @@ const readsLive = (options: AdminApiOptions) =>
             )
           })
         )
-        .handle("job", ({ params }) =>
-          Effect.flatMap(parseId(params.id), (jobId) => call(admin.getJob(jobId)))
-        )
-        .handle("dlq", ({ query }) =>
-          Effect.gen(function* () {
-            return yield* call(
-              admin.listDlq({
-                queue: query.queue,
-                kind: query.kind,
-                tag: query.tag,
-                limit: yield* parseInt10("limit", query.limit)
-              })
-            )
-          })
-        )
         .handle("dlqEntry", ({ params }) =>
-          Effect.flatMap(parseId(params.id), (jobId) => call(admin.getDlq(jobId)))
+          Effect.flatMap(parseId(params.id), (jobId) => call(Bodies.DlqEntry, admin.getDlq(jobId)))
         )
-        .handle("cron", () => call(admin.listCron))
+        .handle("cron", () => call(Bodies.CronSnapshot, admin.listCron))
     })
   )
 
 const actionsLive = HttpApiBuilder.group(api, "actions", (handlers) =>
   Effect.gen(function* () {
     const admin = yield* Admin.Admin
+    const withId = <S extends Schema.Top, A, E extends { readonly _tag: string; readonly message?: string }>(
+      text: string,
+      body: S,
+      f: (id: bigint) => Effect.Effect<A, E>
+    ) => Effect.flatMap(parseId(text), (jobId) => call(body, f(jobId)))
     return handlers
       .handle("pauseQueue", ({ params }) =>
-        call(Effect.as(admin.pauseQueue(params.queue), { queue: params.queue, paused: true }))
+        call(
+          Bodies.QueuePaused,
+          Effect.as(admin.pauseQueue(params.queue), { queue: params.queue, paused: true })
+        )
       )
       .handle("resumeQueue", ({ params }) =>
-        call(Effect.as(admin.resumeQueue(params.queue), { queue: params.queue, paused: false }))
+        call(
+          Bodies.QueuePaused,
+          Effect.as(admin.resumeQueue(params.queue), { queue: params.queue, paused: false })
+        )
       )
       .handle("drainQueue", ({ params }) =>
-        call(Effect.map(admin.drainQueue(params.queue), (cancelled) => ({ queue: params.queue, cancelled })))
+        call(
+          Bodies.QueueDrained,
+          Effect.map(admin.drainQueue(params.queue), (cancelled) => ({ queue: params.queue, cancelled }))
+        )
       )
-      .handle("retryJob", ({ params }) =>
-        Effect.flatMap(parseId(params.id), (jobId) => call(admin.retryJob(jobId)))
-      )
+      .handle("retryJob", ({ params }) => withId(params.id, Bodies.JobView, admin.retryJob))
       .handle("cancelJob", ({ params }) =>
-        Effect.flatMap(parseId(params.id), (jobId) => call(admin.cancelJob(jobId)))
+        withId(params.id, Bodies.JobView, (jobId) => admin.cancelJob(jobId))
       )
-      .handle("retryDlq", ({ params }) =>
-        Effect.flatMap(parseId(params.id), (jobId) => call(admin.retryDlq(jobId)))
-      )
+      .handle("retryDlq", ({ params }) => withId(params.id, Bodies.JobView, (jobId) => admin.retryDlq(jobId)))
       .handle("purgeDlq", ({ params }) =>
-        Effect.flatMap(parseId(params.id), (jobId) => call(Effect.as(admin.purgeDlq(jobId), { purged: 1 })))
+        withId(params.id, Bodies.Purged, (jobId) => Effect.as(admin.purgeDlq(jobId), { purged: 1 }))
       )
       .handle("pauseCron", ({ params }) =>
-        call(Effect.as(admin.pauseCron(params.name), { name: params.name, paused: true }))
+        call(Bodies.CronPaused, Effect.as(admin.pauseCron(params.name), { name: params.name, paused: true }))
       )
       .handle("resumeCron", ({ params }) =>
-        call(Effect.as(admin.resumeCron(params.name), { name: params.name, paused: false }))
+        call(
+          Bodies.CronPaused,
+          Effect.as(admin.resumeCron(params.name), { name: params.name, paused: false })
+        )
       )
-      .handle("triggerCron", ({ params }) => call(admin.triggerCron(params.name)))
+      .handle("triggerCron", ({ params }) => call(Bodies.Enqueued, admin.triggerCron(params.name)))
   })
 )
 
+// Readiness: the schema at this code's version, a leader holding its lock, and (with a
+// `Readiness` service: `awa serve` provides one) this process's LISTEN confirmed and no shutdown
+// begun. Without one, `listening` is reported as null (not checked).
 const healthLive = HttpApiBuilder.group(api, "health", (handlers) =>
   Effect.gen(function* () {
     const admin = yield* Admin.Admin
     const sql = yield* SqlClient.SqlClient
+    const readiness = yield* Effect.serviceOption(Readiness.Readiness)
     const unavailable = (message: string) => new Unavailable({ message })
     return handlers
       .handle("healthz", () =>
         sql`SELECT 1`.pipe(
-          Effect.as(plain({ status: "ok", database: "reachable" })),
+          Effect.as({ status: "ok" as const, database: "reachable" as const }),
           Effect.mapError((e) => unavailable(`database unreachable: ${e.message}`))
         )
       )
       .handle("readyz", () =>
         Effect.gen(function* () {
+          const state = Option.isSome(readiness) ? yield* readiness.value.state : undefined
+          if (state?.shuttingDown === true) return yield* unavailable("shutting down")
           const report = yield* Effect.mapError(admin.status, (e) =>
             unavailable(`database unreachable: ${e.message}`)
           )
@@ -356,7 +440,14 @@ const healthLive = HttpApiBuilder.group(api, "health", (handlers) =>
               `schema at version ${report.schemaVersion}, this code needs ${report.latestVersion}`
             )
           if (report.leader === null) return yield* unavailable("no maintenance leader holds its lock")
-          return plain({ status: "ready", schemaVersion: report.schemaVersion, leader: report.leader })
+          if (state !== undefined && !state.listening)
+            return yield* unavailable("LISTEN not connected: this process receives no notifications")
+          return {
+            status: "ready" as const,
+            schemaVersion: report.schemaVersion,
+            leader: plain<typeof Bodies.Ready.Type.leader>(report.leader),
+            listening: state === undefined ? null : state.listening
+          }
         })
       )
   })

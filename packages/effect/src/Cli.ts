@@ -13,14 +13,15 @@
 
 import { createServer } from "node:http"
 import { Admin, Callbacks, QueueOverrides } from "@awa/runtime"
-import { CronStorage, FlowStorage, PgCallbackStorage, PgQueueStorage } from "@awa/storage"
+import { CronStorage, FlowStorage, PgCallbackStorage, PgQueueStorage, StorageSignals } from "@awa/storage"
 import { NodeHttpServer } from "@effect/platform-node"
 import { PgClient } from "@effect/sql-pg"
-import { Cause, Console, Effect, Exit, Layer, Option, Redacted, Schema } from "effect"
+import { Cause, Console, Context, Duration, Effect, Exit, Layer, Option, Redacted, Schema } from "effect"
 import { Argument, Command, Flag } from "effect/cli"
 import { HttpRouter } from "effect/http"
 import * as AdminApi from "./AdminApi.ts"
 import * as Dashboard from "./Dashboard.ts"
+import * as Readiness from "./Readiness.ts"
 
 /** Exit code of a check that ran and found something not ready (`doctor`, `migrate --dry-run`). */
 export const exitNotReady = 2
@@ -105,20 +106,28 @@ const root = Command.make("awa").pipe(
 
 /** Runs `body` with the `Admin` service on a pool opened for this command, and closed after it. */
 /** The `Admin` service (and its `SqlClient`) on a pool to the command's database. */
-const adminLayer = Effect.gen(function* () {
-  const flags = yield* root
-  const url = Option.getOrUndefined(flags.databaseUrl) ?? process.env.DATABASE_URL
-  if (url === undefined || url === "")
-    return yield* new UsageError({ message: "no database: pass --database-url or set DATABASE_URL" })
-  const client = PgClient.layer({ url: Redacted.make(url), maxConnections: 2, applicationName: "awa-cli" })
-  const storage = Layer.mergeAll(
-    PgQueueStorage.layer({ schema: flags.schema }),
-    CronStorage.layerPg({ schema: flags.schema }),
-    // waiting jobs (issue 21): `awa callback …` and the admin API's waiting-job actions
-    Callbacks.layer.pipe(Layer.provide(PgCallbackStorage.layer({ schema: flags.schema })))
-  ).pipe(Layer.provideMerge(client))
-  return { admin: Admin.layer({ schema: flags.schema }).pipe(Layer.provideMerge(storage)), json: flags.json }
-})
+const adminLayerWith = (maxConnections: number) =>
+  Effect.gen(function* () {
+    const flags = yield* root
+    const url = Option.getOrUndefined(flags.databaseUrl) ?? process.env.DATABASE_URL
+    if (url === undefined || url === "")
+      return yield* new UsageError({ message: "no database: pass --database-url or set DATABASE_URL" })
+    const client = PgClient.layer({ url: Redacted.make(url), maxConnections, applicationName: "awa-cli" })
+    const storage = Layer.mergeAll(
+      PgQueueStorage.layer({ schema: flags.schema }),
+      CronStorage.layerPg({ schema: flags.schema }),
+      // waiting jobs (issue 21): `awa callback …` and the admin API's waiting-job actions
+      Callbacks.layer.pipe(Layer.provide(PgCallbackStorage.layer({ schema: flags.schema })))
+    ).pipe(Layer.provideMerge(client))
+    return {
+      admin: Admin.layer({ schema: flags.schema }).pipe(Layer.provideMerge(storage)),
+      json: flags.json,
+      schema: flags.schema
+    }
+  })
+
+/** A command's pool: two connections (one statement at a time, plus a spare). */
+const adminLayer = adminLayerWith(2)
 
 /** Runs `body` with the `Admin` service on a pool opened for this command, and closed after it. */
 const withAdmin = <A, E>(body: (admin: Admin.Admin["Service"], json: boolean) => Effect.Effect<A, E>) =>
@@ -190,6 +199,15 @@ const migrate = Command.make(
 
 // status ------------------------------------------------------------------------------------
 
+/** The leader's recorded prune state: "ok for 3m", "blocked (lock) for 12m", "-" before any. */
+const pruneState = (
+  state: { readonly outcome: string; readonly reason: string | null; readonly since: Date } | null,
+  now: Date
+) =>
+  state === null
+    ? "-"
+    : `${state.outcome}${state.reason === null ? "" : ` (${state.reason})`} for ${ageOf(state.since, now)}`
+
 const status = Command.make("status", {}, () =>
   withAdmin((admin, json) =>
     Effect.gen(function* () {
@@ -206,7 +224,16 @@ const status = Command.make("status", {}, () =>
           }),
           "",
           renderTable(
-            ["ring", "generation", "slot", "oldest unpruned", "unpruned for", "last prune", "size"],
+            [
+              "ring",
+              "generation",
+              "slot",
+              "oldest unpruned",
+              "unpruned for",
+              "last prune",
+              "prune state",
+              "size"
+            ],
             report.rings.map((r) => [
               r.ring,
               r.generation,
@@ -216,6 +243,7 @@ const status = Command.make("status", {}, () =>
                 : `${r.oldestUnpruned.generation} (slot ${r.oldestUnpruned.slot})`,
               ageOf(r.oldestUnpruned?.since ?? null, report.now),
               r.lastPrunedAt === null ? "never" : `${ageOf(r.lastPrunedAt, report.now)} ago`,
+              pruneState(r.prune, report.now),
               bytes(r.bytes)
             ])
           ),
@@ -235,6 +263,10 @@ const status = Command.make("status", {}, () =>
 ).pipe(Command.withDescription("schema version, leader, ring generations, reclamation and table sizes"))
 
 // queues ------------------------------------------------------------------------------------
+
+/** A sampled rate per minute, or "-" without samples (no leader yet). */
+const perMinute = (perSecond: number | undefined) =>
+  perSecond === undefined ? "-" : (Math.round(perSecond * 600) / 10).toString()
 
 const queues = Command.make(
   "queues",
@@ -270,6 +302,9 @@ const queues = Command.make(
                 `done/${seconds}s`,
                 `failed/${seconds}s`,
                 "completed total",
+                "enq/min",
+                "done/min",
+                "fail/min",
                 ...(exact ? ["stored completed", "stored failed", "stored cancelled"] : [])
               ],
               report.queues.map((q) => [
@@ -284,6 +319,9 @@ const queues = Command.make(
                 q.recent.completed,
                 q.recent.failed,
                 q.finalizedTotal.completed,
+                perMinute(q.rates?.enqueuedPerSecond),
+                perMinute(q.rates?.completedPerSecond),
+                perMinute(q.rates?.failedPerSecond),
                 ...(q.stored === null ? [] : [q.stored.completed, q.stored.failed, q.stored.cancelled])
               ])
             ),
@@ -853,6 +891,12 @@ const serve = Command.make(
         "the dashboard's link for a trace id, {traceId} replaced (e.g. https://tempo/trace/{traceId})"
       ),
       Flag.optional
+    ),
+    shutdownGrace: Flag.Int("shutdown-grace").pipe(
+      Flag.withDescription(
+        "seconds /readyz answers 503 (shutting down) before the server stops, on SIGTERM/SIGINT"
+      ),
+      Flag.withDefault(5)
     )
   },
   (f) =>
@@ -862,7 +906,9 @@ const serve = Command.make(
         return yield* new UsageError({
           message: `binding ${f.host} needs an admin token (--token or AWA_ADMIN_TOKEN) or --insecure-no-auth`
         })
-      const { admin } = yield* adminLayer
+      // the pool: the readiness listener holds one connection, requests share the others
+      const { admin, schema } = yield* adminLayerWith(5)
+      const readiness = Readiness.layer.pipe(Layer.provide(StorageSignals.layerPg({ schema })))
       const secret = token === undefined || token === "" ? undefined : Redacted.make(token)
       const server = HttpRouter.serve(
         Layer.mergeAll(
@@ -881,12 +927,27 @@ const serve = Command.make(
         { disableLogger: true }
       ).pipe(
         Layer.provide(NodeHttpServer.layer(createServer, { port: f.port, host: f.host })),
-        Layer.provide(admin)
+        Layer.provideMerge(Layer.provideMerge(readiness, admin))
       )
       yield* Console.error(
         `awa admin API on http://${f.host}:${f.port} (dashboard: /dashboard, OpenAPI: /openapi.json)`
       )
-      return yield* Layer.launch(server)
+      // Until interrupted (SIGTERM/SIGINT). Closing the scope runs its finalizers last-added
+      // first: /readyz says "shutting down" for the grace period while the server still answers
+      // everything else, and only then the server and its pool close.
+      return yield* Effect.scoped(
+        Effect.gen(function* () {
+          const context = yield* Layer.build(server)
+          const ready = Context.get(context, Readiness.Readiness)
+          yield* Effect.addFinalizer(() =>
+            ready.beginShutdown.pipe(
+              Effect.andThen(Console.error(`shutting down: /readyz answers 503 for ${f.shutdownGrace} s`)),
+              Effect.andThen(Effect.sleep(Duration.seconds(f.shutdownGrace)))
+            )
+          )
+          return yield* Effect.never
+        })
+      )
     })
 ).pipe(
   Command.withDescription(

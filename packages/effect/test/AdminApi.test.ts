@@ -3,61 +3,13 @@
  * token-protected reads, read-only mode, health and readiness, and the OpenAPI document. Served
  * in process on an ephemeral port (`NodeHttpServer.layerTest`), called with its `HttpClient`.
  */
-import { randomUUID } from "node:crypto"
-import { Admin } from "@awa/runtime"
-import { CronStorage, LeaderLock, PgQueueStorage, QueueStorage } from "@awa/storage"
-import { TestDatabase } from "@awa/testing"
-import { NodeHttpServer } from "@effect/platform-node"
-import { PgClient } from "@effect/sql-pg"
+import { CronStorage, LeaderLock, QueueStorage } from "@awa/storage"
 import { assert, describe, it } from "@effect/vitest"
-import { Effect, Layer, Redacted } from "effect"
-import { HttpClient, HttpClientRequest, HttpRouter } from "effect/http"
-import * as AdminApi from "../src/AdminApi.ts"
+import { Effect, Redacted } from "effect"
+import { HttpClient } from "effect/http"
+import { cronDeclaration, fresh, send, withApi } from "./support.ts"
 
 const token = "s3cret-token"
-const fresh = (label: string) => `${label}-${randomUUID().slice(0, 8)}`
-
-/** The API served over storage on `url`, with `options`; the test body gets the client and storage. */
-const served = (url: string, options: AdminApi.AdminApiOptions) => {
-  const storage = Layer.mergeAll(PgQueueStorage.layer(), CronStorage.layerPg(), LeaderLock.layerPg()).pipe(
-    Layer.provideMerge(PgClient.layer({ url: Redacted.make(url), maxConnections: 3 }))
-  )
-  const admin = Admin.layer().pipe(Layer.provideMerge(storage))
-  return HttpRouter.serve(AdminApi.layer(options), { disableListenLog: true, disableLogger: true }).pipe(
-    Layer.provideMerge(NodeHttpServer.layerTest),
-    Layer.provideMerge(admin)
-  )
-}
-
-const withApi = <A, E>(
-  options: AdminApi.AdminApiOptions,
-  body: Effect.Effect<
-    A,
-    E,
-    HttpClient.HttpClient | QueueStorage | CronStorage.CronStorage | LeaderLock.LeaderLock
-  >,
-  migrated = true
-) =>
-  Effect.scoped(
-    Effect.flatMap(TestDatabase.acquire({ migrated }), ({ url }) =>
-      body.pipe(Effect.provide(served(url, options)))
-    )
-  )
-
-interface Reply {
-  readonly status: number
-  readonly body: any
-}
-
-const send = (method: "GET" | "POST" | "DELETE", path: string, bearer?: string) =>
-  Effect.gen(function* () {
-    const client = yield* HttpClient.HttpClient
-    let request = HttpClientRequest.make(method)(path)
-    if (bearer !== undefined) request = HttpClientRequest.bearerToken(request, bearer)
-    const response = yield* client.execute(request)
-    const text = yield* response.text
-    return { status: response.status, body: text === "" ? null : JSON.parse(text) } satisfies Reply
-  })
 
 describe("admin HTTP API", () => {
   it.live(
@@ -79,23 +31,7 @@ describe("admin HTTP API", () => {
             { jobId: c!.jobId, runLease: c!.runLease, outcome: { _tag: "Fail", error: "x" } }
           ])
           const name = fresh("api-cron")
-          yield* cron.upsert([
-            {
-              name,
-              expression: "0 3 * * *",
-              timezone: "UTC",
-              job: {
-                kind: "nightly",
-                queue: q,
-                args: {},
-                priority: 2,
-                maxAttempts: 25,
-                tags: [],
-                metadata: {}
-              },
-              missedFire: { _tag: "Coalesce" }
-            }
-          ])
+          yield* cron.upsert([cronDeclaration(name, q)])
 
           const queues = yield* send("GET", "/api/queues?exact=true&window=60")
           assert.strictEqual(queues.status, 200)
@@ -197,23 +133,7 @@ describe("admin HTTP API", () => {
           assert.deepStrictEqual(drained.body, { queue: q, cancelled: 2 })
 
           const name = fresh("api-cron")
-          yield* cron.upsert([
-            {
-              name,
-              expression: "0 3 * * *",
-              timezone: "UTC",
-              job: {
-                kind: "nightly",
-                queue: q,
-                args: {},
-                priority: 2,
-                maxAttempts: 25,
-                tags: [],
-                metadata: {}
-              },
-              missedFire: { _tag: "Coalesce" }
-            }
-          ])
+          yield* cron.upsert([cronDeclaration(name, q)])
           assert.strictEqual((yield* send("POST", `/api/cron/${name}/pause`)).status, 401)
           assert.deepStrictEqual((yield* send("POST", `/api/cron/${name}/pause`, token)).body, {
             name,

@@ -3,57 +3,10 @@
  * in process through `Cli.run` (what `bin/awa.ts` runs) with stdout and stderr captured. Each
  * test uses its own queue names on one database; migrate and doctor get empty databases.
  */
-import { randomUUID } from "node:crypto"
-import { CronStorage, PgQueueStorage, QueueStorage } from "@awa/storage"
-import { TestDatabase } from "@awa/testing"
-import { NodeServices } from "@effect/platform-node"
-import { PgClient } from "@effect/sql-pg"
+import { CronStorage, QueueStorage } from "@awa/storage"
 import { assert, describe, it } from "@effect/vitest"
-import { Console, Effect, Fiber, Layer, Redacted } from "effect"
-import * as Cli from "../src/Cli.ts"
-
-interface Ran {
-  readonly code: number
-  readonly out: string
-  readonly err: string
-}
-
-/** Runs `awa <args>` with `--database-url url`, capturing what it prints. */
-const awa = (url: string, ...args: ReadonlyArray<string>) =>
-  Effect.gen(function* () {
-    const out: Array<string> = []
-    const err: Array<string> = []
-    const capture: Console.Console = {
-      ...globalThis.console,
-      log: (...a: ReadonlyArray<unknown>) => void out.push(a.map(String).join(" ")),
-      error: (...a: ReadonlyArray<unknown>) => void err.push(a.map(String).join(" "))
-    }
-    const code = yield* Cli.run(["--database-url", url, ...args]).pipe(
-      Effect.provideService(Console.Console, capture),
-      Effect.provide(NodeServices.layer)
-    )
-    return { code, out: out.join("\n"), err: err.join("\n") } satisfies Ran
-  })
-
-const json = (ran: Ran) => JSON.parse(ran.out) as Record<string, any>
-
-const fresh = (label: string) => `${label}-${randomUUID().slice(0, 8)}`
-
-/** Storage (queue and cron) on `url`, for seeding what the commands then read and change. */
-const storageOn = (url: string) =>
-  Layer.mergeAll(PgQueueStorage.layer(), CronStorage.layerPg()).pipe(
-    Layer.provideMerge(PgClient.layer({ url: Redacted.make(url), maxConnections: 2 }))
-  )
-
-const withDatabase = <A, E>(
-  body: (url: string) => Effect.Effect<A, E, QueueStorage | CronStorage.CronStorage>,
-  migrated = true
-) =>
-  Effect.scoped(
-    Effect.flatMap(TestDatabase.acquire({ migrated }), ({ url }) =>
-      body(url).pipe(Effect.provide(storageOn(url)))
-    )
-  )
+import { Effect, Fiber } from "effect"
+import { awa, cronDeclaration, fresh, httpGet, json, until, withDatabase } from "./support.ts"
 
 describe("awa CLI", () => {
   it.live("--help lists every command and exits 0; an unknown command or a missing database exits 1", () =>
@@ -163,9 +116,9 @@ describe("awa CLI", () => {
         assert.strictEqual(ran.code, 0)
         assert.match(
           ran.out,
-          /^queue +paused +available +running +scheduled +retryable +dlq +oldest +done\/300s +failed\/300s +completed total\n/
+          /^queue +paused +available +running +scheduled +retryable +dlq +oldest +done\/300s +failed\/300s +completed total +enq\/min +done\/min +fail\/min\n/
         )
-        assert.match(ran.out, new RegExp(`\\n${q} +yes +1 +0 +0 +0 +0 +\\d+s +1 +0 +1\\n`))
+        assert.match(ran.out, new RegExp(`\\n${q} +yes +1 +0 +0 +0 +0 +\\d+s +1 +0 +1 +- +- +-\\n`))
         const report = json(yield* awa(url, "--json", "queues", "--exact"))
         const mine = (report.queues as ReadonlyArray<any>).find((x) => x.queue === q)
         assert.deepStrictEqual([mine.available, mine.stored], [1, { completed: 1, failed: 0, cancelled: 0 }])
@@ -300,23 +253,7 @@ describe("awa CLI", () => {
         const cron = yield* CronStorage.CronStorage
         const name = fresh("cli-cron")
         const q = fresh("cli-cron-q")
-        yield* cron.upsert([
-          {
-            name,
-            expression: "0 3 * * *",
-            timezone: "UTC",
-            job: {
-              kind: "nightly",
-              queue: q,
-              args: {},
-              priority: 2,
-              maxAttempts: 25,
-              tags: [],
-              metadata: {}
-            },
-            missedFire: { _tag: "Coalesce" }
-          }
-        ])
+        yield* cron.upsert([cronDeclaration(name, q)])
         const listed = yield* awa(url, "cron", "list")
         assert.match(listed.out, new RegExp(`\\n${name} +0 3 \\* \\* \\* +UTC +${q} +nightly +no +- +no`))
         assert.strictEqual((yield* awa(url, "cron", "pause", name)).out, `schedule ${name} paused`)
@@ -344,20 +281,12 @@ describe("awa CLI", () => {
             [1, "binding 0.0.0.0 needs an admin token (--token or AWA_ADMIN_TOKEN) or --insecure-no-auth"]
           )
           const port = 40_000 + Math.floor(Math.random() * 20_000)
-          const fiber = yield* Effect.forkChild(awa(url, "serve", "--port", String(port), "--token", "t0k"))
-          const get = (path: string, init: RequestInit = {}) =>
-            Effect.promise(() =>
-              fetch(`http://127.0.0.1:${port}${path}`, init).then(
-                async (r) => ({ status: r.status, body: await r.text() }),
-                () => ({ status: 0, body: "" })
-              )
-            )
+          const fiber = yield* Effect.forkChild(
+            awa(url, "serve", "--port", String(port), "--token", "t0k", "--shutdown-grace", "0")
+          )
+          const get = httpGet(`http://127.0.0.1:${port}`)
           // wait for the listener (a condition, not a time)
-          let health = yield* get("/healthz")
-          while (health.status !== 200) {
-            yield* Effect.sleep("50 millis")
-            health = yield* get("/healthz")
-          }
+          const health = yield* until(get, "/healthz", (r) => r.status === 200)
           assert.deepStrictEqual(JSON.parse(health.body), { status: "ok", database: "reachable" })
           assert.strictEqual((yield* get("/api/queues/x/pause", { method: "POST" })).status, 401)
           const paused = yield* get("/api/queues/x/pause", {

@@ -23,6 +23,7 @@ import { type Browser, chromium, type Page } from "playwright-core"
 import { afterAll, assert, beforeAll, describe, it } from "vitest"
 import * as AdminApi from "../src/AdminApi.ts"
 import * as Dashboard from "../src/Dashboard.ts"
+import { cronDeclaration } from "./support.ts"
 
 const chromiumPath = "/usr/bin/chromium"
 const hasChromium = existsSync(chromiumPath)
@@ -77,21 +78,13 @@ const start = async (options: AdminApi.AdminApiOptions) => {
 
 type Server = Awaited<ReturnType<typeof start>>
 
-const cronDeclaration = (name: string, queue: string) => ({
-  name,
-  expression: "30 2 * * *",
-  timezone: "Europe/Paris",
-  job: {
+const reportSchedule = (name: string, queue: string) =>
+  cronDeclaration(name, queue, {
+    expression: "30 2 * * *",
+    timezone: "Europe/Paris",
     kind: "report",
-    queue,
-    args: { period: "daily" },
-    priority: 2,
-    maxAttempts: 25,
-    tags: [],
-    metadata: {}
-  },
-  missedFire: { _tag: "Coalesce" as const }
-})
+    args: { period: "daily" }
+  })
 
 /**
  * Jobs in every state: `orders` holds available (one with a trace id and tags) and scheduled
@@ -108,6 +101,7 @@ const seed = Effect.gen(function* () {
       queue: "orders",
       args: { order: 1042, amount: "19.90" },
       tags: ["vip", "eu"],
+      unique: { byQueue: true },
       metadata: { "awa:traceparent": `00-${traceId}-00f067aa0ba902b7-01` }
     },
     { kind: "charge", queue: "orders", args: { order: 1043 } },
@@ -149,8 +143,13 @@ const seed = Effect.gen(function* () {
   yield* storage.enqueueMany(
     Array.from({ length: 60 }, (_, n) => ({ kind: "noop", queue: "bulk", args: { n } }))
   )
-  yield* cron.upsert([cronDeclaration("nightly-report", "orders")])
-  return { traced: traced!.id.toString(), dead: dead.map((d) => d.id.toString()), running: token(4) }
+  yield* cron.upsert([reportSchedule("nightly-report", "orders")])
+  return {
+    traced: traced!.id.toString(),
+    dead: dead.map((d) => d.id.toString()),
+    running: token(4),
+    completed: work[0]!.id.toString()
+  }
 })
 
 const withStorage = <A, E>(f: (storage: QueueStorage["Service"]) => Effect.Effect<A, E>) =>
@@ -225,13 +224,20 @@ describe.skipIf(!runBrowser)("dashboard", () => {
       )
       assert.include(await page.locator("main").innerText(), "version")
       await page.locator("text=pid").waitFor()
-      // a job finishing while the page is open moves the count and draws the sparkline (from the
-      // page's own samples, one per poll)
+      // a job finishing while the page is open moves the count; the leader's samples (taken here
+      // by hand) draw the last hour's sparklines from the server's history
+      const sample = withStorage((s) => s.sampleQueueStats({ minIntervalMs: 0, keepMs: 7_200_000 }))
+      await server.run(sample)
       await server.run(
         withStorage((s) => s.finalizeMany([{ ...seeded.running, outcome: { _tag: "Complete" } }]))
       )
-      await page.locator('tr[data-queue="work"] td:nth-child(8)', { hasText: "2" }).waitFor()
-      await page.locator('tr[data-queue="work"] svg.spark polyline.done').waitFor()
+      await server.run(sample)
+      await server.run(
+        withStorage((s) => s.recordPruneState("queue", { outcome: "blocked", reason: "lock" }))
+      )
+      await page.locator('tr[data-queue="work"] td:nth-child(9)', { hasText: "2" }).waitFor()
+      await page.locator('tr[data-queue="work"] svg.spark polyline.done').waitFor({ state: "attached" })
+      await page.locator('[data-prune="queue"]', { hasText: "blocked (lock)" }).waitFor()
       await shoot(page, "overview")
 
       await open(page, server, "#/queue/orders", "tr[data-job]")
@@ -247,7 +253,15 @@ describe.skipIf(!runBrowser)("dashboard", () => {
         1,
         "trace link from the template"
       )
+      assert.match(
+        await page.locator("dt:has-text('Unique key') + dd").innerText(),
+        /^[0-9a-f]{32}$/,
+        "the unique key, hex"
+      )
       await shoot(page, "job")
+      // every attempt with its duration
+      await open(page, server, `#/job/${seeded.completed}`, 'tr[data-attempt="1"]')
+      assert.match(await page.locator('tr[data-attempt="1"]').innerText(), /completed\s+\d+ ms/)
 
       await open(page, server, "#/dlq", "tr[data-dlq]")
       assert.strictEqual(await page.locator("tr[data-dlq]").count(), 3)
@@ -279,6 +293,46 @@ describe.skipIf(!runBrowser)("dashboard", () => {
       await page.click("#next-page")
       await page.locator('main[data-route*="before="] tr[data-job]').first().waitFor()
       assert.strictEqual(await page.locator("tr[data-job]").count(), 10)
+    })
+
+    it("queue page: the time filter (created or finalized, after/before) is in the URL", async () => {
+      await open(page, server, "#/queue/orders", "tr[data-job]")
+      await page.fill('input[name="after"]', "2999-01-01T00:00")
+      await page.click("#filters button[type=submit]")
+      await page
+        .locator('main[data-route*="after=2999-01-01T00%3A00"] p.muted', { hasText: "No jobs match." })
+        .waitFor()
+      await open(page, server, "#/queue/orders?time=created&after=2000-01-01T00%3A00", "tr[data-job]")
+      assert.strictEqual(await page.locator("tr[data-job]").count(), 3)
+      await open(page, server, "#/queue/work?time=finalized&after=2000-01-01T00%3A00", "tr[data-job]")
+      assert.sameMembers(await page.locator("tr[data-job] td:nth-child(3)").allInnerTexts(), [
+        "completed",
+        "completed",
+        "cancelled",
+        "failed"
+      ])
+    })
+
+    it("overview at 390 px: the queue table folds into cards, no sideways scrolling", async () => {
+      await page.setViewportSize({ width: 390, height: 844 })
+      try {
+        await open(page, server, "#/", 'tr[data-queue="work"]')
+        const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth)
+        assert.isAtMost(overflow, 0, "page wider than the window")
+        // one card per queue: the header row is hidden, each cell carries its label
+        assert.strictEqual(
+          await page.locator(".cards thead").evaluate((e) => getComputedStyle(e).display),
+          "none"
+        )
+        assert.strictEqual(
+          await page
+            .locator('tr[data-queue="work"] td[data-label="Available"]')
+            .evaluate((e) => getComputedStyle(e, "::before").content),
+          '"Available"'
+        )
+      } finally {
+        await page.setViewportSize({ width: 1280, height: 800 })
+      }
     })
 
     it("an action without the token is refused and changes nothing", async () => {
@@ -354,6 +408,37 @@ describe.skipIf(!runBrowser)("dashboard", () => {
       await page.click('button[data-bulk="purge"]')
       await noticeSays(page, "purged 2 of 2 dead letters")
       assert.deepStrictEqual(await dlq(), [])
+    })
+
+    it("dead letters: keyset pages of 50 over the API, 'Older' in the URL", async () => {
+      await server.run(
+        withStorage((s) =>
+          Effect.gen(function* () {
+            yield* s.configureQueue("bounce", { dlq: true })
+            yield* s.enqueueMany(
+              Array.from({ length: 52 }, (_, n) => ({
+                kind: "send",
+                queue: "bounce",
+                args: { n },
+                maxAttempts: 1
+              }))
+            )
+            const claimed = yield* s.claim({ queue: "bounce", max: 52, deadlineMs: 0, agingIntervalMs: 0 })
+            yield* s.finalizeMany(
+              claimed.map((c) => ({
+                jobId: c.jobId,
+                runLease: c.runLease,
+                outcome: { _tag: "Fail" as const, error: "bounced" }
+              }))
+            )
+          })
+        )
+      )
+      await open(page, server, "#/dlq?queue=bounce", "#dlq-next")
+      assert.strictEqual(await page.locator("tr[data-dlq]").count(), 50)
+      await page.click("#dlq-next")
+      await page.locator('main[data-route*="before="] tr[data-dlq]').first().waitFor()
+      assert.strictEqual(await page.locator("tr[data-dlq]").count(), 2)
     })
 
     it("cron: pause, resume, trigger now", async () => {

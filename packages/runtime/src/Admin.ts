@@ -25,6 +25,7 @@ import {
   type DlqRetryOverrides,
   type JobId,
   type ListFilter,
+  type QueueHistoryOptions,
   type QueueStatsOptions,
   QueueStorage
 } from "@awa/storage"
@@ -45,6 +46,7 @@ const make = Effect.fnUntraced(function* (options: AdminOptions = {}) {
     Effect.provideService(effect, SqlClient.SqlClient, sql)
   return {
     queueStats: (options?: QueueStatsOptions) => storage.queueStats(options),
+    queueHistory: (options?: QueueHistoryOptions) => storage.queueHistory(options),
     status: withSql(Diagnostics.storageReport(schema)),
     doctor: withSql(Diagnostics.doctor(schema)),
     pendingMigrations: withSql(Migrations.pending(schema)),
@@ -54,7 +56,12 @@ const make = Effect.fnUntraced(function* (options: AdminOptions = {}) {
     drainQueue: (queue: string, reason = "drained by operator", progress?: BulkProgress) =>
       storage.drainQueue(queue, reason, progress),
     listJobs: (filter: ListFilter) => storage.listJobs(filter),
-    getJob: (id: JobId) => storage.getJob(id),
+    /** The job with its unique key and stored attempts (the job page, `awa jobs show`). */
+    getJob: (id: JobId) =>
+      Effect.map(Effect.zip(storage.getJob(id), storage.jobDetail(id)), ([job, detail]) => ({
+        ...job,
+        ...detail
+      })),
     retryJob: (id: JobId) => storage.retryJob(id),
     cancelJob: (id: JobId, reason = "cancelled by operator") => storage.cancelJob(id, reason),
     listDlq: (filter: DlqFilter) => storage.listDlq(filter),

@@ -14,6 +14,8 @@ import {
   CallbackStorage,
   CronStorage,
   LeaderLock,
+  type PruneOutcome,
+  type PruneState,
   QueueStorage,
   type RescuedAttempt,
   type RetentionParams,
@@ -40,7 +42,12 @@ export interface MaintenanceConfig {
   readonly dlqCleanupIntervalMs: number
   readonly dlqRetentionMs: number
   readonly cronIntervalMs: number
+  /** How often per-queue figures are sampled for rates and series (migration 0031). */
+  readonly statsSampleIntervalMs: number
 }
+
+/** Samples are kept this long (the dashboard shows the last hour). */
+const statsKeepMs = 2 * 3_600_000
 
 /** Runs `task` every `intervalMs` for as long as the enclosing scope lives; failures are logged. */
 const every = (name: string, intervalMs: number, task: Effect.Effect<unknown, unknown>) =>
@@ -92,6 +99,7 @@ export const duties = Effect.fnUntraced(function* (config: MaintenanceConfig) {
       force ? { ...pruneParams, forceLockTimeoutMs: Math.min(2000, 200 * 2 ** forcedFailures) } : pruneParams
     )
     metrics.pruned(outcome._tag.toLowerCase(), "reason" in outcome ? outcome.reason : undefined)
+    lastOutcome = outcome
     if (outcome._tag === "Pruned") {
       lockFailures = 0
       forcedFailures = 0
@@ -105,16 +113,38 @@ export const duties = Effect.fnUntraced(function* (config: MaintenanceConfig) {
     }
     return outcome._tag === "Pruned"
   })
+  // The last prune outcome per ring, written for `awa status` only when it changes (migration
+  // 0031): a tick ends `blocked` (with the reason) when its last attempt was refused, else `ok`.
+  // A new term writes its first state once (the memory starts empty).
+  const recorded = new Map<string, string>()
+  const recordPrune = (ring: "queue" | "history", outcome: PruneOutcome) => {
+    const state: PruneState =
+      outcome._tag === "Blocked"
+        ? { outcome: "blocked", reason: outcome.reason }
+        : { outcome: "ok", reason: null }
+    const key = `${state.outcome}:${state.reason ?? ""}`
+    if (recorded.get(ring) === key) return Effect.void
+    return Effect.map(storage.recordPruneState(ring, state), () => {
+      recorded.set(ring, key)
+    })
+  }
+  let lastOutcome: PruneOutcome = { _tag: "Noop" }
   const rotateAndPrune = Effect.gen(function* () {
     tick++
     yield* storage.rotateWhenDue(config.rotate)
     let pruned = 0
     for (; pruned < 16; pruned++) if (!(yield* pruneOnce)) break
+    yield* recordPrune("queue", lastOutcome)
     if (pruned > 0) yield* trimLedgers
   })
   const history = Effect.gen(function* () {
     yield* storage.rotateHistory(historyRotateAgeMs)
-    yield* storage.pruneHistory(config.retention)
+    yield* recordPrune("history", yield* storage.pruneHistory(config.retention))
+  })
+  // Rates and series for the statistics (migration 0031): off the hot path, by the leader only.
+  const sample = storage.sampleQueueStats({
+    minIntervalMs: config.statsSampleIntervalMs / 2,
+    keepMs: statsKeepMs
   })
   yield* every("promote", config.promoteIntervalMs, promote)
   // A new term sweeps for stale attempts only once it has lasted one staleness period.
@@ -128,8 +158,7 @@ export const duties = Effect.fnUntraced(function* (config: MaintenanceConfig) {
       : storage.rescueStale({ stalenessMs: config.heartbeatStalenessMs, limit: config.rescueBatch })
   )
   const counted = (rescued: ReadonlyArray<RescuedAttempt>) => {
-    metrics.rescued("stale_heartbeat", rescued.filter((r) => r.reason === "stale_heartbeat").length)
-    metrics.rescued("deadline_exceeded", rescued.filter((r) => r.reason === "deadline_exceeded").length)
+    for (const r of rescued) metrics.rescued(r.reason, r.queue, r.kind)
   }
   yield* every(
     "rescue-stale",
@@ -149,12 +178,11 @@ export const duties = Effect.fnUntraced(function* (config: MaintenanceConfig) {
     yield* every(
       "rescue-callback",
       config.rescueIntervalMs,
-      Effect.map(callbacks.value.rescueTimedOut(config.rescueBatch), (r) =>
-        metrics.rescued("callback_timeout", r.length)
-      )
+      Effect.map(callbacks.value.rescueTimedOut(config.rescueBatch), counted)
     )
   yield* every("rotate-prune", config.rotateIntervalMs, rotateAndPrune)
   yield* every("history", config.historyIntervalMs, history)
+  yield* every("stats-sample", config.statsSampleIntervalMs, sample)
   // DLQ retention: batches of 1,000 until a batch comes back short (at most 10 per tick).
   const dlqCleanup = Effect.gen(function* () {
     for (let i = 0; i < 10; i++) if ((yield* storage.cleanupDlq(config.dlqRetentionMs, 1000)) < 1000) return

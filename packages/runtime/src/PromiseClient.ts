@@ -38,6 +38,8 @@ import type {
   EnqueuedJob,
   JobView,
   ListFilter,
+  QueueHistoryOptions,
+  QueueHistoryReport,
   QueueStatsOptions,
   QueueStatsReport
 } from "@awa/storage"
@@ -273,6 +275,9 @@ export const createClient = async (options: ClientOptions) => {
      */
     queueStats: (statsOptions?: QueueStatsOptions): Promise<QueueStatsReport> =>
       run(admin.queueStats(statsOptions)),
+    /** Per-queue counts per bucket over the last hour (default) from the leader's samples. */
+    queueHistory: (historyOptions?: QueueHistoryOptions): Promise<QueueHistoryReport> =>
+      run(admin.queueHistory(historyOptions)),
     /** Schema version, leader, both rings (generation, oldest unpruned slot, last prune, size), table sizes. */
     status: (): Promise<Diagnostics.StorageReport> => run(admin.status),
     /** Server and schema checks, each pass/warn/fail with its fix (what `awa doctor` prints). */

@@ -39,8 +39,11 @@ export const jobsRetried = counter(
 export const jobsFailed = counter("awa.job.failed", "attempts that failed for good, by queue and kind")
 /** Attempts that ended cancelled. */
 export const jobsCancelled = counter("awa.job.cancelled", "attempts cancelled, by queue and kind")
-/** Attempts the maintenance leader of this process rescued, by reason. */
-export const jobsRescued = counter("awa.job.rescued", "attempts rescued by this process's leader, by reason")
+/** Attempts the maintenance leader of this process rescued, by reason, queue and kind. */
+export const jobsRescued = counter(
+  "awa.job.rescued",
+  "attempts rescued by this process's leader, by reason, queue and kind"
+)
 /** Handler run time of attempts that reached an applied outcome, seconds, by queue and kind. */
 export const handlerDuration = Metric.histogram("awa.job.handler_duration_seconds", {
   description: "handler run time, by queue and kind",
@@ -63,7 +66,8 @@ export interface Recorder {
   readonly claimed: (job: ClaimedJob) => void
   /** An applied outcome; `runMs` is the handler's run time when it ran. */
   readonly finished: (job: ClaimedJob, state: JobState, runMs: number | undefined) => void
-  readonly rescued: (reason: string, count: number) => void
+  /** One rescued attempt (its queue and kind come from storage's answer). */
+  readonly rescued: (reason: string, queue: string, kind: string) => void
   readonly pruned: (outcome: string, reason: string | undefined) => void
   readonly leading: (leader: boolean) => void
 }
@@ -112,9 +116,8 @@ const recorderFor = (context: Context.Context<never>): Recorder => {
       if (metric !== undefined) byJob(metric, job.queue, job.kind).updateUnsafe(1, context)
       if (runMs !== undefined) byJob(handlerDuration, job.queue, job.kind).updateUnsafe(runMs / 1000, context)
     },
-    rescued: (reason, count) => {
-      if (count > 0) by(jobsRescued, { reason }).updateUnsafe(count, context)
-    },
+    rescued: (reason, queue, kind) =>
+      by(jobsRescued, { reason, "awa.queue": queue, "awa.job.kind": kind }).updateUnsafe(1, context),
     pruned: (outcome, reason) => by(prunes, { outcome, reason: reason ?? "" }).updateUnsafe(1, context),
     leading: (leader) => isLeader.updateUnsafe(leader ? 1 : 0, context)
   }

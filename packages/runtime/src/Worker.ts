@@ -137,6 +137,11 @@ export interface MaintenanceOptions {
   readonly dlqRetention?: Duration.Input | undefined
   /** How often the leader evaluates cron schedules. Default 1 s (10 ms – 1 min). */
   readonly cronInterval?: Duration.Input | undefined
+  /**
+   * How often the leader samples per-queue figures for the rates and last-hour series of the
+   * statistics (migration 0031). Default 15 s (1 s – 10 min); samples are kept 2 hours.
+   */
+  readonly statsSampleInterval?: Duration.Input | undefined
 }
 
 export interface WatchdogOptions {
@@ -536,6 +541,14 @@ export const resolveConfig = <R>(options: WorkerOptions<R>) =>
               3650 * day
             ),
             cronIntervalMs: durationMs(issues, "maintenance.cronInterval", m.cronInterval, 1000, 10, 60_000),
+            statsSampleIntervalMs: durationMs(
+              issues,
+              "maintenance.statsSampleInterval",
+              m.statsSampleInterval,
+              15_000,
+              1000,
+              600_000
+            ),
             retention: {
               completedMs: durationMs(
                 issues,

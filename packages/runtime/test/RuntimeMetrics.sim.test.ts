@@ -81,7 +81,7 @@ describe("runtime metrics", () => {
     }).pipe(Effect.provide(Awa.layerSim()), ownRegistry)
   )
 
-  it.effect("the leader's deadline rescue is counted by reason", () =>
+  it.effect("the leader's deadline rescue is counted by reason, queue and kind", () =>
     Effect.gen(function* () {
       const client = yield* AwaClient
       const storage = yield* QueueStorage
@@ -104,7 +104,7 @@ describe("runtime metrics", () => {
         scope
       )
       yield* advance(2_000, 50)
-      const rescued = yield* count(RuntimeMetrics.jobsRescued, { reason: "deadline_exceeded" })
+      const rescued = yield* count(RuntimeMetrics.jobsRescued, { reason: "deadline_exceeded", ...byTask })
       assert.strictEqual(rescued, 1)
       yield* Scope.close(scope, Exit.void)
     }).pipe(Effect.provide(Awa.layerSim()), ownRegistry)

@@ -32,6 +32,8 @@ const isolationAgnostic: Record<string, string> = {
   lane_cursor: "a read, called only inside checked functions",
   queue_slot_ranges: "a read, called only inside checked functions",
   queue_stats: "a read of one statement (one snapshot at any level) that writes nothing (0030)",
+  queue_rates: "a read of one statement that writes nothing (0031)",
+  queue_history: "a read of one statement that writes nothing (0031)",
   queue_depth: "a capped count of one statement (one snapshot at any level) that writes nothing (0032)",
   slot_has_unclaimed: "a read, called only inside prune_queue",
   end_idle_blockers: "reads pg_locks and pg_stat_activity (no MVCC snapshot); called only inside prune_queue",

@@ -19,6 +19,12 @@ export interface RingReport {
     readonly since: Date | null
   } | null
   readonly lastPrunedAt: Date | null
+  /**
+   * The leader's last prune outcome for this ring and since when (migration 0031: written when it
+   * changes): `ok`, or `blocked` with the reason (`lock`, `busy`, `unclaimed`, `retention`, …).
+   * `null` until a leader has pruned once on this schema.
+   */
+  readonly prune: { readonly outcome: string; readonly reason: string | null; readonly since: Date } | null
   /** Bytes on disk of the ring's tables, summed over its children (tables and indexes). */
   readonly bytes: number
 }
@@ -49,6 +55,9 @@ export interface DoctorCheck {
   /** What to do about a warn or fail; empty on pass. */
   readonly fix: string
 }
+
+/** The migration that added `maintenance_state`. */
+const pruneStateVersion = 31
 
 const leaderKey = (schema: string) => `awa:leader:${schema}`
 
@@ -88,6 +97,7 @@ const ringReport = (sql: SqlClient.SqlClient, schema: string, ring: "queue" | "h
             ? null
             : { generation: r.oldest, slot: Number(r.oldest % BigInt(slots)), since: r.oldest_since },
         lastPrunedAt: r.last_pruned,
+        prune: null,
         bytes: Number(r.bytes)
       }
     }
@@ -107,8 +117,21 @@ export const storageReport = Effect.fn("Diagnostics.storageReport")(function* (
       AND ((l.classid::bigint << 32) | l.objid::bigint) = hashtextextended(${leaderKey(schema)}, 0)
     LIMIT 1`
   const installed = schemaVersion > 0
+  // the prune state the leader records on change (migration 0031; absent on an older schema)
+  const states =
+    schemaVersion >= pruneStateVersion
+      ? yield* sql<{ ring: string; outcome: string; reason: string | null; since: Date }>`
+          SELECT ring, outcome, reason, since FROM ${sql(schema)}.maintenance_state`
+      : []
   const rings = installed
-    ? [yield* ringReport(sql, schema, "queue"), yield* ringReport(sql, schema, "history")]
+    ? [yield* ringReport(sql, schema, "queue"), yield* ringReport(sql, schema, "history")].map(
+        (ring): RingReport => {
+          const state = states.find((x) => x.ring === ring.ring)
+          return state === undefined
+            ? ring
+            : { ...ring, prune: { outcome: state.outcome, reason: state.reason, since: state.since } }
+        }
+      )
     : []
   const tables = installed
     ? yield* sql<{ table: string; bytes: bigint }>`

@@ -230,6 +230,9 @@ export const make = Effect.fnUntraced(function* (options: PgCallbackStorageOptio
             jobId: r.job_id,
             runLease: r.run_lease,
             state: r.state,
+            // not looked up for callback timeouts (yet): the counter's queue and kind are empty
+            queue: "",
+            kind: "",
             reason: "callback_timeout"
           })
         )

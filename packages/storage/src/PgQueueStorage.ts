@@ -34,6 +34,7 @@ import { Clock, Effect, Fiber, Layer, Option } from "effect"
 import { SqlClient, SqlError } from "effect/sql"
 import {
   type AttemptToken,
+  type AttemptView,
   type BulkProgress,
   type ClaimedJob,
   type ClaimParams,
@@ -45,21 +46,36 @@ import {
   type FinalizeItem,
   type FinalizeResult,
   type HeartbeatItem,
+  type HistoryBucket,
+  type JobDetail,
   type JobView,
   type LedgerTrim,
   type ListFilter,
   type PruneOutcome,
   type PruneParams,
+  type PruneState,
+  type QueueHistoryOptions,
+  type QueueHistoryReport,
+  type QueueRates,
   type QueueSettings,
   type QueueStateCount,
   type QueueStatsOptions,
   type QueueStatsReport,
   QueueStorage,
+  type RatesSpan,
   type RescuedAttempt,
   type RotateOutcome,
-  type RotatePolicy
+  type RotatePolicy,
+  type SampleParams
 } from "./QueueStorage.ts"
 import * as ReadCommitted from "./ReadCommitted.ts"
+import {
+  checkHistoryOptions,
+  historyBucketMsRange,
+  historyWindowMsRange,
+  ratesStaleness,
+  toRates
+} from "./StatSamples.ts"
 import {
   checkBulkFilter,
   checkDlqLimit,
@@ -623,12 +639,32 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
       (rows) => rows[0]?.n ?? 0
     )
 
+  // The rescued attempts' queue and kind (for the awa.job.rescued counter) come from their claim
+  // and ready rows, read in the same statement as the rescue (rescue itself is unchanged): the
+  // rows are visible to it (the claims were committed before), and no prune can truncate their
+  // slot before the statement's transaction ends. Rescue runs on the leader, off the hot path.
   const rescue = (kind: "stale" | "deadline", stalenessMs: number, limit: number) =>
     Effect.map(
       rc(
         "rescue",
-        sql<{ job_id: bigint; run_lease: bigint; state: JobState }>`
-          SELECT * FROM ${s}.rescue(${kind}, ${stalenessMs}::bigint, ${limit})`
+        sql<{
+          job_id: bigint
+          run_lease: bigint
+          state: JobState
+          queue: string | null
+          kind: string | null
+        }>`
+          SELECT x.job_id, x.run_lease, x.state, c.queue, r.kind
+          FROM ${s}.rescue(${kind}, ${stalenessMs}::bigint, ${limit}) x
+          LEFT JOIN LATERAL (
+            SELECT c.queue, c.priority, c.shard, c.lane_seq, c.slot FROM ${s}.claims c
+            WHERE c.job_id = x.job_id AND c.run_lease = x.run_lease LIMIT 1
+          ) c ON true
+          LEFT JOIN LATERAL (
+            SELECT r.kind FROM ${s}.ready r
+            WHERE r.queue = c.queue AND r.priority = c.priority AND r.shard = c.shard AND r.lane_seq = c.lane_seq
+              AND r.slot = c.slot
+          ) r ON true`
       ),
       (rows) =>
         rows.map(
@@ -636,7 +672,9 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
             jobId: r.job_id,
             runLease: r.run_lease,
             state: r.state,
-            reason: kind === "stale" ? "stale_heartbeat" : "deadline_exceeded"
+            reason: kind === "stale" ? "stale_heartbeat" : "deadline_exceeded",
+            queue: r.queue ?? "",
+            kind: r.kind ?? ""
           })
         )
     )
@@ -732,6 +770,47 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
       return toView(rows[0]!)
     })
 
+  // The job page's extras: the unique key from whichever row holds the job (each source by its
+  // job_id index), and its attempts from the claims and closures still stored (a carried attempt
+  // has a claim row in two slots: one per run lease).
+  const jobDetail = (id: bigint) =>
+    Effect.gen(function* () {
+      const [key] = yield* sql<{ key: string | null }>`
+        SELECT encode(k.unique_key, 'hex') AS key FROM (
+          SELECT unique_key FROM ${s}.ready WHERE job_id = ${id}
+          UNION ALL SELECT unique_key FROM ${s}.deferred WHERE job_id = ${id}
+          UNION ALL SELECT unique_key FROM ${s}.parked WHERE job_id = ${id}
+          UNION ALL SELECT unique_key FROM ${s}.terminal WHERE job_id = ${id} AND wide
+          UNION ALL SELECT unique_key FROM ${s}.history WHERE job_id = ${id}
+          UNION ALL SELECT unique_key FROM ${s}.dlq WHERE job_id = ${id}
+        ) k WHERE k.unique_key IS NOT NULL LIMIT 1`
+      const attempts = yield* sql<{
+        attempt: number
+        run_lease: bigint
+        claimed_at: Date
+        closed_at: Date | null
+        outcome: string | null
+      }>`
+        SELECT DISTINCT ON (c.run_lease) c.attempt, c.run_lease, c.claimed_at, z.closed_at, z.outcome
+        FROM ${s}.claims c
+        LEFT JOIN ${s}.closures z ON z.job_id = c.job_id AND z.run_lease = c.run_lease
+        WHERE c.job_id = ${id}
+        ORDER BY c.run_lease, z.closed_at NULLS LAST`
+      return {
+        uniqueKey: key?.key ?? null,
+        attempts: attempts.map(
+          (a): AttemptView => ({
+            attempt: a.attempt,
+            runLease: a.run_lease,
+            claimedAt: a.claimed_at,
+            endedAt: a.closed_at,
+            outcome: a.outcome,
+            durationMs: a.closed_at === null ? null : a.closed_at.getTime() - a.claimed_at.getTime()
+          })
+        )
+      } satisfies JobDetail
+    })
+
   const listJobs = (filter: ListFilter) =>
     Effect.gen(function* () {
       yield* checkListLimit(filter)
@@ -740,7 +819,11 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
         filter.kind === undefined ? undefined : sql`kind = ${filter.kind}`,
         filter.state === undefined ? undefined : sql`state = ${filter.state}`,
         filter.tag === undefined ? undefined : sql`${filter.tag} = ANY (tags)`,
-        filter.before === undefined ? undefined : sql`job_id < ${filter.before}`
+        filter.before === undefined ? undefined : sql`job_id < ${filter.before}`,
+        filter.createdAfter === undefined ? undefined : sql`created_at >= ${filter.createdAfter}`,
+        filter.createdBefore === undefined ? undefined : sql`created_at < ${filter.createdBefore}`,
+        filter.finalizedAfter === undefined ? undefined : sql`finalized_at >= ${filter.finalizedAfter}`,
+        filter.finalizedBefore === undefined ? undefined : sql`finalized_at < ${filter.finalizedBefore}`
       ].filter((c) => c !== undefined)
       const rows = yield* sql<JobRow>`
         SELECT * FROM ${s}.jobs ${conditions.length > 0 ? sql`WHERE ${sql.and(conditions)}` : sql``}
@@ -772,8 +855,65 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
         : []
       const now =
         rows.length === 0 ? (yield* sql<{ now: Date }>`SELECT now() AS now`)[0]!.now : rows[0]!.as_of
-      return toQueueStatsReport(rows, stored, exact, now, windowMs)
+      // the rates over the same window, from the leader's samples (migration 0031)
+      const rates = yield* sql<QueueRatesRow>`SELECT * FROM ${s}.queue_rates(${windowMs})`
+      return toQueueStatsReport(rows, stored, exact, now, windowMs, rates)
     })
+
+  // queue_history (migration 0031): the samples of the window, summed per queue and bucket.
+  const queueHistory = (options: QueueHistoryOptions = {}) =>
+    Effect.gen(function* () {
+      yield* checkHistoryOptions(options.windowMs, options.bucketMs)
+      const windowMs = options.windowMs ?? historyWindowMsRange.default
+      const bucketMs = options.bucketMs ?? historyBucketMsRange.default
+      const rows = yield* sql<{
+        queue: string
+        bucket_start: Date
+        enqueued: bigint
+        completed: bigint
+        failed: bigint
+        cancelled: bigint
+      }>`SELECT * FROM ${s}.queue_history(${windowMs}, ${bucketMs})`
+      const [now] = yield* sql<{ now: Date }>`SELECT now() AS now`
+      const queues = new Map<string, Array<HistoryBucket>>()
+      for (const r of rows) {
+        const buckets = queues.get(r.queue) ?? []
+        buckets.push({
+          start: r.bucket_start,
+          enqueued: Number(r.enqueued),
+          completed: Number(r.completed),
+          failed: Number(r.failed),
+          cancelled: Number(r.cancelled)
+        })
+        queues.set(r.queue, buckets)
+      }
+      return {
+        asOf: now!.now,
+        windowMs,
+        bucketMs,
+        queues: [...queues].map(([queue, buckets]) => ({ queue, buckets }))
+      } satisfies QueueHistoryReport
+    })
+
+  const sampleQueueStats = (params: SampleParams) =>
+    Effect.map(
+      rc(
+        "sampleQueueStats",
+        sql<{ at: Date | null }>`
+          SELECT ${s}.sample_queue_stats(${params.minIntervalMs}::bigint, ${params.keepMs}::bigint) AS at`
+      ),
+      (rows) => rows[0]?.at ?? null
+    )
+
+  const recordPruneState = (ring: "queue" | "history", state: PruneState) =>
+    Effect.map(
+      rc(
+        "recordPruneState",
+        sql<{ changed: boolean }>`
+          SELECT ${s}.record_prune_state(${ring}, ${state.outcome}, ${state.reason}) AS changed`
+      ),
+      (rows) => rows[0]?.changed === true
+    )
 
   const cancelJob = (id: bigint, reason: string) =>
     Effect.gen(function* () {
@@ -1006,9 +1146,13 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
     pruneHistory: (r) => pruneRing("prune_history", r),
     trimLedgers,
     getJob,
+    jobDetail,
     listJobs,
     countByQueueState,
     queueStats,
+    queueHistory,
+    sampleQueueStats,
+    recordPruneState,
     cancelJob,
     cancelByUniqueKey,
     retryJob,
@@ -1027,6 +1171,18 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
     status
   })
 })
+
+interface QueueRatesRow {
+  readonly queue: string
+  readonly enqueued: bigint
+  readonly completed: bigint
+  readonly failed: bigint
+  readonly cancelled: bigint
+  readonly span_start: Date | null
+  readonly span_end: Date | null
+  readonly enqueue_span_start: Date | null
+  readonly enqueue_span_end: Date | null
+}
 
 interface QueueStatsRow {
   readonly queue: string
@@ -1053,8 +1209,32 @@ const toQueueStatsReport = (
   stored: ReadonlyArray<{ readonly queue: string; readonly state: string; readonly count: bigint }>,
   exact: boolean,
   now: Date,
-  windowMs: number
+  windowMs: number,
+  rateRows: ReadonlyArray<QueueRatesRow>
 ): QueueStatsReport => {
+  const r0 = rateRows[0]
+  const span: RatesSpan | null =
+    r0 === undefined || r0.span_start === null || r0.span_end === null
+      ? null
+      : {
+          start: r0.span_start,
+          end: r0.span_end,
+          enqueueStart: r0.enqueue_span_start,
+          enqueueEnd: r0.enqueue_span_end
+        }
+  const ratesOf = (queue: string): QueueRates | null => {
+    if (span === null) return null
+    const r = rateRows.find((x) => x.queue === queue)
+    return toRates(
+      {
+        enqueued: Number(r?.enqueued ?? 0n),
+        completed: Number(r?.completed ?? 0n),
+        failed: Number(r?.failed ?? 0n),
+        cancelled: Number(r?.cancelled ?? 0n)
+      },
+      span
+    )
+  }
   const storedOf = (queue: string): FinalizedCounts => {
     const of = (state: string) =>
       Number(stored.find((x) => x.queue === queue && x.state === state)?.count ?? 0n)
@@ -1065,7 +1245,8 @@ const toQueueStatsReport = (
     asOf: first?.as_of ?? now,
     exact,
     windowStart: first?.window_start ?? new Date(now.getTime() - windowMs),
-    staleness: statsStaleness,
+    staleness: `${statsStaleness}; ${ratesStaleness}`,
+    rates: span,
     queues: rows.map((r) => ({
       queue: r.queue,
       paused: r.paused,
@@ -1085,7 +1266,8 @@ const toQueueStatsReport = (
         failed: Number(r.recent_failed),
         cancelled: Number(r.recent_cancelled)
       },
-      stored: exact ? storedOf(r.queue) : null
+      stored: exact ? storedOf(r.queue) : null,
+      rates: ratesOf(r.queue)
     }))
   }
 }

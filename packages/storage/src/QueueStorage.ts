@@ -123,6 +123,9 @@ export interface RescueParams {
 export interface RescuedAttempt extends AttemptToken {
   readonly reason: "stale_heartbeat" | "deadline_exceeded" | "callback_timeout"
   readonly state: JobState
+  /** The job's queue and kind (for metrics); empty when its rows were reclaimed meanwhile. */
+  readonly queue: string
+  readonly kind: string
 }
 
 export type RotateOutcome = "Rotated" | "SkippedIdle" | "SkippedBusy" | "SkippedLocked"
@@ -202,8 +205,38 @@ export interface ListFilter {
   readonly tag?: string | undefined
   /** Keyset pagination: only ids strictly below this (results are newest first). */
   readonly before?: JobId | undefined
+  /** Only jobs created at or after this instant. */
+  readonly createdAfter?: Date | undefined
+  /** Only jobs created before this instant. */
+  readonly createdBefore?: Date | undefined
+  /** Only jobs finalized at or after this instant (so only terminal ones). */
+  readonly finalizedAfter?: Date | undefined
+  /** Only jobs finalized before this instant (so only terminal ones). */
+  readonly finalizedBefore?: Date | undefined
   /** 1–1000, default 100. */
   readonly limit?: number | undefined
+}
+
+/** One attempt of a job: claimed, and closed (with the state it left the job in) or still open. */
+export interface AttemptView {
+  readonly attempt: number
+  readonly runLease: bigint
+  readonly claimedAt: Date
+  readonly endedAt: Date | null
+  /** The job's state when the attempt closed (`completed`, `retryable`, …); `null` while open. */
+  readonly outcome: string | null
+  /** `endedAt − claimedAt`; `null` while open. */
+  readonly durationMs: number | null
+}
+
+/**
+ * What the job page adds to a `JobView`: the unique key (hex) and the attempts whose claim rows
+ * are still stored (the queue ring's unreclaimed slots on Postgres: attempts of a job already
+ * moved to history are only in its error list).
+ */
+export interface JobDetail {
+  readonly uniqueKey: string | null
+  readonly attempts: ReadonlyArray<AttemptView>
 }
 
 /** Why a job was dead-lettered (capabilities.md §19), or an operator's own text. */
@@ -310,6 +343,72 @@ export interface QueueStats {
    * (`exact: true`), which counts every stored row; `null` otherwise.
    */
   readonly stored: FinalizedCounts | null
+  /**
+   * Per-second rates over the report's `rates` span, from the leader's samples (migration 0031);
+   * `null` when no two samples fall in the window (no leader, or it started less than two sample
+   * periods ago).
+   */
+  readonly rates: QueueRates | null
+}
+
+/** Jobs per second, and the counts they come from. */
+export interface QueueRates {
+  readonly enqueued: number
+  readonly completed: number
+  readonly failed: number
+  readonly cancelled: number
+  readonly enqueuedPerSecond: number
+  readonly completedPerSecond: number
+  readonly failedPerSecond: number
+  readonly cancelledPerSecond: number
+}
+
+/** The spans the sampled rates cover (finalizations, and enqueues one sample period earlier). */
+export interface RatesSpan {
+  readonly start: Date
+  readonly end: Date
+  readonly enqueueStart: Date | null
+  readonly enqueueEnd: Date | null
+}
+
+/** One bucket of a queue's sampled history. */
+export interface HistoryBucket {
+  readonly start: Date
+  readonly enqueued: number
+  readonly completed: number
+  readonly failed: number
+  readonly cancelled: number
+}
+
+export interface QueueHistoryOptions {
+  /** How far back, ms (60,000–7,200,000; default 3,600,000). */
+  readonly windowMs?: number | undefined
+  /** Bucket width, ms (1,000–3,600,000; default 60,000). */
+  readonly bucketMs?: number | undefined
+}
+
+/**
+ * Per-queue series from the leader's samples (migration 0031): counts per bucket; buckets
+ * without a sample are absent. Enqueue counts describe the sample period before the bucket's.
+ */
+export interface QueueHistoryReport {
+  readonly asOf: Date
+  readonly windowMs: number
+  readonly bucketMs: number
+  readonly queues: ReadonlyArray<{ readonly queue: string; readonly buckets: ReadonlyArray<HistoryBucket> }>
+}
+
+export interface SampleParams {
+  /** Skip when the last sample is younger than this (another leader just sampled). */
+  readonly minIntervalMs: number
+  /** Delete samples older than this. */
+  readonly keepMs: number
+}
+
+/** A ring's prune state as the leader last recorded it: `ok`, or `blocked` with the reason. */
+export interface PruneState {
+  readonly outcome: "ok" | "blocked"
+  readonly reason: string | null
 }
 
 export interface QueueStatsOptions {
@@ -333,6 +432,8 @@ export interface QueueStatsReport {
    * finalizations by when the slot was reclaimed.
    */
   readonly staleness: string
+  /** The span the queues' `rates` cover; `null` without samples. */
+  readonly rates: RatesSpan | null
   readonly queues: ReadonlyArray<QueueStats>
 }
 
@@ -398,6 +499,8 @@ export class QueueStorage extends Context.Service<
       batch: number
     ) => Effect.Effect<LedgerTrim, ReadCommittedRequired | SqlError.SqlError>
     readonly getJob: (id: JobId) => Effect.Effect<JobView, JobNotFound | SqlError.SqlError>
+    /** The job's unique key and stored attempts (empty for an unknown id). */
+    readonly jobDetail: (id: JobId) => Effect.Effect<JobDetail, SqlError.SqlError>
     readonly listJobs: (
       filter: ListFilter
     ) => Effect.Effect<ReadonlyArray<JobView>, ValidationError | SqlError.SqlError>
@@ -410,6 +513,22 @@ export class QueueStorage extends Context.Service<
     readonly queueStats: (
       options?: QueueStatsOptions
     ) => Effect.Effect<QueueStatsReport, ValidationError | SqlError.SqlError>
+    /** Per-queue series of the leader's samples (sparklines). */
+    readonly queueHistory: (
+      options?: QueueHistoryOptions
+    ) => Effect.Effect<QueueHistoryReport, ValidationError | SqlError.SqlError>
+    /**
+     * The leader's sample of per-queue figures (migration 0031); the sample's time, or `null`
+     * when skipped (the last one is younger than `minIntervalMs`).
+     */
+    readonly sampleQueueStats: (
+      params: SampleParams
+    ) => Effect.Effect<Date | null, ReadCommittedRequired | SqlError.SqlError>
+    /** Records a ring's prune state when it differs from the stored one; whether it changed. */
+    readonly recordPruneState: (
+      ring: "queue" | "history",
+      state: PruneState
+    ) => Effect.Effect<boolean, ReadCommittedRequired | SqlError.SqlError>
     /** Cancels a job that is not terminal: unclaimed, deferred or running (its attempt closes as cancelled). */
     readonly cancelJob: (
       id: JobId,

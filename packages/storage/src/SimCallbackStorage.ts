@@ -258,7 +258,7 @@ export const make = (host: SimCallbackHost) => {
               now,
               "callback_timeout"
             )
-            return { ...token, reason: "callback_timeout", state }
+            return { ...token, reason: "callback_timeout", state, queue: "", kind: "" }
           })
       )
     })

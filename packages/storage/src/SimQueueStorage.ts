@@ -81,6 +81,7 @@ import type { Mutable } from "effect/Types"
 import { CallbackStorage } from "./CallbackStorage.ts"
 import {
   type AttemptToken,
+  type AttemptView,
   type BulkProgress,
   type ClaimedJob,
   type ClaimParams,
@@ -94,26 +95,40 @@ import {
   type FinalizeItem,
   type FinalizeResult,
   type HeartbeatItem,
+  type HistoryBucket,
+  type JobDetail,
   type JobId,
   type JobView,
   type ListFilter,
   type Outcome,
   type PruneOutcome,
   type PruneParams,
+  type PruneState,
+  type QueueHistoryOptions,
+  type QueueHistoryReport,
   type QueueSettings,
   type QueueStateCount,
   type QueueStats,
   type QueueStatsOptions,
   type QueueStatsReport,
   QueueStorage,
+  type RatesSpan,
   type RescuedAttempt,
   type RescueParams,
   type RetentionParams,
   type RotatePolicy,
+  type SampleParams,
   type StorageStatus
 } from "./QueueStorage.ts"
 import type { SimCallback } from "./SimCallbackStorage.ts"
 import * as SimCallbackStorage from "./SimCallbackStorage.ts"
+import {
+  checkHistoryOptions,
+  historyBucketMsRange,
+  historyWindowMsRange,
+  ratesStaleness,
+  toRates
+} from "./StatSamples.ts"
 import {
   checkBulkFilter,
   checkDlqLimit,
@@ -295,6 +310,19 @@ export const makeWithCallbacks: Effect.Effect<{
     readonly state: keyof FinalizedCounts
     readonly at: number
   }> = []
+  /** The leader's samples (mirrors stat_samples/queue_samples, migration 0031), oldest first. */
+  const samples: Array<{
+    readonly at: number
+    readonly hw: bigint
+    readonly countedThrough: bigint
+    readonly enqueuedFrom: number | null
+    readonly enqueuedUntil: number | null
+    readonly queues: ReadonlyMap<string, FinalizedCounts & { enqueued: number; totals: FinalizedCounts }>
+  }> = []
+  /** Every attempt of each job, in claim order (mirrors claims and closures). */
+  const attempts = new Map<JobId, Array<AttemptView>>()
+  /** Each ring's prune state as the leader recorded it (mirrors maintenance_state). */
+  const pruneStates = new Map<string, PruneState & { since: number }>()
   let dlqDefault = false
   let nextId = 1n
   let historyGeneration = 0n
@@ -357,7 +385,15 @@ export const makeWithCallbacks: Effect.Effect<{
     if (job.errors.length > maxErrorEntries) job.errors.splice(0, job.errors.length - maxErrorEntries)
   }
 
-  const closeAttempt = (job: SimJob) => {
+  const closeAttempt = (job: SimJob, now: number, to: JobState) => {
+    const open = attempts.get(job.id)?.at(-1)
+    if (open !== undefined && open.endedAt === null)
+      attempts.get(job.id)![attempts.get(job.id)!.length - 1] = {
+        ...open,
+        endedAt: new Date(now),
+        outcome: to,
+        durationMs: now - open.claimedAt.getTime()
+      }
     job.claimedAt = null
     job.deadlineAt = null
     job.heartbeatAt = null
@@ -370,7 +406,7 @@ export const makeWithCallbacks: Effect.Effect<{
     now: number,
     toDlq = false
   ): JobState => {
-    if (job.state === "running") closeAttempt(job)
+    if (job.state === "running") closeAttempt(job, now, to)
     job.finalizedAt = now
     transition(job, to)
     // as Postgres's ledgers: a dead-lettered job is counted by the DLQ, not as a finalization
@@ -432,7 +468,7 @@ export const makeWithCallbacks: Effect.Effect<{
     if (holder !== undefined) return supersede(job, holder, now)
     // the next claim counts it again, so this attempt nets to zero
     if (uncounted) job.attempt -= 1
-    closeAttempt(job)
+    closeAttempt(job, now, to)
     job.runAt = runAt
     transition(job, to)
     return to
@@ -642,6 +678,17 @@ export const makeWithCallbacks: Effect.Effect<{
           job.runLease += 1n
           job.attempt += 1
           job.claimedAt = now
+          attempts.set(job.id, [
+            ...(attempts.get(job.id) ?? []),
+            {
+              attempt: job.attempt,
+              runLease: job.runLease,
+              claimedAt: new Date(now),
+              endedAt: null,
+              outcome: null,
+              durationMs: null
+            }
+          ])
           job.deadlineAt = params.deadlineMs > 0 ? now + params.deadlineMs : null
           job.heartbeatAt = null
           transition(job, "running")
@@ -776,7 +823,7 @@ export const makeWithCallbacks: Effect.Effect<{
               now,
               reason
             )
-            return { ...token, reason, state }
+            return { ...token, reason, state, queue: job.queue, kind: job.kind }
           })
       )
     })
@@ -836,11 +883,31 @@ export const makeWithCallbacks: Effect.Effect<{
         if (filter.kind !== undefined && job.kind !== filter.kind) continue
         if (filter.state !== undefined && job.state !== filter.state) continue
         if (filter.tag !== undefined && !job.tags.includes(filter.tag)) continue
+        if (filter.createdAfter !== undefined && job.createdAt < filter.createdAfter.getTime()) continue
+        if (filter.createdBefore !== undefined && job.createdAt >= filter.createdBefore.getTime()) continue
+        if (
+          filter.finalizedAfter !== undefined &&
+          !(job.finalizedAt !== null && job.finalizedAt >= filter.finalizedAfter.getTime())
+        )
+          continue
+        if (
+          filter.finalizedBefore !== undefined &&
+          !(job.finalizedAt !== null && job.finalizedAt < filter.finalizedBefore.getTime())
+        )
+          continue
         out.push(view(job))
       }
       return out as ReadonlyArray<JobView>
     })
   })
+
+  const jobDetail = (id: JobId) =>
+    Effect.sync(
+      (): JobDetail => ({
+        uniqueKey: jobs.get(id)?.uniqueKey ?? null,
+        attempts: attempts.get(id) ?? []
+      })
+    )
 
   const countByQueueState = Effect.sync((): ReadonlyArray<QueueStateCount> => {
     const counts = new Map<string, { queue: string; state: JobState; count: number }>()
@@ -866,7 +933,7 @@ export const makeWithCallbacks: Effect.Effect<{
       const now = yield* Clock.currentTimeMillis
       const since = now - windowMs
       const zero = (): Mutable<FinalizedCounts> => ({ completed: 0, failed: 0, cancelled: 0 })
-      type Entry = Omit<Mutable<QueueStats>, "finalizedTotal" | "recent" | "stored"> & {
+      type Entry = Omit<Mutable<QueueStats>, "finalizedTotal" | "recent" | "stored" | "rates"> & {
         oldest: number | null
         finalizedTotal: Mutable<FinalizedCounts>
         recent: Mutable<FinalizedCounts>
@@ -919,18 +986,151 @@ export const makeWithCallbacks: Effect.Effect<{
       const queues = [...byQueue.values()]
         .sort((a, b) => CanonicalJson.compareUtf8(a.queue, b.queue))
         .map(
-          ({ oldest, ...e }): QueueStats => ({
+          ({ oldest, ...e }): Omit<QueueStats, "rates"> => ({
             ...e,
             oldestAvailableAt: oldest === null ? null : new Date(oldest)
           })
         )
+      const { span, counts } = sampledRates(now, windowMs)
       return {
         asOf: new Date(now),
         exact,
         windowStart: new Date(since),
-        staleness: statsStaleness,
-        queues
+        staleness: `${statsStaleness}; ${ratesStaleness}`,
+        rates: span,
+        queues: queues.map((q) => ({
+          ...q,
+          rates:
+            span === null
+              ? null
+              : toRates(counts.get(q.queue) ?? { enqueued: 0, completed: 0, failed: 0, cancelled: 0 }, span)
+        }))
       } satisfies QueueStatsReport
+    })
+
+  // Mirrors queue_rates: sums over the samples in the window that have a predecessor.
+  const sampledRates = (now: number, windowMs: number) => {
+    const counts = new Map<string, FinalizedCounts & { enqueued: number }>()
+    let span: { start: number; end: number; es: number | null; ee: number | null } | null = null
+    samples.forEach((sample, i) => {
+      if (sample.at <= now - windowMs || i === 0) return
+      const prev = samples[i - 1]!.at
+      span =
+        span === null
+          ? { start: prev, end: sample.at, es: sample.enqueuedFrom, ee: sample.enqueuedUntil }
+          : { ...span, end: sample.at, ee: sample.enqueuedUntil }
+      for (const [queue, q] of sample.queues) {
+        const c = counts.get(queue) ?? { enqueued: 0, completed: 0, failed: 0, cancelled: 0 }
+        counts.set(queue, {
+          enqueued: c.enqueued + q.enqueued,
+          completed: c.completed + q.completed,
+          failed: c.failed + q.failed,
+          cancelled: c.cancelled + q.cancelled
+        })
+      }
+    })
+    const s = span as { start: number; end: number; es: number | null; ee: number | null } | null
+    return {
+      counts,
+      span:
+        s === null
+          ? null
+          : ({
+              start: new Date(s.start),
+              end: new Date(s.end),
+              enqueueStart: s.es === null ? null : new Date(s.es),
+              enqueueEnd: s.ee === null ? null : new Date(s.ee)
+            } satisfies RatesSpan)
+    }
+  }
+
+  // Mirrors queue_history: sample rows of the window summed per queue and bucket.
+  const queueHistory = (options: QueueHistoryOptions = {}) =>
+    Effect.gen(function* () {
+      yield* checkHistoryOptions(options.windowMs, options.bucketMs)
+      const windowMs = options.windowMs ?? historyWindowMsRange.default
+      const bucketMs = options.bucketMs ?? historyBucketMsRange.default
+      const now = yield* Clock.currentTimeMillis
+      const byQueue = new Map<string, Map<number, Mutable<HistoryBucket>>>()
+      for (const sample of samples) {
+        if (sample.at <= now - windowMs) continue
+        const start = Math.floor(sample.at / bucketMs) * bucketMs
+        for (const [queue, q] of sample.queues) {
+          const buckets = byQueue.get(queue) ?? new Map<number, Mutable<HistoryBucket>>()
+          byQueue.set(queue, buckets)
+          const b = buckets.get(start) ?? {
+            start: new Date(start),
+            enqueued: 0,
+            completed: 0,
+            failed: 0,
+            cancelled: 0
+          }
+          buckets.set(start, b)
+          b.enqueued += q.enqueued
+          b.completed += q.completed
+          b.failed += q.failed
+          b.cancelled += q.cancelled
+        }
+      }
+      return {
+        asOf: new Date(now),
+        windowMs,
+        bucketMs,
+        queues: [...byQueue]
+          .sort(([a], [b]) => CanonicalJson.compareUtf8(a, b))
+          .map(([queue, buckets]) => ({ queue, buckets: [...buckets.values()] }))
+      } satisfies QueueHistoryReport
+    })
+
+  // Mirrors sample_queue_stats: totals from queueStats, enqueues by id range one period late.
+  const sampleQueueStats = (params: SampleParams) =>
+    Effect.gen(function* () {
+      const now = yield* Clock.currentTimeMillis
+      const prev = samples.at(-1)
+      if (prev !== undefined && prev.at > now - params.minIntervalMs) return null
+      const report = yield* Effect.orDie(queueStats({ windowMs: 60_000 }))
+      const hw = nextId - 1n
+      const [from, to] = prev === undefined ? [hw, hw] : [prev.countedThrough, prev.hw]
+      const born = new Map<string, number>()
+      for (const job of jobs.values())
+        if (job.id > from && job.id <= to) born.set(job.queue, (born.get(job.queue) ?? 0) + 1)
+      const queues = new Map<string, FinalizedCounts & { enqueued: number; totals: FinalizedCounts }>()
+      const names = new Set([...report.queues.map((q) => q.queue), ...born.keys()])
+      for (const queue of names) {
+        const totals = report.queues.find((q) => q.queue === queue)?.finalizedTotal ?? {
+          completed: 0,
+          failed: 0,
+          cancelled: 0
+        }
+        const before = prev?.queues.get(queue)?.totals ?? { completed: 0, failed: 0, cancelled: 0 }
+        const delta = (k: keyof FinalizedCounts) =>
+          prev === undefined ? 0 : Math.max(0, totals[k] - before[k])
+        queues.set(queue, {
+          enqueued: born.get(queue) ?? 0,
+          completed: delta("completed"),
+          failed: delta("failed"),
+          cancelled: delta("cancelled"),
+          totals
+        })
+      }
+      samples.push({
+        at: now,
+        hw,
+        countedThrough: to,
+        enqueuedFrom: samples.at(-2)?.at ?? null,
+        enqueuedUntil: prev?.at ?? null,
+        queues
+      })
+      while (samples.length > 0 && samples[0]!.at < now - params.keepMs) samples.shift()
+      return new Date(now)
+    })
+
+  const recordPruneState = (ring: "queue" | "history", state: PruneState) =>
+    Effect.map(Clock.currentTimeMillis, (now) => {
+      const old = pruneStates.get(ring)
+      if (old !== undefined && old.outcome === state.outcome && old.reason === state.reason) return false
+      pruneStates.set(ring, { ...state, since: now })
+      return true
     })
 
   // Mirrors cancel_by_unique_key: the key's holder, cancelled only if it is not terminal.
@@ -1225,6 +1425,10 @@ export const makeWithCallbacks: Effect.Effect<{
     listJobs,
     countByQueueState,
     queueStats,
+    jobDetail,
+    queueHistory,
+    sampleQueueStats,
+    recordPruneState,
     cancelJob,
     cancelByUniqueKey,
     retryJob,

@@ -388,7 +388,14 @@ describe("SimQueueStorage", () => {
             assert.deepStrictEqual(yield* rescue, [], "a heartbeat 90 s ago is not older than the cutoff")
             yield* TestClock.adjust(1)
             assert.deepStrictEqual(yield* rescue, [
-              { jobId: 1n, runLease: 1n, reason: "stale_heartbeat", state: "retryable" }
+              {
+                jobId: 1n,
+                runLease: 1n,
+                reason: "stale_heartbeat",
+                state: "retryable",
+                queue: "default",
+                kind: "email"
+              }
             ])
             const view = yield* s.getJob(1n)
             const { min, max } = Backoff.backoffBounds(1)
@@ -402,7 +409,13 @@ describe("SimQueueStorage", () => {
             const [second] = yield* s.claim(params())
             yield* TestClock.adjust("91 seconds")
             assert.deepStrictEqual(yield* rescue, [
-              { ...token(second!), reason: "stale_heartbeat", state: "failed" }
+              {
+                ...token(second!),
+                reason: "stale_heartbeat",
+                state: "failed",
+                queue: "default",
+                kind: "email"
+              }
             ])
             assert.strictEqual((yield* s.getJob(1n)).state, "failed")
           })
@@ -446,11 +459,25 @@ describe("SimQueueStorage", () => {
             assert.deepStrictEqual(yield* s.rescueDeadlines(10), [], "a deadline equal to now has not passed")
             yield* TestClock.adjust(1)
             assert.deepStrictEqual(yield* s.rescueDeadlines(10), [
-              { jobId: 2n, runLease: 1n, reason: "deadline_exceeded", state: "retryable" }
+              {
+                jobId: 2n,
+                runLease: 1n,
+                reason: "deadline_exceeded",
+                state: "retryable",
+                queue: "fast",
+                kind: "email"
+              }
             ])
             yield* TestClock.adjust("1 hour")
             assert.deepStrictEqual(yield* s.rescueDeadlines(10), [
-              { jobId: 1n, runLease: 1n, reason: "deadline_exceeded", state: "failed" }
+              {
+                jobId: 1n,
+                runLease: 1n,
+                reason: "deadline_exceeded",
+                state: "failed",
+                queue: "slow",
+                kind: "email"
+              }
             ])
             assert.strictEqual((yield* s.getJob(1n)).errors[0]!.error, "hard deadline exceeded")
             assert.strictEqual((yield* s.getJob(3n)).state, "running")

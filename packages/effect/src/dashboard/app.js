@@ -8,8 +8,6 @@ let config = { apiBase: "", pollIntervalMs: 5000, traceLinkTemplate: null, cronP
 let caps = { actions: false, readOnly: true, authReads: false }
 let timer
 let renderSeq = 0
-// finalization samples per queue, kept in the page for the sparklines (the last hour)
-const samples = new Map()
 // dead letters ticked for a bulk action, kept across the page's redraws
 const picked = new Set()
 
@@ -65,39 +63,45 @@ const age = (iso, now = Date.now()) => {
   return `${Math.round(s / 3600)} h`
 }
 const when = (iso) => (iso ? new Date(iso).toLocaleString() : "—")
-const table = (head, rows, empty) =>
+/** A table; `fold` "cards" turns each row into a card of labelled cells in a narrow window (CSS). */
+const table = (head, rows, empty, fold = "") =>
   rows.length === 0
     ? `<p class="muted">${empty}</p>`
-    : `<div class="table-wrap"><table><thead><tr>${head}</tr></thead><tbody>${rows.join("")}</tbody></table></div>`
+    : `<div class="table-wrap ${fold}"><table><thead><tr>${head}</tr></thead><tbody>${rows.join("")}</tbody></table></div>`
 const button = (label, attrs, danger = false) =>
   caps.actions
     ? `<button type="button" ${attrs}${danger ? ' class="danger"' : ""}>${esc(label)}</button>`
     : ""
 
-function sparkline(points, cls) {
-  if (points.length < 2) return `<svg class="spark" width="80" height="18" aria-hidden="true"></svg>`
+function sparkline(series, cls) {
+  if (series.length === 0) return `<svg class="spark" width="80" height="18" aria-hidden="true"></svg>`
+  // one bucket so far: a level line
+  const points = series.length === 1 ? [series[0], series[0]] : series
   const max = Math.max(1, ...points)
   const step = 80 / (points.length - 1)
   const d = points.map((p, i) => `${(i * step).toFixed(1)},${(17 - (p / max) * 16).toFixed(1)}`).join(" ")
   return `<svg class="spark" width="80" height="18" aria-hidden="true"><polyline class="${cls}" fill="none" stroke-width="1.5" points="${d}"/></svg>`
 }
 
-/** Per-poll finalization deltas of a queue over the last hour, from the page's own samples. */
-function record(queue, asOf, totals) {
-  const list = samples.get(queue) ?? []
-  list.push({ t: Date.parse(asOf), completed: totals.completed, failed: totals.failed })
-  while (list.length > 0 && list[0].t < Date.parse(asOf) - 3_600_000) list.shift()
-  samples.set(queue, list)
-  const deltas = (field) => list.slice(1).map((s, i) => Math.max(0, s[field] - list[i][field]))
-  return { done: deltas("completed"), failed: deltas("failed") }
+/**
+ * A queue's last hour from the server's history (the leader's samples, per minute): completions,
+ * and the failure rate (failed / finished) per bucket.
+ */
+function series(history, queue) {
+  const buckets = history.queues.find((q) => q.queue === queue)?.buckets ?? []
+  return {
+    done: buckets.map((b) => b.completed),
+    failRate: buckets.map((b) => (b.completed + b.failed === 0 ? 0 : b.failed / (b.completed + b.failed)))
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
 // Pages
 
 async function overview() {
-  const [stats, status, doctor] = await Promise.all([
+  const [stats, history, status, doctor] = await Promise.all([
     get("/api/queues?window=3600"),
+    get("/api/queues/history?window=3600&bucket=60").catch(() => ({ queues: [] })),
     get("/api/status"),
     get("/api/doctor").catch(() => [])
   ])
@@ -121,18 +125,20 @@ async function overview() {
   if (status.leader === null)
     warnings.push("No maintenance leader holds its lock: nothing reclaims storage or fires cron.")
   const rows = stats.queues.map((q) => {
-    const spark = record(q.queue, stats.asOf, q.finalizedTotal)
+    const spark = series(history, q.queue)
     const finished = q.recent.completed + q.recent.failed
     const failRate = finished === 0 ? "—" : `${Math.round((100 * q.recent.failed) / finished)} %`
-    return `<tr data-queue="${esc(q.queue)}"><td><a href="#/queue/${encodeURIComponent(q.queue)}">${esc(q.queue)}</a>${q.paused ? ' <span class="badge paused">paused</span>' : ""}</td>
-      <td class="num">${q.available}</td><td class="num">${q.running}</td><td class="num">${q.scheduled}</td><td class="num">${q.retryable}</td>
-      <td class="num"><a href="#/dlq?queue=${encodeURIComponent(q.queue)}">${q.deadLettered}</a></td><td class="num">${age(q.oldestAvailableAt, now)}</td>
-      <td class="num">${q.recent.completed} ${sparkline(spark.done, "done")}</td><td class="num">${failRate} ${sparkline(spark.failed, "fail")}</td></tr>`
+    const perMin = (r) => (q.rates ? `${Math.round(q.rates[r] * 600) / 10}/min` : "—")
+    return `<tr data-queue="${esc(q.queue)}"><td data-label="Queue"><a href="#/queue/${encodeURIComponent(q.queue)}">${esc(q.queue)}</a>${q.paused ? ' <span class="badge paused">paused</span>' : ""}</td>
+      <td class="num" data-label="Available">${q.available}</td><td class="num" data-label="Running">${q.running}</td><td class="num" data-label="Scheduled">${q.scheduled}</td><td class="num" data-label="Retryable">${q.retryable}</td>
+      <td class="num" data-label="Dead"><a href="#/dlq?queue=${encodeURIComponent(q.queue)}">${q.deadLettered}</a></td><td class="num" data-label="Oldest waiting">${age(q.oldestAvailableAt, now)}</td>
+      <td class="num" data-label="Enqueued">${perMin("enqueuedPerSecond")}</td>
+      <td class="num" data-label="Done (1 h)">${q.recent.completed} ${sparkline(spark.done, "done")}</td><td class="num" data-label="Failed (1 h)">${failRate} ${sparkline(spark.failRate, "fail")}</td></tr>`
   })
   const rings = status.rings
     .map(
       (r) =>
-        `<div class="card"><strong>${esc(r.ring)} ring</strong><br>generation ${esc(r.generation)}, slot ${r.slot}<br>oldest unpruned: ${r.oldestUnpruned ? age(r.oldestUnpruned.since, now) : "none"}<br>last prune: ${when(r.lastPrunedAt)}</div>`
+        `<div class="card"><strong>${esc(r.ring)} ring</strong><br>generation ${esc(r.generation)}, slot ${r.slot}<br>oldest unpruned: ${r.oldestUnpruned ? age(r.oldestUnpruned.since, now) : "none"}<br>last prune: ${when(r.lastPrunedAt)}<br><span data-prune="${esc(r.ring)}">prune: ${r.prune ? `${esc(r.prune.outcome)}${r.prune.reason ? ` (${esc(r.prune.reason)})` : ""} since ${when(r.prune.since)}` : "—"}</span></div>`
     )
     .join("")
   return `<h1>Overview</h1>
@@ -144,11 +150,12 @@ async function overview() {
     </div>
     <h2>Queues</h2>
     ${table(
-      `<th>Queue</th><th class="num">Available</th><th class="num">Running</th><th class="num">Scheduled</th><th class="num">Retryable</th><th class="num">Dead</th><th class="num">Oldest waiting</th><th class="num">Done (1 h)</th><th class="num">Failed (1 h)</th>`,
+      `<th>Queue</th><th class="num">Available</th><th class="num">Running</th><th class="num">Scheduled</th><th class="num">Retryable</th><th class="num">Dead</th><th class="num">Oldest waiting</th><th class="num">Enqueued</th><th class="num">Done (1 h)</th><th class="num">Failed (1 h)</th>`,
       rows,
-      "No queues yet."
+      "No queues yet.",
+      "cards"
     )}
-    <p class="muted">Counts as of ${when(stats.asOf)}. Sparklines: finalizations per poll while this page is open (up to the last hour). ${esc(stats.staleness)}</p>`
+    <p class="muted">Counts as of ${when(stats.asOf)}. Sparklines: the last hour per minute, from the leader's samples (completions; failure rate). ${esc(stats.staleness)}</p>`
 }
 
 const states = ["", "available", "running", "scheduled", "retryable", "completed", "failed", "cancelled"]
@@ -156,6 +163,13 @@ const states = ["", "available", "running", "scheduled", "retryable", "completed
 async function queuePage(name, params) {
   const query = new URLSearchParams({ queue: name, limit: "50" })
   for (const key of ["state", "kind", "tag", "before"]) if (params.get(key)) query.set(key, params.get(key))
+  // the time filter: `after`/`until` (datetime-local, the browser's zone) on creation or finalization
+  const field = params.get("time") === "finalized" ? "finalized" : "created"
+  for (const [key, suffix] of [
+    ["after", "After"],
+    ["until", "Before"]
+  ])
+    if (params.get(key)) query.set(`${field}${suffix}`, new Date(params.get(key)).toISOString())
   const [stats, jobs] = await Promise.all([get("/api/queues"), get(`/api/jobs?${query}`)])
   const q = stats.queues.find((x) => x.queue === name)
   const rows = jobs.map(
@@ -179,6 +193,9 @@ async function queuePage(name, params) {
       <label>State <select name="state">${states.map((s) => `<option value="${s}"${params.get("state") === s ? " selected" : ""}>${s || "any"}</option>`).join("")}</select></label>
       <label>Kind <input name="kind" value="${esc(params.get("kind") ?? "")}"></label>
       <label>Tag <input name="tag" value="${esc(params.get("tag") ?? "")}"></label>
+      <label>Time <select name="time"><option value="created">created</option><option value="finalized"${field === "finalized" ? " selected" : ""}>finalized</option></select></label>
+      <label>After <input type="datetime-local" name="after" value="${esc(params.get("after") ?? "")}"></label>
+      <label>Before <input type="datetime-local" name="until" value="${esc(params.get("until") ?? "")}"></label>
       <button type="submit">Filter</button>
     </form>
     ${table(`<th>Id</th><th>Kind</th><th>State</th><th class="num">Attempt</th><th class="wide-only">Tags</th><th class="wide-only">Run at</th>`, rows, "No jobs match.")}
@@ -227,13 +244,25 @@ async function jobPage(id) {
     <h2>Args</h2><pre>${esc(JSON.stringify(j.args, null, 2))}</pre>
     <h2>Metadata</h2><pre>${esc(JSON.stringify(j.metadata, null, 2))}</pre>
     <h2>Progress</h2><pre>${esc(JSON.stringify(j.progress, null, 2))}</pre>
-    <h2>Attempts and errors</h2>${errorsTable(j.errors)}`
+    <h2>Attempts</h2>${table(
+      `<th class="num">Attempt</th><th>Claimed</th><th>Ended</th><th>Outcome</th><th class="num">Duration</th>`,
+      j.attempts.map(
+        (a) =>
+          `<tr data-attempt="${a.attempt}"><td class="num">${a.attempt}</td><td>${when(a.claimedAt)}</td><td>${when(a.endedAt)}</td><td>${esc(a.outcome ?? "running")}</td><td class="num">${a.durationMs === null ? "—" : `${a.durationMs} ms`}</td></tr>`
+      ),
+      "No attempt stored (never claimed, or its ring slot was reclaimed: see the errors)."
+    )}
+    <h2>Errors</h2>${errorsTable(j.errors)}`
 }
 
 async function dlqPage(params) {
-  const query = new URLSearchParams({ limit: "100" })
-  for (const key of ["queue", "kind", "tag"]) if (params.get(key)) query.set(key, params.get(key))
+  const query = new URLSearchParams({ limit: "50" })
+  for (const key of ["queue", "kind", "tag", "before"]) if (params.get(key)) query.set(key, params.get(key))
   const entries = await get(`/api/dlq?${query}`)
+  const next =
+    entries.length === 50
+      ? `<a id="dlq-next" href="#/dlq?${new URLSearchParams({ ...Object.fromEntries(params), before: entries[entries.length - 1].id })}">Older →</a>`
+      : ""
   const rows = entries.map(
     (
       e
@@ -249,7 +278,8 @@ async function dlqPage(params) {
       <button type="submit">Filter</button>
     </form>
     <div class="actions">${button("Retry selected", 'data-bulk="retry"')} ${button("Purge selected", 'data-bulk="purge"', true)} <span id="bulk-progress" role="status"></span></div>
-    ${table(`${caps.actions ? "<th></th>" : ""}<th>Id</th><th>Queue</th><th>Kind</th><th>Reason</th><th class="wide-only">Dead-lettered</th><th></th>`, rows, "The dead letter queue is empty.")}`
+    ${table(`${caps.actions ? "<th></th>" : ""}<th>Id</th><th>Queue</th><th>Kind</th><th>Reason</th><th class="wide-only">Dead-lettered</th><th></th>`, rows, "The dead letter queue is empty.")}
+    <p>${params.get("before") ? `<a href="#/dlq${params.get("queue") ? `?queue=${encodeURIComponent(params.get("queue"))}` : ""}">← Newest</a> ` : ""}${next}</p>`
 }
 
 async function dlqEntryPage(id) {
@@ -395,6 +425,8 @@ view.addEventListener("submit", (event) => {
   const { parts } = route()
   const data = new URLSearchParams()
   for (const [key, value] of new FormData(event.target)) if (value !== "") data.set(key, value)
+  // the time field only matters with a bound
+  if (!data.has("after") && !data.has("until")) data.delete("time")
   document.activeElement?.blur?.()
   location.hash = `#/${parts.map(encodeURIComponent).join("/")}${data.size > 0 ? `?${data}` : ""}`
 })

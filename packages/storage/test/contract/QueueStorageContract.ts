@@ -305,7 +305,14 @@ export const suite = (it: Vitest.MethodsNonLive<QueueStorage>, { advance, scale 
       yield* advance(60)
       const rescued = (yield* storage.rescueDeadlines(500)).filter((r) => r.jobId === enq!.id)
       assert.deepStrictEqual(rescued, [
-        { jobId: enq!.id, runLease: 1n, reason: "deadline_exceeded", state: "retryable" }
+        {
+          jobId: enq!.id,
+          runLease: 1n,
+          reason: "deadline_exceeded",
+          state: "retryable",
+          queue: q,
+          kind: "contract_job"
+        }
       ])
       const view = yield* storage.getJob(enq!.id)
       assert.strictEqual(view.state, "retryable")
@@ -333,7 +340,14 @@ export const suite = (it: Vitest.MethodsNonLive<QueueStorage>, { advance, scale 
         (r) => r.jobId === a!.id || r.jobId === b!.id
       )
       assert.deepStrictEqual(rescued, [
-        { jobId: a!.id, runLease: 1n, reason: "stale_heartbeat", state: "failed" }
+        {
+          jobId: a!.id,
+          runLease: 1n,
+          reason: "stale_heartbeat",
+          state: "failed",
+          queue: q,
+          kind: "contract_job"
+        }
       ])
       assert.strictEqual((yield* storage.getJob(a!.id)).state, "failed")
       assert.strictEqual((yield* storage.getJob(b!.id)).state, "running")
