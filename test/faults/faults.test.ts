@@ -528,9 +528,10 @@ describe("faults: worker processes", () => {
             "every scheduled job ran once"
           )
           // A latency is the property here, so a bound stays: one promotion tick (50 ms), the
-          // promote statement, and this test's 25 ms poll. 2.5 s is 50 promotion intervals: a
-          // leader that stopped promoting fails it, a loaded machine's delays do not.
-          assert.isAtMost(maxLag, 2500, "promotion keeps up under the new leader")
+          // promote statement, and this test's 25 ms poll. 5 s is 100 promotion intervals: a
+          // leader that stopped promoting fails it, a loaded machine's delays do not (2.5 s was
+          // exceeded once, 3.1 s, while four other sessions ran their suites on the two cores).
+          assert.isAtMost(maxLag, 5000, "promotion keeps up under the new leader")
           for (const a of rescued) assert.strictEqual(a.state, "completed")
           assert.strictEqual(survivors.filter(isLeader).length, 1, "exactly one leader")
         })
