@@ -58,7 +58,8 @@ const legs: ReadonlyArray<Leg> = [
  * level, duplicates as answers, the catalog rules (JIT off, search_path, no PUBLIC execute, the
  * READ COMMITTED guard), the refusals and the worker on a database defaulting to REPEATABLE READ
  * or SERIALIZABLE, the lock budget of twenty full finalize batches, and the worker end to end
- * (every outcome kind, the DLQ). The full suite (ring properties under
+ * (every outcome kind, the DLQ); the key-grant contract and races (issue 20), the callback contract
+ * and its resolve race (issue 21), and flow control on Postgres (capped depth, overrides). The full suite (ring properties under
  * churn and a pinned horizon, prune and liveness, cron, tracing, the multi-process fault
  * scenarios, the docs' examples) runs once, on the default server: with full durability on 2
  * cores it would take a leg over 20 minutes, and CI has 90 for everything.
@@ -73,7 +74,12 @@ const suites = [
   "packages/sql/test/Catalog.test.ts",
   "packages/runtime/test/Worker.pg.test.ts",
   "packages/runtime/test/Dlq.pg.test.ts",
-  "packages/runtime/test/IsolationDefault.pg.test.ts"
+  "packages/runtime/test/IsolationDefault.pg.test.ts",
+  "packages/storage/test/KeyGrants.test.ts",
+  "packages/storage/test/PgKeyGrants.races.test.ts",
+  "packages/storage/test/PgCallbackStorage.test.ts",
+  "packages/storage/test/PgCallbackStorage.race.test.ts",
+  "packages/runtime/test/FlowControl.pg.test.ts"
 ]
 
 const arg = (name: string) => {
