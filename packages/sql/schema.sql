@@ -4042,6 +4042,34 @@ END
 $function$
 -- execute besides the owner: owner only
 
+CREATE OR REPLACE FUNCTION awa.release_resumed(p_job_id bigint, p_run_lease bigint)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
+AS $function$
+BEGIN
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'release_resumed needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  IF lock_attempt(p_job_id, p_run_lease) <> 'open' THEN
+    RETURN false;
+  END IF;
+  -- taken back by claim_resumed: parked once, no longer waiting, no callback registered since
+  UPDATE attempt_state a SET callback_waiting = true, callback_state = 'resumed', heartbeat_at = now()
+  WHERE a.job_id = p_job_id AND a.run_lease = p_run_lease
+    AND a.parked_at IS NOT NULL AND NOT a.callback_waiting AND a.callback_state IS NULL AND a.callback_id IS NULL;
+  IF NOT FOUND THEN
+    RETURN false;
+  END IF;
+  PERFORM pg_notify('awa_cancel_awa', 'resumed:' || p_job_id || ':' || p_run_lease || ':' || c.queue)
+  FROM claims c WHERE c.job_id = p_job_id AND c.run_lease = p_run_lease;
+  RETURN true;
+END
+$function$
+-- execute besides the owner: owner only
+
 CREATE OR REPLACE FUNCTION awa.rescue(p_kind text, p_staleness_ms bigint, p_limit integer)
  RETURNS TABLE(job_id bigint, run_lease bigint, state text)
  LANGUAGE plpgsql

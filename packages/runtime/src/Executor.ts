@@ -629,15 +629,26 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
       )
     })
 
+  /** Parks a resumed attempt taken back but never started again as resumed (migration 0035). */
+  const releaseResumed = (entry: RunningAttempt) =>
+    options.callbacks === undefined
+      ? Effect.succeed(false)
+      : options.callbacks.releaseResumed({ jobId: entry.job.jobId, runLease: entry.job.runLease })
+
   /**
    * Gives back held attempts that never started (shutdown): snoozed with no delay, so they run
    * again soon, behind the jobs of their lane that are still queued, with the same attempt number.
+   * A resumed attempt (taken back by `claimResumed`) is parked again as resumed instead: a snooze
+   * would close the attempt and drop its resume payload with it.
    */
   const giveBack = (entries: ReadonlyArray<RunningAttempt>) =>
     Effect.forEach(
       entries,
       (entry) =>
-        options.batcher.submit(entry.job, { _tag: "Snooze", delayMs: 0 }).pipe(
+        ("callbackResult" in entry.job ? releaseResumed(entry) : Effect.succeed(false)).pipe(
+          Effect.flatMap((released) =>
+            released ? Effect.void : options.batcher.submit(entry.job, { _tag: "Snooze", delayMs: 0 })
+          ),
           Effect.catchCause((cause) =>
             Effect.logWarning("giving back an unstarted attempt failed; it stays rescuable", cause)
           ),

@@ -136,6 +136,15 @@ export class CallbackStorage extends Context.Service<
       queue: string,
       max: number
     ) => Effect.Effect<ReadonlyArray<ResumedJob>, ReadCommittedRequired | SqlError.SqlError>
+    /**
+     * Gives a resumed attempt taken back by `claimResumed` and never started back to the queue
+     * as still resumed (a stopping worker): another worker's `claimResumed` takes it, with its
+     * payload and the same run lease. False when it is closed (rescued, cancelled) or was not a
+     * taken-back resumed attempt; nothing is written then.
+     */
+    readonly releaseResumed: (
+      token: AttemptToken
+    ) => Effect.Effect<boolean, ReadCommittedRequired | SqlError.SqlError>
     /** The pending callback of the job's open attempt, if any (operators act by job id). */
     readonly pendingOf: (jobId: bigint) => Effect.Effect<Option.Option<CallbackId>, SqlError.SqlError>
     /** Leader: rescues attempts whose pending callback timed out (reason `callback_timeout`). */

@@ -169,6 +169,17 @@ export const make = Effect.fnUntraced(function* (options: PgCallbackStorageOptio
       (rows) => rows[0]?.ok === true
     )
 
+  const releaseResumed = (token: AttemptToken) =>
+    Effect.map(
+      rc(
+        "release_resumed",
+        sql<{
+          ok: boolean
+        }>`SELECT ${s}.release_resumed(${token.jobId}::bigint, ${token.runLease}::bigint) AS ok`
+      ),
+      (rows) => rows[0]?.ok === true
+    )
+
   const claimResumed = (queue: string, max: number) =>
     Effect.map(
       rc(
@@ -255,6 +266,7 @@ export const make = Effect.fnUntraced(function* (options: PgCallbackStorageOptio
     resolve,
     cancel,
     claimResumed,
+    releaseResumed,
     pendingOf,
     rescueTimedOut
   })

@@ -240,6 +240,27 @@ export const make = (host: SimCallbackHost) => {
       })
     )
 
+  const releaseResumed = (token: AttemptToken) =>
+    Effect.flatMap(Clock.currentTimeMillis, (now) =>
+      Effect.sync(() => {
+        const attempt = host.open(token)
+        const callback = attempt?.callback ?? null
+        // taken back by claimResumed: parked once, no longer waiting, no callback registered since
+        if (
+          attempt === undefined ||
+          callback === null ||
+          callback.parkedAt === null ||
+          callback.waiting ||
+          callback.state !== null ||
+          callback.id !== null
+        )
+          return false
+        attempt.callback = { ...callback, state: "resumed", waiting: true }
+        attempt.heartbeatAt = now
+        return true
+      })
+    )
+
   const rescueTimedOut = (limit: number) =>
     Effect.gen(function* () {
       const now = yield* Clock.currentTimeMillis
@@ -279,6 +300,7 @@ export const make = (host: SimCallbackHost) => {
     resolve,
     cancel,
     claimResumed,
+    releaseResumed,
     pendingOf,
     rescueTimedOut
   })

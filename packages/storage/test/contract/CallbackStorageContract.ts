@@ -85,6 +85,39 @@ export const callbackSuite = <R = never>(
     })
   )
 
+  it.effect(
+    "a resumed attempt taken back and given back unstarted is resumed again, payload and lease kept (0035)",
+    () =>
+      Effect.gen(function* () {
+        const callbacks = yield* CallbackStorage
+        const storage = yield* QueueStorage
+        const job = yield* claimOne("release-resumed")
+        const id = yield* register(job)
+        yield* callbacks.park(job, id)
+        yield* callbacks.resolve(id, { _tag: "Resume", payload: { approved: "yes" } })
+        const [taken] = yield* callbacks.claimResumed(job.queue, 10)
+        assert.isDefined(taken)
+        // a stopping worker gives it back: parked as resumed again, not closed
+        assert.isTrue(yield* callbacks.releaseResumed(job))
+        // as right after the resume: running, waiting for a worker to take it back
+        assert.strictEqual(yield* stateOf(job), "running")
+        // only once: it is no longer a taken-back attempt
+        assert.isFalse(yield* callbacks.releaseResumed(job))
+        const [again, ...more] = yield* callbacks.claimResumed(job.queue, 10)
+        assert.strictEqual(more.length, 0)
+        assert.strictEqual(again!.runLease, job.runLease)
+        assert.strictEqual(again!.attempt, job.attempt)
+        assert.deepStrictEqual(again!.callbackResult, { approved: "yes" })
+        const [done] = yield* complete(again!)
+        assert.deepStrictEqual(done, { _tag: "Applied", state: "completed" })
+        // a closed attempt, and a running one that never parked, are not released
+        assert.isFalse(yield* callbacks.releaseResumed(job))
+        const plain = yield* claimOne("release-plain")
+        assert.isFalse(yield* callbacks.releaseResumed(plain))
+        assert.strictEqual((yield* storage.getJob(plain.jobId)).state, "running")
+      })
+  )
+
   it.effect("two sequential in-handler waits, then complete", () =>
     Effect.gen(function* () {
       const callbacks = yield* CallbackStorage
