@@ -4,6 +4,7 @@
  * rescue('callback')). Each runs in READ COMMITTED (its own transaction when the pool's default
  * is another level), as every attempt-scoped storage call does.
  */
+
 import { CallbackNotFound, CallbackStale, InvalidTransition, type JobState } from "@awa/core"
 import { Migrations } from "@awa/sql"
 import { Effect, Layer, Option } from "effect"
@@ -20,6 +21,7 @@ import {
   type TakeResult,
   timeoutMsRange
 } from "./CallbackStorage.ts"
+import { type ClaimRow, claimedJobOf } from "./PgQueueStorage.ts"
 import type { AttemptToken, RescuedAttempt } from "./QueueStorage.ts"
 import * as ReadCommitted from "./ReadCommitted.ts"
 import { checkInteger } from "./StorageChecks.ts"
@@ -184,45 +186,15 @@ export const make = Effect.fnUntraced(function* (options: PgCallbackStorageOptio
     Effect.map(
       rc(
         "claim_resumed",
-        sql<{
-          job_id: bigint
-          run_lease: bigint
-          kind: string
-          queue: string
-          priority: number
-          attempt: number
-          max_attempts: number
-          args: unknown
-          metadata: Record<string, unknown>
-          tags: Array<string>
-          errors: Array<any>
-          run_at: Date
-          created_at: Date
-          claimed_at: Date
-          progress: Record<string, unknown> | null
-          callback_result: unknown
-        }>`SELECT * FROM ${s}.claim_resumed(${queue}, ${max})`
+        sql<
+          Omit<ClaimRow, "deadline_at"> & { readonly callback_result: unknown }
+        >`SELECT * FROM ${s}.claim_resumed(${queue}, ${max})`
       ),
       (rows) =>
         rows.map(
           (r): ResumedJob => ({
-            jobId: r.job_id,
-            runLease: r.run_lease,
-            kind: r.kind,
-            queue: r.queue,
-            priority: r.priority,
-            attempt: r.attempt,
-            maxAttempts: r.max_attempts,
-            args: r.args,
-            metadata: r.metadata,
-            tags: r.tags,
-            errors: r.errors,
-            runAt: r.run_at,
-            createdAt: r.created_at,
-            claimedAt: r.claimed_at,
             // parked: the claim's deadline no longer applies (migration 0034)
-            deadlineAt: null,
-            progress: r.progress,
+            ...claimedJobOf({ ...r, deadline_at: null }),
             callbackResult: r.callback_result
           })
         )

@@ -4,6 +4,7 @@
  * drain must be committed before the open grants are verified) and `key_policy_activate`, retried
  * every `verifyPollMs` until the keys are within the target or the timeout passes.
  */
+
 import { checkQueueName, ValidationError } from "@awa/core"
 import { Migrations } from "@awa/sql"
 import { Clock, Effect, Layer } from "effect"
@@ -20,7 +21,7 @@ import {
   policyLimits,
   StaleKeyPolicyEpoch
 } from "./KeyGrants.ts"
-import type { ClaimedJob } from "./QueueStorage.ts"
+import { type ClaimRow, claimedJobOf } from "./PgQueueStorage.ts"
 import * as ReadCommitted from "./ReadCommitted.ts"
 import { checkInteger, maxClaimBatch } from "./StorageChecks.ts"
 import { wakeChannel } from "./StorageSignals.ts"
@@ -183,25 +184,9 @@ export const make = Effect.fnUntraced(function* (options: { readonly schema?: st
       yield* checkInteger("max", params.max, 0, maxClaimBatch)
       const rows = yield* rc(
         "claim",
-        sql<{
-          job_id: bigint | null
-          run_lease: bigint
-          attempt: number
-          max_attempts: number
-          kind: string
-          queue: string
-          priority: number
-          args: unknown
-          metadata: Record<string, unknown>
-          tags: Array<string>
-          errors: Array<any>
-          run_at: Date
-          created_at: Date
-          claimed_at: Date
-          deadline_at: Date | null
-          progress: Record<string, unknown> | null
-          gate: string | null
-        }>`SELECT * FROM ${s}.claim_keyed(${params.queue}, ${params.policy}, ${params.max}, ${params.deadlineMs}::bigint, ${params.agingIntervalMs}::bigint)`
+        sql<
+          Omit<ClaimRow, "job_id"> & { readonly job_id: bigint | null; readonly gate: string | null }
+        >`SELECT * FROM ${s}.claim_keyed(${params.queue}, ${params.policy}, ${params.max}, ${params.deadlineMs}::bigint, ${params.agingIntervalMs}::bigint)`
       ).pipe(Effect.catchIf(isMissingPolicy, () => Effect.fail(new KeyPolicyNotFound({ id: params.policy }))))
       if (rows.length === 0) return { _tag: "Idle" } as KeyedClaim
       const gate = rows[0]!.gate
@@ -210,26 +195,7 @@ export const make = Effect.fnUntraced(function* (options: { readonly schema?: st
           gate === "keyLockContended" ? { _tag: "KeyLockContended" } : { _tag: "KeyGated" }
         ) as KeyedClaim
       }
-      const jobs = rows.map(
-        (r): ClaimedJob => ({
-          jobId: r.job_id!,
-          runLease: r.run_lease,
-          kind: r.kind,
-          queue: r.queue,
-          priority: r.priority,
-          attempt: r.attempt,
-          maxAttempts: r.max_attempts,
-          args: r.args,
-          metadata: r.metadata,
-          tags: r.tags,
-          errors: r.errors,
-          runAt: r.run_at,
-          createdAt: r.created_at,
-          claimedAt: r.claimed_at,
-          deadlineAt: r.deadline_at,
-          progress: r.progress
-        })
-      )
+      const jobs = rows.map((r) => claimedJobOf({ ...r, job_id: r.job_id! }))
       return { _tag: "Claimed", jobs } as KeyedClaim
     })
 

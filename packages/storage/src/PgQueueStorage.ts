@@ -373,6 +373,46 @@ const sortedByLane = (jobs: ReadonlyArray<CheckedJob>): ReadonlyArray<number> =>
   return order.sort((a, b) => compareLane(jobs[a]!, jobs[b]!) || a - b)
 }
 
+/** A row of `claim` (and of `claim_keyed`, `claim_resumed`): the claimed attempt as stored. */
+export interface ClaimRow {
+  readonly job_id: bigint
+  readonly run_lease: bigint
+  readonly attempt: number
+  readonly max_attempts: number
+  readonly kind: string
+  readonly queue: string
+  readonly priority: number
+  readonly args: unknown
+  readonly metadata: Record<string, unknown>
+  readonly tags: Array<string>
+  readonly errors: Array<any>
+  readonly run_at: Date
+  readonly created_at: Date
+  readonly claimed_at: Date
+  readonly deadline_at: Date | null
+  readonly progress: Record<string, unknown> | null
+}
+
+/** The claimed attempt a worker receives, from its row. */
+export const claimedJobOf = (r: ClaimRow): ClaimedJob => ({
+  jobId: r.job_id,
+  runLease: r.run_lease,
+  kind: r.kind,
+  queue: r.queue,
+  priority: r.priority,
+  attempt: r.attempt,
+  maxAttempts: r.max_attempts,
+  args: r.args,
+  metadata: r.metadata,
+  tags: r.tags,
+  errors: r.errors,
+  runAt: r.run_at,
+  createdAt: r.created_at,
+  claimedAt: r.claimed_at,
+  deadlineAt: r.deadline_at,
+  progress: r.progress
+})
+
 export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions = {}) {
   const sql = yield* SqlClient.SqlClient
   const schema = yield* Migrations.checkSchemaName(options.schema ?? Migrations.defaultSchema)
@@ -555,46 +595,11 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
     Effect.gen(function* () {
       yield* checkQueueName(params.queue)
       yield* checkInteger("max", params.max, 0, maxClaimBatch)
-      const rows = yield* sql<{
-        job_id: bigint
-        run_lease: bigint
-        attempt: number
-        max_attempts: number
-        kind: string
-        queue: string
-        priority: number
-        args: unknown
-        metadata: Record<string, unknown>
-        tags: Array<string>
-        errors: Array<any>
-        run_at: Date
-        created_at: Date
-        claimed_at: Date
-        deadline_at: Date | null
-        progress: Record<string, unknown> | null
-      }>`SELECT * FROM ${s}.claim(${params.queue}, ${params.max}, ${params.deadlineMs}::bigint, ${params.agingIntervalMs}::bigint)`.pipe(
-        (call) => rc("claim", call)
-      )
-      return rows.map(
-        (r): ClaimedJob => ({
-          jobId: r.job_id,
-          runLease: r.run_lease,
-          kind: r.kind,
-          queue: r.queue,
-          priority: r.priority,
-          attempt: r.attempt,
-          maxAttempts: r.max_attempts,
-          args: r.args,
-          metadata: r.metadata,
-          tags: r.tags,
-          errors: r.errors,
-          runAt: r.run_at,
-          createdAt: r.created_at,
-          claimedAt: r.claimed_at,
-          deadlineAt: r.deadline_at,
-          progress: r.progress
-        })
-      )
+      const rows =
+        yield* sql<ClaimRow>`SELECT * FROM ${s}.claim(${params.queue}, ${params.max}, ${params.deadlineMs}::bigint, ${params.agingIntervalMs}::bigint)`.pipe(
+          (call) => rc("claim", call)
+        )
+      return rows.map(claimedJobOf)
     })
 
   const finalizeMany = (items: ReadonlyArray<FinalizeItem>) =>
