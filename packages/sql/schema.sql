@@ -3850,21 +3850,31 @@ BEGIN
     FROM lanes l
   ),
   ready_counts AS (
-    SELECT k.queue, sum(n.n) AS n, min(h.run_at) AS head_at
+    SELECT k.queue, sum(n.n - tn.n) AS n, min(h.run_at) AS head_at -- 0037
     FROM cursors k
+    -- 0037: the lane's rows from its cursor on, less its tombstones from the cursor on: two range
+    -- counts. A tombstone marks exactly one ready row, at its position and in its slot (every
+    -- insert of one is for a ready row found at that position, which is then never picked or
+    -- tombstoned again). The anti-join it replaces probed the tombstones of all 16 children once
+    -- per backlog row when the plan was made before the children had statistics: 1.3 s at
+    -- 100,000 available jobs instead of 25 ms, and the leader's stats sample calls this.
     CROSS JOIN LATERAL (
       SELECT count(*) AS n FROM ready r, rng
       WHERE r.queue = k.queue AND r.priority = k.priority AND r.shard = k.shard AND r.lane_seq >= k.c
         AND (r.slot BETWEEN rng.lo1 AND rng.hi1 OR r.slot BETWEEN rng.lo2 AND rng.hi2)
-        AND NOT EXISTS (SELECT 1 FROM ready_tombstones t
-                        WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard AND t.lane_seq = r.lane_seq)
     ) n
+    CROSS JOIN LATERAL ( -- 0037
+      SELECT count(*) AS n FROM ready_tombstones t, rng
+      WHERE t.queue = k.queue AND t.priority = k.priority AND t.shard = k.shard AND t.lane_seq >= k.c
+        AND (t.slot BETWEEN rng.lo1 AND rng.hi1 OR t.slot BETWEEN rng.lo2 AND rng.hi2)
+    ) tn
     LEFT JOIN LATERAL (
       SELECT r.run_at FROM ready r, rng
       WHERE r.queue = k.queue AND r.priority = k.priority AND r.shard = k.shard AND r.lane_seq >= k.c
         AND (r.slot BETWEEN rng.lo1 AND rng.hi1 OR r.slot BETWEEN rng.lo2 AND rng.hi2)
         AND NOT EXISTS (SELECT 1 FROM ready_tombstones t
-                        WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard AND t.lane_seq = r.lane_seq)
+                        WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard AND t.lane_seq = r.lane_seq
+                          AND t.slot = r.slot AND t.lane_seq >= k.c) -- 0037: its row's slot, past the cursor
       ORDER BY r.lane_seq LIMIT 1
     ) h ON true
     GROUP BY k.queue
@@ -3875,7 +3885,8 @@ BEGIN
   running_counts AS (
     SELECT c.queue, count(*) AS n FROM claims c, rng
     WHERE (c.slot BETWEEN rng.lo1 AND rng.hi1 OR c.slot BETWEEN rng.lo2 AND rng.hi2)
-      AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.job_id = c.job_id AND z.run_lease = c.run_lease)
+      -- 0037: a closure lives in its claims row's slot (one child probed, not 16)
+      AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.job_id = c.job_id AND z.run_lease = c.run_lease AND z.slot = c.slot)
     GROUP BY c.queue
   ),
   deferred_counts AS (
