@@ -2454,6 +2454,81 @@ BEGIN
     EXIT WHEN v_now_lo1 = v_lo1 AND v_now_hi1 = v_hi1 AND v_now_lo2 = v_lo2 AND v_now_hi2 = v_hi2; -- 0028
   END LOOP;
 
+  -- 0038: a batch of completions only (the runtime's every-day batch) takes a statement of its
+  -- own: no deferred or DLQ row, no error entry, no progress kept, so it reads the ready rows'
+  -- lane and key columns only (not args, metadata, tags, errors) and carries narrow rows through
+  -- its CTEs, where the general statement below copies every ready row's payload through five
+  -- materialized steps. Same guard (an open claims row we hold, no closure, the rescue's
+  -- heartbeat check), same writes for a completion (closure, narrow terminal row, attempt_state
+  -- deleted, the unique key released or entered by its mask), same answer.
+  IF NOT EXISTS (SELECT 1 FROM jsonb_to_recordset(p_items) AS x(outcome text) WHERE x.outcome IS DISTINCT FROM 'complete') THEN -- 0038
+    RETURN QUERY
+    WITH items AS MATERIALIZED (
+      SELECT x_e.o::int AS o, x.job_id, x.run_lease, x.stale_before
+      FROM jsonb_array_elements(p_items) WITH ORDINALITY AS x_e(v, o),
+           jsonb_to_record(x_e.v) AS x(job_id bigint, run_lease bigint, stale_before timestamptz)
+    ),
+    batch_claims AS MATERIALIZED (
+      SELECT c.slot, c.generation, c.job_id, c.run_lease, c.attempt, c.queue, c.priority, c.shard, c.lane_seq
+      FROM claims c WHERE c.job_id = ANY (v_ids)
+        AND (c.slot BETWEEN v_lo1 AND v_hi1 OR c.slot BETWEEN v_lo2 AND v_hi2)
+    ),
+    batch_ready AS MATERIALIZED (
+      SELECT r.slot, r.job_id, r.queue, r.priority, r.shard, r.lane_seq, r.unique_key, r.unique_states
+      FROM ready r WHERE r.job_id = ANY (v_ids)
+        AND (r.slot BETWEEN v_lo1 AND v_hi1 OR r.slot BETWEEN v_lo2 AND v_hi2)
+    ),
+    batch_closures AS MATERIALIZED (
+      SELECT z.job_id, z.run_lease FROM closures z WHERE z.job_id = ANY (v_ids)
+        AND (z.slot BETWEEN v_lo1 AND v_hi1 OR z.slot BETWEEN v_lo2 AND v_hi2)
+    ),
+    done AS MATERIALIZED (
+      SELECT DISTINCT ON (i.job_id, i.run_lease)
+             i.o, c.slot, c.generation, c.job_id, c.run_lease, c.attempt, c.lane_seq, r.unique_key, r.unique_states,
+             a.found AS has_state,
+             -- a completion enters the unique mask when the mask omits 'running' and holds 'completed'
+             (r.unique_key IS NOT NULL AND (r.unique_states & 4) = 0 AND (r.unique_states & state_bit('completed')) <> 0) AS enters
+      FROM items i
+      JOIN batch_claims c ON c.job_id = i.job_id AND c.run_lease = i.run_lease
+      JOIN batch_ready r ON r.slot = c.slot AND r.queue = c.queue AND r.priority = c.priority AND r.shard = c.shard
+                        AND r.lane_seq = c.lane_seq
+      LEFT JOIN LATERAL (
+        SELECT a.heartbeat_at, true AS found FROM attempt_state a
+        WHERE a.job_id = c.job_id AND a.run_lease = c.run_lease LIMIT 1
+      ) a ON true
+      WHERE NOT EXISTS (SELECT 1 FROM batch_closures x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease)
+        AND (i.stale_before IS NULL OR a.heartbeat_at IS NULL OR a.heartbeat_at < i.stale_before)
+      ORDER BY i.job_id, i.run_lease, i.o
+    ),
+    -- a finished job takes its key if it is free, and keeps its end (as the general statement)
+    take_key AS (
+      INSERT INTO unique_claims (unique_key, job_id)
+      SELECT DISTINCT ON (d.unique_key) d.unique_key, d.job_id FROM done d WHERE d.enters ORDER BY d.unique_key, d.job_id
+      ON CONFLICT (unique_key) DO NOTHING
+    ),
+    ins_closures AS (
+      INSERT INTO closures (slot, generation, job_id, run_lease, outcome, closed_at)
+      SELECT d.slot, d.generation, d.job_id, d.run_lease, 'completed', v_now FROM done d
+    ),
+    ins_terminal AS (
+      INSERT INTO terminal (slot, generation, job_id, run_lease, lane_seq, state, attempt, finalized_at, errors, progress)
+      SELECT d.slot, d.generation, d.job_id, d.run_lease, d.lane_seq, 'completed', d.attempt, v_now, NULL, NULL FROM done d
+    ),
+    del_state AS (
+      DELETE FROM attempt_state a USING done d
+      WHERE d.has_state AND a.job_id = d.job_id AND a.run_lease = d.run_lease
+    ),
+    rel_unique AS (
+      DELETE FROM unique_claims u USING done d
+      WHERE d.unique_key IS NOT NULL AND u.unique_key = d.unique_key AND u.job_id = d.job_id
+        AND (d.unique_states & state_bit('completed')) = 0
+    )
+    SELECT i.o, d.o IS NOT NULL, CASE WHEN d.o IS NOT NULL THEN 'completed' END
+    FROM items i LEFT JOIN done d ON d.o = i.o
+    ORDER BY i.o;
+    RETURN;
+  END IF;
+
   RETURN QUERY
   WITH items AS MATERIALIZED (
     SELECT x_e.o::int AS o, x.job_id, x.run_lease, x.outcome, coalesce(x.delay_ms, 0) AS delay_ms, x.message, x.reason,

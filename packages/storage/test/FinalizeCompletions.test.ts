@@ -1,0 +1,99 @@
+/**
+ * finalize's statement for a batch of completions only (migration 0038) writes what the general
+ * statement writes for a completion: the attempt's attempt_state row goes, a mask without
+ * 'running' but with 'completed' takes its key back when free, a stale item is not applied, and a
+ * mixed batch still takes the general statement.
+ */
+import { UniqueConflict } from "@awa/core"
+import { assert, describe, it } from "@effect/vitest"
+import { Effect } from "effect"
+import { SqlClient } from "effect/sql"
+import { QueueStorage } from "../src/QueueStorage.ts"
+import { claimOf, fresh, withEagerDatabase } from "./pgFixtures.ts"
+
+const complete = (c: { jobId: bigint; runLease: bigint }) => ({
+  jobId: c.jobId,
+  runLease: c.runLease,
+  outcome: { _tag: "Complete" as const }
+})
+
+describe("finalize: a batch of completions", () => {
+  it.live("deletes the attempt_state rows of heartbeating attempts and answers stale items as stale", () =>
+    withEagerDatabase({}, () =>
+      Effect.gen(function* () {
+        const storage = yield* QueueStorage
+        const sql = yield* SqlClient.SqlClient
+        const q = fresh("fin-complete")
+        yield* storage.enqueueMany(
+          Array.from({ length: 4 }, (_, n) => ({ kind: "k", queue: q, args: { n } }))
+        )
+        const claimed = yield* storage.claim(claimOf(q, 4))
+        yield* storage.heartbeatMany(
+          claimed.slice(0, 2).map((c) => ({ jobId: c.jobId, runLease: c.runLease }))
+        )
+        const ids = claimed.map((c) => c.jobId)
+        const states = () =>
+          sql<{ n: number }>`SELECT count(*)::int AS n FROM awa.attempt_state WHERE job_id = ANY (${ids})`
+        assert.strictEqual((yield* states())[0]!.n, 2)
+        // the last item names a lease the attempt does not have: stale, nothing written for it
+        const items = [...claimed.slice(0, 3).map(complete), complete({ ...claimed[3]!, runLease: 99n })]
+        const results = yield* storage.finalizeMany(items)
+        assert.deepStrictEqual(
+          results.map((r) => (r._tag === "Applied" ? r.state : r._tag)),
+          ["completed", "completed", "completed", "Stale"]
+        )
+        assert.strictEqual((yield* states())[0]!.n, 0)
+        // the same completions again: closed already, stale
+        const again = yield* storage.finalizeMany(claimed.slice(0, 3).map(complete))
+        assert.deepStrictEqual(
+          again.map((r) => r._tag),
+          ["Stale", "Stale", "Stale"]
+        )
+      })
+    )
+  )
+
+  it.live("a mask with 'completed' but not 'running' takes the key back at completion when it is free", () =>
+    withEagerDatabase({}, () =>
+      Effect.gen(function* () {
+        const storage = yield* QueueStorage
+        const q = fresh("fin-mask")
+        const job = (n: number) => ({
+          kind: "k",
+          queue: q,
+          args: { key: "same", n },
+          unique: { byArgs: false, byQueue: true, states: ["available" as const, "completed" as const] }
+        })
+        const [a] = yield* storage.enqueueMany([job(1)])
+        // claimed: 'running' is not in the mask, the key is released
+        const [ca] = yield* storage.claim(claimOf(q, 1))
+        assert.strictEqual(ca!.jobId, a!.id)
+        const [done] = yield* storage.finalizeMany([complete(ca!)])
+        assert.deepStrictEqual(done, { _tag: "Applied", state: "completed" })
+        // completed is in the mask: the key is the completed job's again, a duplicate is refused
+        const dup = yield* Effect.flip(storage.enqueueMany([job(2)]))
+        assert.instanceOf(dup, UniqueConflict)
+        assert.strictEqual((dup as UniqueConflict).existingJobId, a!.id)
+      })
+    )
+  )
+
+  it.live("a batch mixing a completion and a retry is applied whole by the general statement", () =>
+    withEagerDatabase({}, () =>
+      Effect.gen(function* () {
+        const storage = yield* QueueStorage
+        const q = fresh("fin-mixed")
+        yield* storage.enqueueMany([0, 1].map((n) => ({ kind: "k", queue: q, args: { n } })))
+        const [c0, c1] = yield* storage.claim(claimOf(q, 2))
+        const results = yield* storage.finalizeMany([
+          complete(c0!),
+          { jobId: c1!.jobId, runLease: c1!.runLease, outcome: { _tag: "Retry", error: "boom", delayMs: 0 } }
+        ])
+        assert.deepStrictEqual(
+          results.map((r) => (r._tag === "Applied" ? r.state : r._tag)),
+          ["completed", "retryable"]
+        )
+      })
+    )
+  )
+})
