@@ -3543,10 +3543,16 @@ BEGIN
       WHERE t.slot = v_slot
     ),
     judged AS MATERIALIZED (
-      SELECT w.*, w.finalized_at > now() - retention(w.state, w.queue, p_completed_ms, p_failed_ms, p_cancelled_ms) AS keep,
+      -- 0039: = retention(w.state, w.queue, ...), with the queue's overrides joined once: the SQL
+      -- function (its FROM keeps it from being inlined) ran per terminal row, ~9 us each
+      SELECT w.*, w.finalized_at > now() - CASE w.state
+                                             WHEN 'completed' THEN coalesce(m.completed_retention, p_completed_ms * interval '1 millisecond')
+                                             WHEN 'failed' THEN coalesce(m.failed_retention, p_failed_ms * interval '1 millisecond')
+                                             ELSE coalesce(m.cancelled_retention, p_cancelled_ms * interval '1 millisecond') END AS keep,
              v_copied AND EXISTS (SELECT 1 FROM history h WHERE h.job_id = w.job_id AND h.run_lease = w.run_lease
                                     AND h.state = w.state AND h.finalized_at = w.finalized_at) AS in_history
       FROM wide w
+      LEFT JOIN queue_meta m ON m.queue = w.queue -- 0039
     )
     SELECT (SELECT array_agg(ROW(0, 0, j.job_id, j.run_lease, j.state, j.attempt, j.max_attempts, j.kind, j.queue, j.priority,
                                  j.args, j.metadata, j.tags, j.errors, j.progress, j.run_at, j.created_at, j.finalized_at,
