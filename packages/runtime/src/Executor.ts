@@ -416,29 +416,47 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
       handler.run(args, contextOf(entry))
     )
 
-  /** Wraps the attempt in a consumer span: child of the producer's span on attempt 1, linked after. */
-  const traced = <A, E>(job: ClaimedJob, effect: Effect.Effect<A, E, R>) => {
+  /**
+   * Wraps the attempt in a consumer span: child of the producer's span on attempt 1, linked after.
+   * `exported` is false under Effect's default `nativeTracer` (no tracer installed): the span is
+   * kept, so a handler or logger still reads the producer's trace id from `Effect.currentSpan`,
+   * but without the attributes only an installed tracer could export (issue 17, ADR 0031). No
+   * stack trace in either case: it would only ever point here (as for the producer span).
+   */
+  const traced = <A, E>(job: ClaimedJob, effect: Effect.Effect<A, E, R>, exported: boolean) => {
     // With tracing off there is no span at all: a span per attempt is measurable per-job cost.
     if (!options.tracing) return effect
-    const attributes = {
-      "messaging.system": "awa",
-      "messaging.operation.type": "process",
-      "messaging.destination.name": job.queue,
-      "messaging.message.id": String(job.jobId),
-      "awa.job.kind": job.kind,
-      "awa.job.attempt": job.attempt
-    }
+    const attributes = exported
+      ? {
+          "messaging.system": "awa",
+          "messaging.operation.type": "process",
+          "messaging.destination.name": job.queue,
+          "messaging.message.id": String(job.jobId),
+          "awa.job.kind": job.kind,
+          "awa.job.attempt": job.attempt
+        }
+      : undefined
     const producer = Traceparent.decode(job.metadata[Traceparent.metadataKey])
     if (producer === undefined)
-      return Effect.withSpan(effect, `process ${job.kind}`, { kind: "consumer", attributes })
+      return Effect.withSpan(effect, `process ${job.kind}`, {
+        kind: "consumer",
+        attributes,
+        captureStackTrace: false
+      })
     const external = Tracer.externalSpan(producer)
     return job.attempt <= 1
-      ? Effect.withSpan(effect, `process ${job.kind}`, { kind: "consumer", attributes, parent: external })
+      ? Effect.withSpan(effect, `process ${job.kind}`, {
+          kind: "consumer",
+          attributes,
+          parent: external,
+          captureStackTrace: false
+        })
       : Effect.withSpan(effect, `process ${job.kind}`, {
           kind: "consumer",
           attributes,
           root: true,
-          links: [{ span: external, attributes: { "awa.link": "producer" } }]
+          links: [{ span: external, attributes: { "awa.link": "producer" } }],
+          captureStackTrace: false
         })
   }
 
@@ -605,12 +623,18 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
       }
       const handler = options.handlers.get(entry.job.kind)
       // Decided when the fiber begins: a cancel or deadline may land between fork and begin.
-      const body = Effect.suspend((): Effect.Effect<Job.JobResult | void, unknown, R> => {
+      const body = Effect.withFiber((fiber): Effect.Effect<Job.JobResult | void, unknown, R> => {
         entry.begun = true
         entry.startedAt = performance.now()
         if (entry.closedElsewhere) return Effect.interrupt
         if (entry.deadlineExceeded) return Effect.fail(new DeadlineExceeded())
-        if (handler !== undefined) return traced(entry.job, attempt(handler, entry))
+        if (handler !== undefined)
+          return traced(
+            entry.job,
+            attempt(handler, entry),
+            // the tracer this fiber's spans go to: the default one exports nothing
+            fiber.getRef(Tracer.Tracer) !== Tracer.nativeTracer
+          )
         return options.onUnknownKind === "fail"
           ? Effect.fail(new Job.JobTerminalError({ message: `unknown job kind: ${entry.job.kind}` }))
           : Effect.fail(new Error(`unknown job kind: ${entry.job.kind}`))
