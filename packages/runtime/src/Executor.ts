@@ -38,7 +38,7 @@ import {
 } from "effect"
 import type { SqlError } from "effect/sql"
 import * as CallbackCel from "./CallbackCel.ts"
-import type { CompletionBatcher } from "./CompletionBatcher.ts"
+import type { CompletionBatcher, OnFinalized } from "./CompletionBatcher.ts"
 import * as Deadlines from "./Deadlines.ts"
 import type { Handler, JobContext } from "./Handler.ts"
 import * as Progress from "./Progress.ts"
@@ -535,6 +535,38 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
   const logFinalizationFailure = (cause: Cause.Cause<unknown>) =>
     Effect.logWarning("finalization failed; the attempt stays rescuable", cause)
 
+  /**
+   * Told of the attempt's outcome once its batch's call has returned, on the batcher's flushing
+   * fiber: no fiber of the attempt waits for the acknowledgement (ADR 0031). The attempt leaves
+   * the running registry (heartbeats) only then. A failed call is logged by the batcher.
+   */
+  const finalizedOf =
+    (entry: RunningAttempt, runMs: number | undefined): OnFinalized =>
+    (result) => {
+      forget(entry)
+      if (result?._tag !== "Applied") return
+      options.onApplied?.(entry.job)
+      metrics.finished(entry.job, result.state, runMs)
+    }
+
+  /** Hands the outcome to the batcher, unless the attempt was closed elsewhere meanwhile. */
+  const submitOutcome = (entry: RunningAttempt, outcome: Outcome): Effect.Effect<void> =>
+    Effect.suspend(() => {
+      if (entry.closedElsewhere) {
+        forget(entry)
+        return Effect.void
+      }
+      const runMs = entry.startedAt === undefined ? undefined : performance.now() - entry.startedAt
+      // the attempt's progress goes with its outcome, in the same statement (capability 14)
+      return Effect.catchCause(
+        options.batcher.submitThen(entry.job, outcome, entry.progress, finalizedOf(entry, runMs)),
+        (cause) => {
+          forget(entry)
+          return logFinalizationFailure(cause)
+        }
+      )
+    })
+
   /** Records the outcome of a finished (or interrupted) attempt; runs uninterruptibly. */
   const settle = (
     entry: RunningAttempt,
@@ -556,25 +588,10 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
     // suspended, so that even a throw while mapping becomes a cause handled below
     return Effect.suspend(() => outcomeOf(handler, entry, exit)).pipe(
       Effect.catchCause(retryBecause(handler, entry)),
-      Effect.tap(() => release),
-      Effect.flatMap((outcome) =>
-        entry.closedElsewhere
-          ? Effect.void
-          : Effect.catchCause(
-              // the attempt's progress goes with its outcome, in the same statement (capability 14)
-              Effect.map(options.batcher.submit(entry.job, outcome, entry.progress), (result) => {
-                if (result._tag === "Applied") options.onApplied?.(entry.job)
-                if (result._tag === "Applied")
-                  metrics.finished(
-                    entry.job,
-                    result.state,
-                    entry.startedAt === undefined ? undefined : performance.now() - entry.startedAt
-                  )
-              }),
-              logFinalizationFailure
-            )
-      ),
-      Effect.ensuring(Effect.sync(() => forget(entry)))
+      // capacity first: the batcher may make a submitter wait for room
+      Effect.flatMap((outcome) => Effect.andThen(release, submitOutcome(entry, outcome))),
+      // only a defect of `release` gets here: the attempt is forgotten all the same
+      Effect.onError(() => Effect.sync(() => forget(entry)))
     )
   }
 
