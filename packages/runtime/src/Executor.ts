@@ -583,6 +583,9 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
       entry.controller.abort()
     if (Exit.isSuccess(exit) && exit.value?._tag === "WaitForCallback" && options.callbacks !== undefined)
       return park(entry, options.callbacks, exit.value.callbackId, release)
+    // The common case, a completion, needs no mapping (nothing in it can throw).
+    if (Exit.isSuccess(exit) && (exit.value === undefined || exit.value?._tag === "Completed"))
+      return Effect.onError(Effect.andThen(release, submitOutcome(entry, complete)), forgetOnError(entry))
     // Whatever the handler returned (even `null`), the attempt must reach `release` and an
     // outcome: an unexpected failure of the mapping itself becomes a retry with its reason.
     // suspended, so that even a throw while mapping becomes a cause handled below
@@ -590,10 +593,12 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
       Effect.catchCause(retryBecause(handler, entry)),
       // capacity first: the batcher may make a submitter wait for room
       Effect.flatMap((outcome) => Effect.andThen(release, submitOutcome(entry, outcome))),
-      // only a defect of `release` gets here: the attempt is forgotten all the same
-      Effect.onError(() => Effect.sync(() => forget(entry)))
+      Effect.onError(forgetOnError(entry))
     )
   }
+
+  /** Only a defect of `release` gets here: the attempt is forgotten all the same. */
+  const forgetOnError = (entry: RunningAttempt) => () => Effect.sync(() => forget(entry))
 
   /**
    * Parks the attempt (`JobResult.waitForCallback`): the permit is freed and this process forgets
