@@ -417,15 +417,14 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
     )
 
   /**
-   * Wraps the attempt in a consumer span: child of the producer's span on attempt 1, linked after.
+   * With tracing on (off, there is no span at all: a span per attempt is measurable per-job cost),
+   * wraps the attempt in a consumer span: child of the producer's span on attempt 1, linked after.
    * `exported` is false under Effect's default `nativeTracer` (no tracer installed): the span is
    * kept, so a handler or logger still reads the producer's trace id from `Effect.currentSpan`,
    * but without the attributes only an installed tracer could export (issue 17, ADR 0031). No
    * stack trace in either case: it would only ever point here (as for the producer span).
    */
   const traced = <A, E>(job: ClaimedJob, effect: Effect.Effect<A, E, R>, exported: boolean) => {
-    // With tracing off there is no span at all: a span per attempt is measurable per-job cost.
-    if (!options.tracing) return effect
     const attributes = exported
       ? {
           "messaging.system": "awa",
@@ -646,32 +645,33 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
       const handler = options.handlers.get(entry.job.kind)
       // Decided when the fiber begins: a cancel or deadline may land between fork and begin.
       const body = Effect.withFiber((fiber): Effect.Effect<Job.JobResult | void, unknown, R> => {
+        // the attempt's own fiber, set before anyone can see `begun` (interruptIfBegun)
+        entry.fiber = fiber
         entry.begun = true
         entry.startedAt = performance.now()
         if (entry.closedElsewhere) return Effect.interrupt
         if (entry.deadlineExceeded) return Effect.fail(new DeadlineExceeded())
         if (handler !== undefined)
-          return traced(
-            entry.job,
-            attempt(handler, entry),
-            // the tracer this fiber's spans go to: the default one exports nothing
-            fiber.getRef(Tracer.Tracer) !== Tracer.nativeTracer
-          )
+          return options.tracing
+            ? traced(
+                entry.job,
+                attempt(handler, entry),
+                // the tracer this fiber's spans go to: the default one exports nothing
+                fiber.getRef(Tracer.Tracer) !== Tracer.nativeTracer
+              )
+            : attempt(handler, entry)
         return options.onUnknownKind === "fail"
           ? Effect.fail(new Job.JobTerminalError({ message: `unknown job kind: ${entry.job.kind}` }))
           : Effect.fail(new Error(`unknown job kind: ${entry.job.kind}`))
       })
-      return Effect.map(
+      return Effect.asVoid(
         FiberSet.run(
           fibers,
           Effect.onExit(body, (exit) => settle(entry, handler, exit, release)),
           // Only the dispatcher starts immediately (one less scheduler hop before the handler):
           // from a release, the next attempt would run nested in the finishing one's stack.
           { startImmediately: immediately }
-        ),
-        (fiber) => {
-          entry.fiber = fiber
-        }
+        )
       )
     })
 
