@@ -3,7 +3,11 @@
  * profile of this process only while the workers drain it (the `--cpu-prof` of `npm run bench`
  * covers the child's whole life: start-up, warm-up and the backlog's enqueue).
  *
- *   node bench/src/profileDrain.ts [--system awa] [--jobs 20000]
+ *   node bench/src/profileDrain.ts [--system awa] [--jobs 20000] [--profile tuned|defaults] [--warm 1000]
+ *
+ * `--profile` (Awa only): `tuned`, the comparison's setting (tracing off), or `defaults`, what a
+ * user gets (tracing on with no tracer installed); see systems/awa.ts. Default `tuned`.
+ * `--warm`: jobs drained by a first worker, started and stopped before the measured drain.
  *
  * Writes bench/results/drain-<system>-<time>.cpuprofile (open it in Chrome DevTools or
  * speedscope) and prints jobs/s and this process's CPU per 1,000 jobs. Postgres: `DATABASE_URL`,
@@ -15,7 +19,7 @@ import { join } from "node:path"
 import { EmbeddedPostgres } from "@awa/testing"
 import { Effect } from "effect"
 import { createDatabase, databaseName, dropDatabase, withClient } from "./lib.ts"
-import type { SystemName } from "./systems/types.ts"
+import type { Profile, SystemName } from "./systems/types.ts"
 
 const arg = (name: string, fallback: string) => {
   const i = process.argv.indexOf(name)
@@ -23,6 +27,8 @@ const arg = (name: string, fallback: string) => {
 }
 const system = arg("--system", "awa") as SystemName
 const jobs = Number(arg("--jobs", "20000"))
+const awaProfile = arg("--profile", "tuned") as Profile
+const warm = Number(arg("--warm", "1000"))
 const resultsDir = join(import.meta.dirname, "..", "results")
 
 const factories = {
@@ -39,8 +45,21 @@ const main = async () => {
   const database = databaseName("profile_drain")
   const url = await Effect.runPromise(createDatabase(baseUrl, database))
   try {
-    const adapter = await (await factories[system]())(url)
+    const adapter = await (await factories[system]())(url, { profile: awaProfile })
     await adapter.install()
+    // Warm-up, as the bench's drain phase does: a first worker start (Awa's layer-owned
+    // heartbeat thread, ~1 s of CPU, starts with it), JIT and plans, outside the measured interval.
+    if (warm > 0) {
+      await adapter.enqueueBatch(Array.from({ length: warm }, (_, i) => -1 - i))
+      let warmed = 0
+      await new Promise<void>((resolve) => {
+        void adapter.startWorkers(() => {
+          if (++warmed === warm) resolve()
+        })
+      })
+      while ((await adapter.openJobs()) > 0) await new Promise((r) => setTimeout(r, 5))
+      await adapter.stopWorkers()
+    }
     for (let seq = 0; seq < jobs; seq += 1000)
       await adapter.enqueueBatch(Array.from({ length: Math.min(1000, jobs - seq) }, (_, i) => seq + i))
     let started = 0
@@ -87,12 +106,12 @@ const main = async () => {
     mkdirSync(resultsDir, { recursive: true })
     const file = join(
       resultsDir,
-      `drain-${system}-${new Date().toISOString().replace(/[:.]/g, "-")}.cpuprofile`
+      `drain-${system}${system === "awa" ? `-${awaProfile}` : ""}-${new Date().toISOString().replace(/[:.]/g, "-")}.cpuprofile`
     )
     writeFileSync(file, JSON.stringify(profile))
     const cpuMs = (cpu.user + cpu.system) / 1000
     console.log(
-      `${system}: ${jobs} jobs in ${ms.toFixed(0)} ms = ${Math.round((jobs / ms) * 1000)} jobs/s; ` +
+      `${system}${system === "awa" ? ` (${awaProfile})` : ""}: ${jobs} jobs in ${ms.toFixed(0)} ms = ${Math.round((jobs / ms) * 1000)} jobs/s; ` +
         `this process ${((cpuMs / jobs) * 1000).toFixed(1)} ms CPU per 1,000 jobs; ` +
         `~${transactions} transactions on the server (${(jobs / transactions).toFixed(1)} jobs each)\nprofile: ${file}`
     )

@@ -168,18 +168,20 @@ export const make = Effect.fnUntraced(function* <R>(
 
   // Called once per attempt, from the attempt's own fiber, as soon as its handler is done: the
   // freed slot goes straight to the next buffered job, without a trip through the loop.
+  // The bell is rung in place (a sliding queue never waits): no effect per job for it.
   const release: Effect.Effect<void, never, R> = Effect.suspend(() => {
     inFlight--
     finished++
     const next = stopping ? undefined : takeNext()
     if (next !== undefined) {
       inFlight++
+      // the buffer runs low: the loop may claim again (it runs after this fiber yields)
+      if (bufferedCount() * 2 <= prefetchTarget()) Queue.offerUnsafe(capacityBell, undefined)
       const started = executor.start(fibers, next, release)
-      const handedOn =
-        bufferedCount() * 2 <= prefetchTarget() ? Effect.andThen(started, ring(capacityBell)) : started
-      return permits === undefined ? handedOn : Effect.andThen(releasePermits(1), handedOn)
+      return permits === undefined ? started : Effect.andThen(releasePermits(1), started)
     }
-    return permits === undefined ? ring(capacityBell) : Effect.andThen(releasePermits(1), ring(capacityBell))
+    Queue.offerUnsafe(capacityBell, undefined)
+    return permits === undefined ? Effect.void : releasePermits(1)
   })
 
   // Tier 1 (localKeyLimit): the next job whose key has room here; the others wait in the gate.

@@ -38,7 +38,7 @@ import {
 } from "effect"
 import type { SqlError } from "effect/sql"
 import * as CallbackCel from "./CallbackCel.ts"
-import type { CompletionBatcher } from "./CompletionBatcher.ts"
+import type { CompletionBatcher, OnFinalized } from "./CompletionBatcher.ts"
 import * as Deadlines from "./Deadlines.ts"
 import type { Handler, JobContext } from "./Handler.ts"
 import * as Progress from "./Progress.ts"
@@ -416,29 +416,46 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
       handler.run(args, contextOf(entry))
     )
 
-  /** Wraps the attempt in a consumer span: child of the producer's span on attempt 1, linked after. */
-  const traced = <A, E>(job: ClaimedJob, effect: Effect.Effect<A, E, R>) => {
-    // With tracing off there is no span at all: a span per attempt is measurable per-job cost.
-    if (!options.tracing) return effect
-    const attributes = {
-      "messaging.system": "awa",
-      "messaging.operation.type": "process",
-      "messaging.destination.name": job.queue,
-      "messaging.message.id": String(job.jobId),
-      "awa.job.kind": job.kind,
-      "awa.job.attempt": job.attempt
-    }
+  /**
+   * With tracing on (off, there is no span at all: a span per attempt is measurable per-job cost),
+   * wraps the attempt in a consumer span: child of the producer's span on attempt 1, linked after.
+   * `exported` is false under Effect's default `nativeTracer` (no tracer installed): the span is
+   * kept, so a handler or logger still reads the producer's trace id from `Effect.currentSpan`,
+   * but without the attributes only an installed tracer could export (issue 17, ADR 0031). No
+   * stack trace in either case: it would only ever point here (as for the producer span).
+   */
+  const traced = <A, E>(job: ClaimedJob, effect: Effect.Effect<A, E, R>, exported: boolean) => {
+    const attributes = exported
+      ? {
+          "messaging.system": "awa",
+          "messaging.operation.type": "process",
+          "messaging.destination.name": job.queue,
+          "messaging.message.id": String(job.jobId),
+          "awa.job.kind": job.kind,
+          "awa.job.attempt": job.attempt
+        }
+      : undefined
     const producer = Traceparent.decode(job.metadata[Traceparent.metadataKey])
     if (producer === undefined)
-      return Effect.withSpan(effect, `process ${job.kind}`, { kind: "consumer", attributes })
+      return Effect.withSpan(effect, `process ${job.kind}`, {
+        kind: "consumer",
+        attributes,
+        captureStackTrace: false
+      })
     const external = Tracer.externalSpan(producer)
     return job.attempt <= 1
-      ? Effect.withSpan(effect, `process ${job.kind}`, { kind: "consumer", attributes, parent: external })
+      ? Effect.withSpan(effect, `process ${job.kind}`, {
+          kind: "consumer",
+          attributes,
+          parent: external,
+          captureStackTrace: false
+        })
       : Effect.withSpan(effect, `process ${job.kind}`, {
           kind: "consumer",
           attributes,
           root: true,
-          links: [{ span: external, attributes: { "awa.link": "producer" } }]
+          links: [{ span: external, attributes: { "awa.link": "producer" } }],
+          captureStackTrace: false
         })
   }
 
@@ -517,6 +534,38 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
   const logFinalizationFailure = (cause: Cause.Cause<unknown>) =>
     Effect.logWarning("finalization failed; the attempt stays rescuable", cause)
 
+  /**
+   * Told of the attempt's outcome once its batch's call has returned, on the batcher's flushing
+   * fiber: no fiber of the attempt waits for the acknowledgement (ADR 0031). The attempt leaves
+   * the running registry (heartbeats) only then. A failed call is logged by the batcher.
+   */
+  const finalizedOf =
+    (entry: RunningAttempt, runMs: number | undefined): OnFinalized =>
+    (result) => {
+      forget(entry)
+      if (result?._tag !== "Applied") return
+      options.onApplied?.(entry.job)
+      metrics.finished(entry.job, result.state, runMs)
+    }
+
+  /** Hands the outcome to the batcher, unless the attempt was closed elsewhere meanwhile. */
+  const submitOutcome = (entry: RunningAttempt, outcome: Outcome): Effect.Effect<void> =>
+    Effect.suspend(() => {
+      if (entry.closedElsewhere) {
+        forget(entry)
+        return Effect.void
+      }
+      const runMs = entry.startedAt === undefined ? undefined : performance.now() - entry.startedAt
+      // the attempt's progress goes with its outcome, in the same statement (capability 14)
+      return Effect.catchCause(
+        options.batcher.submitThen(entry.job, outcome, entry.progress, finalizedOf(entry, runMs)),
+        (cause) => {
+          forget(entry)
+          return logFinalizationFailure(cause)
+        }
+      )
+    })
+
   /** Records the outcome of a finished (or interrupted) attempt; runs uninterruptibly. */
   const settle = (
     entry: RunningAttempt,
@@ -533,32 +582,22 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
       entry.controller.abort()
     if (Exit.isSuccess(exit) && exit.value?._tag === "WaitForCallback" && options.callbacks !== undefined)
       return park(entry, options.callbacks, exit.value.callbackId, release)
+    // The common case, a completion, needs no mapping (nothing in it can throw).
+    if (Exit.isSuccess(exit) && (exit.value === undefined || exit.value?._tag === "Completed"))
+      return Effect.onError(Effect.andThen(release, submitOutcome(entry, complete)), forgetOnError(entry))
     // Whatever the handler returned (even `null`), the attempt must reach `release` and an
     // outcome: an unexpected failure of the mapping itself becomes a retry with its reason.
     // suspended, so that even a throw while mapping becomes a cause handled below
     return Effect.suspend(() => outcomeOf(handler, entry, exit)).pipe(
       Effect.catchCause(retryBecause(handler, entry)),
-      Effect.tap(() => release),
-      Effect.flatMap((outcome) =>
-        entry.closedElsewhere
-          ? Effect.void
-          : Effect.catchCause(
-              // the attempt's progress goes with its outcome, in the same statement (capability 14)
-              Effect.map(options.batcher.submit(entry.job, outcome, entry.progress), (result) => {
-                if (result._tag === "Applied") options.onApplied?.(entry.job)
-                if (result._tag === "Applied")
-                  metrics.finished(
-                    entry.job,
-                    result.state,
-                    entry.startedAt === undefined ? undefined : performance.now() - entry.startedAt
-                  )
-              }),
-              logFinalizationFailure
-            )
-      ),
-      Effect.ensuring(Effect.sync(() => forget(entry)))
+      // capacity first: the batcher may make a submitter wait for room
+      Effect.flatMap((outcome) => Effect.andThen(release, submitOutcome(entry, outcome))),
+      Effect.onError(forgetOnError(entry))
     )
   }
+
+  /** Only a defect of `release` gets here: the attempt is forgotten all the same. */
+  const forgetOnError = (entry: RunningAttempt) => () => Effect.sync(() => forget(entry))
 
   /**
    * Parks the attempt (`JobResult.waitForCallback`): the permit is freed and this process forgets
@@ -605,27 +644,34 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
       }
       const handler = options.handlers.get(entry.job.kind)
       // Decided when the fiber begins: a cancel or deadline may land between fork and begin.
-      const body = Effect.suspend((): Effect.Effect<Job.JobResult | void, unknown, R> => {
+      const body = Effect.withFiber((fiber): Effect.Effect<Job.JobResult | void, unknown, R> => {
+        // the attempt's own fiber, set before anyone can see `begun` (interruptIfBegun)
+        entry.fiber = fiber
         entry.begun = true
         entry.startedAt = performance.now()
         if (entry.closedElsewhere) return Effect.interrupt
         if (entry.deadlineExceeded) return Effect.fail(new DeadlineExceeded())
-        if (handler !== undefined) return traced(entry.job, attempt(handler, entry))
+        if (handler !== undefined)
+          return options.tracing
+            ? traced(
+                entry.job,
+                attempt(handler, entry),
+                // the tracer this fiber's spans go to: the default one exports nothing
+                fiber.getRef(Tracer.Tracer) !== Tracer.nativeTracer
+              )
+            : attempt(handler, entry)
         return options.onUnknownKind === "fail"
           ? Effect.fail(new Job.JobTerminalError({ message: `unknown job kind: ${entry.job.kind}` }))
           : Effect.fail(new Error(`unknown job kind: ${entry.job.kind}`))
       })
-      return Effect.map(
+      return Effect.asVoid(
         FiberSet.run(
           fibers,
           Effect.onExit(body, (exit) => settle(entry, handler, exit, release)),
           // Only the dispatcher starts immediately (one less scheduler hop before the handler):
           // from a release, the next attempt would run nested in the finishing one's stack.
           { startImmediately: immediately }
-        ),
-        (fiber) => {
-          entry.fiber = fiber
-        }
+        )
       )
     })
 

@@ -11,12 +11,15 @@
  * that later rolls back, it is still counted).
  *
  * **Cost** On the hot path every update is synchronous (`updateUnsafe` with the context captured
- * when the recorder was made): a map lookup for the instrument tagged with the job's queue and
- * kind, then the update. No fiber, no allocation once a (queue, kind) pair has been seen.
+ * when the recorder was made): two map lookups for the context tagged with the job's queue and
+ * kind, then the update. No fiber, no string key, no allocation once a (queue, kind) pair has
+ * been seen. The tagged context is built once per pair: `Metric.withAttributes` would add the
+ * attributes to the context again on every update (a new context per update: measurable per-job
+ * cost in the drain profile, ADR 0031).
  */
 import type { JobState } from "@awa/core"
 import type { ClaimedJob } from "@awa/storage"
-import { type Context, Effect, Metric } from "effect"
+import { Context, Effect, Metric } from "effect"
 
 const counter = (name: string, description: string) =>
   Metric.counter(name, { description, incremental: true })
@@ -85,40 +88,53 @@ export const makeRecorder: Effect.Effect<Recorder> = Effect.map(Effect.context<n
 )
 
 const recorderFor = (context: Context.Context<never>): Recorder => {
-  const tagged = new Map<string, Metric.Metric<number, unknown>>()
-  const byJob = (metric: Metric.Metric<number, unknown>, queue: string, kind: string) => {
-    const key = `${metric.id}\u0000${queue}\u0000${kind}`
-    let m = tagged.get(key)
-    if (m === undefined) {
-      m = metric.pipe(Metric.withAttributes({ "awa.queue": queue, "awa.job.kind": kind }))
-      tagged.set(key, m)
+  // The attributes already in the context (a user's `CurrentMetricAttributes`) come first, as
+  // `Metric.withAttributes` merges them; ours override.
+  const inherited = Context.get(context, Metric.CurrentMetricAttributes)
+  const taggedContext = (attributes: Record<string, string>) =>
+    Context.add(context, Metric.CurrentMetricAttributes, { ...inherited, ...attributes })
+  // queue → kind → context carrying both as metric attributes
+  const byQueue = new Map<string, Map<string, Context.Context<never>>>()
+  const jobContext = (queue: string, kind: string): Context.Context<never> => {
+    let byKind = byQueue.get(queue)
+    if (byKind === undefined) {
+      byKind = new Map()
+      byQueue.set(queue, byKind)
     }
-    return m
+    let tagged = byKind.get(kind)
+    if (tagged === undefined) {
+      tagged = taggedContext({ "awa.queue": queue, "awa.job.kind": kind })
+      byKind.set(kind, tagged)
+    }
+    return tagged
   }
-  const by = (metric: Metric.Metric<number, unknown>, attributes: Record<string, string>) => {
-    const key = `${metric.id}\u0000${Object.entries(attributes).join("\u0000")}`
-    let m = tagged.get(key)
-    if (m === undefined) {
-      m = metric.pipe(Metric.withAttributes(attributes))
-      tagged.set(key, m)
+  const others = new Map<string, Context.Context<never>>()
+  const by = (attributes: Record<string, string>) => {
+    const key = Object.entries(attributes).join("\u0000")
+    let tagged = others.get(key)
+    if (tagged === undefined) {
+      tagged = taggedContext(attributes)
+      others.set(key, tagged)
     }
-    return m
+    return tagged
   }
   return {
-    enqueued: (queue, kind, count) => byJob(jobsEnqueued, queue, kind).updateUnsafe(count, context),
+    enqueued: (queue, kind, count) => jobsEnqueued.updateUnsafe(count, jobContext(queue, kind)),
     claimed: (job) => {
-      byJob(jobsClaimed, job.queue, job.kind).updateUnsafe(1, context)
+      const tagged = jobContext(job.queue, job.kind)
+      jobsClaimed.updateUnsafe(1, tagged)
       const waitedMs = job.claimedAt.getTime() - job.runAt.getTime()
-      byJob(pickupLatency, job.queue, job.kind).updateUnsafe(Math.max(0, waitedMs) / 1000, context)
+      pickupLatency.updateUnsafe(Math.max(0, waitedMs) / 1000, tagged)
     },
     finished: (job, state, runMs) => {
       const metric = outcomeCounter[state]
-      if (metric !== undefined) byJob(metric, job.queue, job.kind).updateUnsafe(1, context)
-      if (runMs !== undefined) byJob(handlerDuration, job.queue, job.kind).updateUnsafe(runMs / 1000, context)
+      const tagged = jobContext(job.queue, job.kind)
+      if (metric !== undefined) metric.updateUnsafe(1, tagged)
+      if (runMs !== undefined) handlerDuration.updateUnsafe(runMs / 1000, tagged)
     },
     rescued: (reason, queue, kind) =>
-      by(jobsRescued, { reason, "awa.queue": queue, "awa.job.kind": kind }).updateUnsafe(1, context),
-    pruned: (outcome, reason) => by(prunes, { outcome, reason: reason ?? "" }).updateUnsafe(1, context),
+      jobsRescued.updateUnsafe(1, by({ reason, "awa.queue": queue, "awa.job.kind": kind })),
+    pruned: (outcome, reason) => prunes.updateUnsafe(1, by({ outcome, reason: reason ?? "" })),
     leading: (leader) => isLeader.updateUnsafe(leader ? 1 : 0, context)
   }
 }

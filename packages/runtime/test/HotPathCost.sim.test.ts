@@ -1,0 +1,143 @@
+/**
+ * What the per-job cost cuts of issue 17 (ADR 0031) keep and what they drop, on the simulation
+ * layer with virtual time:
+ * - Under Effect's default tracer (no tracer installed) an attempt still runs in its consumer
+ *   span, child of the producer's span (a handler or logger reads the trace id from
+ *   `Effect.currentSpan`), but the span carries no attributes: only an installed tracer could
+ *   export them (Tracing.pg.test.ts checks them with one installed).
+ * - No fiber waits for an attempt's acknowledgement any more (the batcher calls back), yet the
+ *   attempt stays in the running registry, heartbeated, until its outcome is durable.
+ * - The runtime's metrics, now tagged through one context per (queue, kind), still carry the
+ *   metric attributes of the context the worker was built in, next to queue and kind.
+ */
+import { Job, Traceparent } from "@awa/core"
+import { QueueStorage } from "@awa/storage"
+import { assert, describe, it } from "@effect/vitest"
+import { Context, Deferred, Effect, Exit, Layer, Metric, Option, Schema, Scope, type Tracer } from "effect"
+import * as Awa from "../src/Awa.ts"
+import { AwaClient } from "../src/AwaClient.ts"
+import { handler } from "../src/Handler.ts"
+import * as RuntimeMetrics from "../src/RuntimeMetrics.ts"
+import { Worker } from "../src/Worker.ts"
+import { advance } from "./support.ts"
+
+const Task = Job.define({ kind: "task", args: Schema.Struct({ n: Schema.Number }), queue: "hot" })
+
+describe("per-job cost cuts keep what a user can see", () => {
+  it.effect("under the default tracer the attempt's span has the producer as parent and no attributes", () =>
+    Effect.gen(function* () {
+      const seen: Array<Tracer.AnySpan> = []
+      const scope = yield* Scope.make()
+      yield* Layer.buildWithScope(
+        Awa.worker({
+          queues: { hot: { pollInterval: "50 millis" } },
+          handlers: [
+            handler(Task, () =>
+              Effect.flatMap(Effect.currentSpan, (span) =>
+                Effect.sync(() => {
+                  seen.push(span)
+                })
+              )
+            )
+          ]
+        }),
+        scope
+      )
+      const client = yield* AwaClient
+      const job = yield* client.insert(Task, { n: 1 }).pipe(Effect.withSpan("checkout"))
+      const producer = Traceparent.decode(
+        (yield* client.storage.getJob(job.id)).metadata[Traceparent.metadataKey]
+      )
+      assert.isDefined(producer, "the insert stored its producer's traceparent")
+      yield* advance(1_000)
+      yield* Scope.close(scope, Exit.void)
+      assert.strictEqual(seen.length, 1)
+      const span = seen[0]!
+      assert.strictEqual(span._tag, "Span")
+      if (span._tag !== "Span") return
+      assert.strictEqual(span.name, "process task")
+      assert.strictEqual(span.kind, "consumer")
+      assert.strictEqual(span.traceId, producer!.traceId)
+      assert.strictEqual(Option.getOrUndefined(span.parent)?.spanId, producer!.spanId)
+      assert.strictEqual(span.attributes.size, 0, "no attributes for a tracer that exports nothing")
+    }).pipe(Effect.provide(Awa.layerSim()))
+  )
+
+  it.effect("the worker's metrics keep the metric attributes of the context it was built in", () =>
+    Effect.gen(function* () {
+      const scope = yield* Scope.make()
+      yield* Layer.buildWithScope(
+        Awa.worker({
+          queues: { hot: { pollInterval: "50 millis" } },
+          handlers: [handler(Task, () => Effect.void)]
+        }),
+        scope
+      )
+      const client = yield* AwaClient
+      yield* client.insertMany(Task, [{ n: 1 }, { n: 2 }])
+      yield* advance(1_000)
+      yield* Scope.close(scope, Exit.void)
+      const completed = yield* Metric.value(
+        RuntimeMetrics.jobsCompleted.pipe(
+          Metric.withAttributes({ service: "billing", "awa.queue": "hot", "awa.job.kind": "task" })
+        )
+      )
+      assert.strictEqual(completed.count, 2)
+      const claimed = yield* Metric.value(
+        RuntimeMetrics.jobsClaimed.pipe(
+          Metric.withAttributes({ service: "billing", "awa.queue": "hot", "awa.job.kind": "task" })
+        )
+      )
+      assert.strictEqual(claimed.count, 2)
+    }).pipe(
+      Effect.provide(Awa.layerSim()),
+      Effect.provideService(Metric.MetricRegistry, new Map()),
+      Effect.provideService(Metric.CurrentMetricAttributes, { service: "billing" })
+    )
+  )
+
+  it.effect("an attempt stays in the running registry until its batch's finalize call has returned", () =>
+    Effect.gen(function* () {
+      // finalize calls wait for the gate: the outcome is submitted but not yet durable
+      const flushing = yield* Deferred.make<void>()
+      const gate = yield* Deferred.make<void>()
+      const gated = Layer.effect(
+        QueueStorage,
+        Effect.map(Effect.service(QueueStorage), (storage) =>
+          QueueStorage.of({
+            ...storage,
+            finalizeMany: (items) =>
+              Deferred.succeed(flushing, undefined).pipe(
+                Effect.andThen(Deferred.await(gate)),
+                Effect.andThen(storage.finalizeMany(items))
+              )
+          })
+        )
+      )
+      const handled = yield* Deferred.make<void>()
+      const scope = yield* Scope.make()
+      const context = yield* Layer.buildWithScope(
+        Awa.worker({
+          queues: { hot: { pollInterval: "50 millis" } },
+          handlers: [handler(Task, () => Effect.asVoid(Deferred.succeed(handled, undefined)))],
+          maintenance: false
+        }).pipe(Layer.provide(gated)),
+        scope
+      )
+      const worker = Context.get(context, Worker)
+      const client = yield* AwaClient
+      const job = yield* client.insert(Task, { n: 1 })
+      yield* advance(100)
+      yield* Deferred.await(handled)
+      yield* Deferred.await(flushing)
+      yield* advance(100)
+      assert.strictEqual(yield* worker.running, 1, "heartbeated until its outcome is durable")
+      assert.strictEqual((yield* client.storage.getJob(job.id)).state, "running")
+      yield* Deferred.succeed(gate, undefined)
+      yield* advance(100)
+      assert.strictEqual(yield* worker.running, 0, "forgotten once the call returned")
+      assert.strictEqual((yield* client.storage.getJob(job.id)).state, "completed")
+      yield* Scope.close(scope, Exit.void)
+    }).pipe(Effect.provide(Awa.layerSim()))
+  )
+})
