@@ -33,7 +33,7 @@ export interface ClaimBatch {
 }
 
 /** A keyed claim takes at most this many keys per call (claim_keyed, migration 0033)... */
-export const keysPerClaim = 32
+export const keysPerClaim = 64
 /** ...and at most this many jobs. */
 export const jobsPerKeyedClaim = 64
 
