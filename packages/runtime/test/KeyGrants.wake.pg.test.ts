@@ -59,7 +59,9 @@ const wokenAfter = (
       }),
       scope
     )
-    const gated = KeyGrantMetrics.keyClaimsBusy.pipe(Metric.withAttributes({ "awa.queue": queue, outcome: "gated" }))
+    const gated = KeyGrantMetrics.keyClaimsBusy.pipe(
+      Metric.withAttributes({ "awa.queue": queue, outcome: "gated" })
+    )
     yield* eventually(
       Effect.map(Metric.value(gated), (v) => v.count >= 1),
       20_000,
@@ -78,30 +80,33 @@ const wokenAfter = (
     return ms
   })
 
-layer(AwaLive, { excludeTestServices: true, timeout: "90 seconds" })("gated claimers woken by closures", (it) => {
-  it.effect("an operator's cancel of the grant's attempt wakes the gated worker", () =>
-    Effect.gen(function* () {
-      const ms = yield* wokenAfter("kwake-cancel", "wake-cancel", 0, (holder) =>
-        Effect.flatMap(AwaClient, (client) => client.storage.cancelJob(holder.jobId, "operator"))
-      )
-      yield* Effect.logInfo(`woken ${ms.toFixed(0)} ms after the cancel`)
-      assert.isBelow(ms, 20_000)
-    }).pipe(ownRegistry)
-  )
+layer(AwaLive, { excludeTestServices: true, timeout: "90 seconds" })(
+  "gated claimers woken by closures",
+  (it) => {
+    it.effect("an operator's cancel of the grant's attempt wakes the gated worker", () =>
+      Effect.gen(function* () {
+        const ms = yield* wokenAfter("kwake-cancel", "wake-cancel", 0, (holder) =>
+          Effect.flatMap(AwaClient, (client) => client.storage.cancelJob(holder.jobId, "operator"))
+        )
+        yield* Effect.logInfo(`woken ${ms.toFixed(0)} ms after the cancel`)
+        assert.isBelow(ms, 20_000)
+      }).pipe(ownRegistry)
+    )
 
-  it.effect("a deadline rescue of the grant's attempt wakes the gated worker", () =>
-    Effect.gen(function* () {
-      const ms = yield* wokenAfter("kwake-rescue", "wake-rescue", 1, () =>
-        Effect.flatMap(AwaClient, (client) =>
-          eventually(
-            Effect.map(client.storage.rescueDeadlines(10), (rescued) => rescued.length === 1),
-            10_000,
-            "the holder was rescued"
+    it.effect("a deadline rescue of the grant's attempt wakes the gated worker", () =>
+      Effect.gen(function* () {
+        const ms = yield* wokenAfter("kwake-rescue", "wake-rescue", 1, () =>
+          Effect.flatMap(AwaClient, (client) =>
+            eventually(
+              Effect.map(client.storage.rescueDeadlines(10), (rescued) => rescued.length === 1),
+              10_000,
+              "the holder was rescued"
+            )
           )
         )
-      )
-      yield* Effect.logInfo(`woken ${ms.toFixed(0)} ms after the rescue`)
-      assert.isBelow(ms, 20_000)
-    }).pipe(ownRegistry)
-  )
-})
+        yield* Effect.logInfo(`woken ${ms.toFixed(0)} ms after the rescue`)
+        assert.isBelow(ms, 20_000)
+      }).pipe(ownRegistry)
+    )
+  }
+)

@@ -39,68 +39,74 @@ const claimOf = (queue: string, policy: string, max: number) => ({
 })
 
 describe("lock budget of the keyed claim", () => {
-  it.live(`${workers} sessions holding a keyed claim of ${keys} keys at once fit a stock server's lock table`, () =>
-    Effect.gen(function* () {
-      const { url } = yield* TestDatabase.acquire()
-      const layerOn = (maxConnections: number) =>
-        pgGrants().pipe(
-          Layer.provideMerge(pgLayer()),
-          Layer.provideMerge(PgClient.layer({ url: Redacted.make(url), maxConnections }))
-        )
-      const p = fresh("policy")
-      const run = fresh("budget")
-      // per worker: a queue of `keys` jobs with distinct keys (no two sessions share a lane or a
-      // key), and a warm-up queue of one job
-      yield* Effect.gen(function* () {
-        const storage = yield* QueueStorage
-        const grants = yield* KeyGrants
-        yield* grants.create({ id: p, maxInFlight: 1 })
-        for (let w = 0; w < workers; w++) {
-          yield* storage.enqueueMany(
-            Array.from({ length: keys }, (_, n) => ({
-              kind: "b",
-              queue: `${run}-${w}`,
-              args: { n },
-              concurrencyKey: `${w}-${n}`
-            }))
+  it.live(
+    `${workers} sessions holding a keyed claim of ${keys} keys at once fit a stock server's lock table`,
+    () =>
+      Effect.gen(function* () {
+        const { url } = yield* TestDatabase.acquire()
+        const layerOn = (maxConnections: number) =>
+          pgGrants().pipe(
+            Layer.provideMerge(pgLayer()),
+            Layer.provideMerge(PgClient.layer({ url: Redacted.make(url), maxConnections }))
           )
-          yield* storage.enqueueMany([{ kind: "b", queue: `${run}-warm-${w}`, args: {}, concurrencyKey: `warm-${w}` }])
-        }
-        yield* (yield* SqlClient.SqlClient)`VACUUM ANALYZE`
-      }).pipe(Effect.provide(layerOn(2)))
-
-      const allReported = yield* Deferred.make<void>()
-      const reports = yield* Effect.forEach(Array.from({ length: workers }), () => Deferred.make<number>())
-      const sessions = yield* Effect.forEach(reports, (report, w) =>
-        Effect.gen(function* () {
+        const p = fresh("policy")
+        const run = fresh("budget")
+        // per worker: a queue of `keys` jobs with distinct keys (no two sessions share a lane or a
+        // key), and a warm-up queue of one job
+        yield* Effect.gen(function* () {
+          const storage = yield* QueueStorage
           const grants = yield* KeyGrants
-          const sql = yield* SqlClient.SqlClient
-          // a worker's session has claimed before: its plans are cached
-          yield* grants.claim(claimOf(`${run}-warm-${w}`, p, 1))
-          yield* sql.withTransaction(
-            Effect.gen(function* () {
-              const claimed = yield* grants.claim(claimOf(`${run}-${w}`, p, keys))
-              assert.strictEqual(claimed._tag === "Claimed" ? claimed.jobs.length : claimed._tag, keys)
-              const [held] = yield* sql<{ n: number; advisory: number }>`
+          yield* grants.create({ id: p, maxInFlight: 1 })
+          for (let w = 0; w < workers; w++) {
+            yield* storage.enqueueMany(
+              Array.from({ length: keys }, (_, n) => ({
+                kind: "b",
+                queue: `${run}-${w}`,
+                args: { n },
+                concurrencyKey: `${w}-${n}`
+              }))
+            )
+            yield* storage.enqueueMany([
+              { kind: "b", queue: `${run}-warm-${w}`, args: {}, concurrencyKey: `warm-${w}` }
+            ])
+          }
+          yield* (yield* SqlClient.SqlClient)`VACUUM ANALYZE`
+        }).pipe(Effect.provide(layerOn(2)))
+
+        const allReported = yield* Deferred.make<void>()
+        const reports = yield* Effect.forEach(Array.from({ length: workers }), () => Deferred.make<number>())
+        const sessions = yield* Effect.forEach(reports, (report, w) =>
+          Effect.gen(function* () {
+            const grants = yield* KeyGrants
+            const sql = yield* SqlClient.SqlClient
+            // a worker's session has claimed before: its plans are cached
+            yield* grants.claim(claimOf(`${run}-warm-${w}`, p, 1))
+            yield* sql.withTransaction(
+              Effect.gen(function* () {
+                const claimed = yield* grants.claim(claimOf(`${run}-${w}`, p, keys))
+                assert.strictEqual(claimed._tag === "Claimed" ? claimed.jobs.length : claimed._tag, keys)
+                const [held] = yield* sql<{ n: number; advisory: number }>`
                 SELECT count(*)::int AS n, count(*) FILTER (WHERE locktype = 'advisory')::int AS advisory
                 FROM pg_locks WHERE pid = pg_backend_pid() AND NOT fastpath`
-              assert.isAtLeast(held!.advisory, keys, "one advisory lock per key")
-              yield* Deferred.succeed(report, held!.n)
-              yield* Deferred.await(allReported)
-            })
-          )
-        }).pipe(Effect.provide(layerOn(1)), Effect.forkChild({ startImmediately: true }))
-      )
-      const held = yield* Effect.forEach(reports, (r) => Deferred.await(r))
-      const total = held.reduce((a, b) => a + b, 0)
-      yield* Deferred.succeed(allReported, undefined)
-      yield* Effect.forEach(sessions, (s) => Fiber.join(s))
-      yield* Effect.logInfo(`keyed lock budget: ${workers} sessions held ${total} shared lock-table entries at once`)
-      assert.isBelow(
-        total,
-        bound,
-        `the ${workers} sessions held ${total} lock-table entries at once (${held.join(", ")})`
-      )
-    }).pipe(Effect.scoped)
+                assert.isAtLeast(held!.advisory, keys, "one advisory lock per key")
+                yield* Deferred.succeed(report, held!.n)
+                yield* Deferred.await(allReported)
+              })
+            )
+          }).pipe(Effect.provide(layerOn(1)), Effect.forkChild({ startImmediately: true }))
+        )
+        const held = yield* Effect.forEach(reports, (r) => Deferred.await(r))
+        const total = held.reduce((a, b) => a + b, 0)
+        yield* Deferred.succeed(allReported, undefined)
+        yield* Effect.forEach(sessions, (s) => Fiber.join(s))
+        yield* Effect.logInfo(
+          `keyed lock budget: ${workers} sessions held ${total} shared lock-table entries at once`
+        )
+        assert.isBelow(
+          total,
+          bound,
+          `the ${workers} sessions held ${total} lock-table entries at once (${held.join(", ")})`
+        )
+      }).pipe(Effect.scoped)
   )
 })

@@ -32,7 +32,9 @@ const jobsOf = (c: KeyedClaim): ReadonlyArray<ClaimedJob> => (c._tag === "Claime
 
 const complete = (jobs: ReadonlyArray<ClaimedJob>) =>
   Effect.flatMap(QueueStorage, (s) =>
-    s.finalizeMany(jobs.map((c) => ({ jobId: c.jobId, runLease: c.runLease, outcome: { _tag: "Complete" as const } })))
+    s.finalizeMany(
+      jobs.map((c) => ({ jobId: c.jobId, runLease: c.runLease, outcome: { _tag: "Complete" as const } }))
+    )
   )
 
 const enqueueKeyed = (queue: string, key: string, n: number, priority?: number) =>
