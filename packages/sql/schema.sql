@@ -10,6 +10,8 @@
 
 CREATE SEQUENCE awa.job_id_seq AS bigint START 1 INCREMENT 1 MINVALUE 1 MAXVALUE 9223372036854775807 CACHE 1;
 
+CREATE SEQUENCE awa.key_grant_seq AS bigint START 1 INCREMENT 1 MINVALUE 1 MAXVALUE 9223372036854775807 CACHE 1;
+
 CREATE SEQUENCE awa.lane_seq AS bigint START 1 INCREMENT 1 MINVALUE 1 MAXVALUE 9223372036854775807 CACHE 1;
 
 CREATE SEQUENCE awa.pending_key_releases_id_seq AS bigint START 1 INCREMENT 1 MINVALUE 1 MAXVALUE 9223372036854775807 CACHE 1;
@@ -61,6 +63,8 @@ CREATE TABLE awa.claims (
   deadline_at timestamp with time zone,
   key_policy text,
   key_digest bytea,
+  key_seq bigint,
+  key_horizon bigint,
   CONSTRAINT claims_pkey PRIMARY KEY (job_id, run_lease, slot)
 )
 PARTITION BY LIST (slot);
@@ -435,7 +439,7 @@ CREATE INDEX claims_claimed_at_idx ON ONLY awa.claims USING btree (claimed_at);
 
 CREATE INDEX claims_deadline_at_idx ON ONLY awa.claims USING btree (deadline_at) WHERE (deadline_at IS NOT NULL);
 
-CREATE INDEX claims_key_grants_idx ON ONLY awa.claims USING btree (key_policy, key_digest) WHERE (key_policy IS NOT NULL);
+CREATE INDEX claims_key_seq_idx ON ONLY awa.claims USING btree (key_policy, key_digest, key_seq) WHERE (key_policy IS NOT NULL);
 
 CREATE INDEX deferred_due ON awa.deferred USING btree (run_at, job_id) WHERE (state = ANY (ARRAY['scheduled'::text, 'retryable'::text]));
 
@@ -825,6 +829,9 @@ BEGIN
       WHERE f.applied;
       IF FOUND THEN
         PERFORM pg_notify('awa_cancel_awa', p_job_id || ':' || v_job.run_lease);
+        -- 0036: a cancelled keyed attempt freed a grant: wake its queue's gated claimers (at commit)
+        PERFORM pg_notify('awa_wake_awa', c.queue) FROM claims c -- 0036
+        WHERE c.job_id = p_job_id AND c.run_lease = v_job.run_lease AND c.key_policy IS NOT NULL LIMIT 1; -- 0036
         RETURN v_state;
       END IF;
 
@@ -1180,7 +1187,15 @@ DECLARE
   v_hi1 int;
   v_lo2 int;
   v_hi2 int;
+  v_klo1 int; -- 0036: the slot ranges read after the key locks (the count's slots)
+  v_khi1 int; -- 0036
+  v_klo2 int; -- 0036
+  v_khi2 int; -- 0036
+  v_gen bigint; -- 0036: the queue ring's newest generation before the pick's ranges were read
+  v_gen2 bigint; -- 0036: and after a lane's key locks
   v_ids bigint[];
+  v_rows ready[]; -- 0036: the window's rows, claimed from here (no second read of ready)
+  v_ranked boolean := false; -- 0036: the lanes were ranked (more than one)
   v_seqs bigint[];
   v_digests bytea[];
   v_at_claim boolean[];
@@ -1193,6 +1208,10 @@ DECLARE
   v_new bytea[];
   v_new_locked boolean[];
   v_new_held int[];
+  v_hz bigint[] := '{}';      -- 0036: per key: its horizon (see the header), NULL if not counted
+  v_new_hz bigint[];          -- 0036
+  v_row_hz bigint[];          -- 0036: per window row: its key's horizon
+  v_floor bigint;             -- 0036: this lane's grant sequence value, taken after its key locks
   v_gated boolean := false;
   v_contended boolean := false;
 BEGIN
@@ -1211,6 +1230,15 @@ BEGIN
     RAISE EXCEPTION 'key policy "%" does not exist', p_policy
       USING ERRCODE = 'AWK01', HINT = 'Create it with keyPolicies.create before a queue uses it.';
   END IF;
+  -- 0036: the queue's lanes; none when paused. With one lane the ranking below is skipped (as
+  -- claim does): the window finds out whether the lane has anything.
+  SELECT array_agg(l.priority), array_agg(l.shard) INTO v_prios, v_shards FROM lanes l -- 0036
+  WHERE l.queue = p_queue AND NOT EXISTS (SELECT 1 FROM queue_meta m WHERE m.queue = p_queue AND m.paused); -- 0036
+  IF v_prios IS NULL THEN -- 0036
+    RETURN; -- 0036
+  END IF; -- 0036
+  IF cardinality(v_prios) > 1 THEN -- 0036
+  v_ranked := true; -- 0036
   -- The queue's lanes with a claimable head, in claim order; none when paused.
   WITH cur AS MATERIALIZED (
     SELECT l.queue, l.priority, l.shard, lane_cursor(l.queue, l.priority, l.shard) AS c
@@ -1236,11 +1264,19 @@ BEGIN
   IF v_prios IS NULL THEN
     RETURN;
   END IF;
+  END IF; -- 0036
 
   FOR v_k IN 1 .. cardinality(v_prios) LOOP
     EXIT WHEN v_left <= 0;
     IF NOT pg_try_advisory_xact_lock(lock_ns('claim'),
                                      hashtext(p_queue || chr(31) || v_prios[v_k]::text || chr(31) || v_shards[v_k]::text)) THEN
+      -- 0036: an unranked lane is contended only if it has a claimable head (else: idle), as claim
+      CONTINUE WHEN NOT v_ranked AND NOT EXISTS ( -- 0036
+        SELECT 1 FROM ready r -- 0036
+        WHERE r.queue = p_queue AND r.priority = v_prios[v_k] AND r.shard = v_shards[v_k] -- 0036
+          AND r.lane_seq >= lane_cursor(p_queue, v_prios[v_k], v_shards[v_k]) -- 0036
+          AND NOT EXISTS (SELECT 1 FROM ready_tombstones t -- 0036
+                          WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard AND t.lane_seq = r.lane_seq)); -- 0036
       v_contended := true;
       CONTINUE;
     END IF;
@@ -1249,11 +1285,13 @@ BEGIN
     ORDER BY m.next_lane_seq DESC LIMIT 1;
     v_cursor := coalesce(v_cursor, 0);
     IF v_lo1 IS NULL THEN
+      -- 0036: the newest generation, read before the ranges (they reach at least up to it)
+      SELECT g.generation INTO v_gen FROM ring_rotations g WHERE g.ring = 'queue' ORDER BY g.generation DESC LIMIT 1; -- 0036
       SELECT s.lo1, s.hi1, s.lo2, s.hi2 INTO v_lo1, v_hi1, v_lo2, v_hi2 FROM queue_slot_ranges() s;
     END IF;
     -- The window (claim's pick, without the writes).
     WITH w AS MATERIALIZED (
-      SELECT r.job_id, r.lane_seq, r.metadata ->> 'awa:concurrencyKey' AS ckey,
+      SELECT r AS rw, r.job_id, r.lane_seq, r.metadata ->> 'awa:concurrencyKey' AS ckey, -- 0036: rw
              (r.unique_key IS NOT NULL AND (r.unique_states & 6) = 4) AS at_claim
       FROM ready r
       WHERE r.queue = p_queue AND r.priority = v_prios[v_k] AND r.shard = v_shards[v_k] AND r.lane_seq >= v_cursor
@@ -1268,13 +1306,18 @@ BEGIN
       ORDER BY r.lane_seq LIMIT v_left
     )
     SELECT array_agg(w.job_id ORDER BY w.lane_seq), array_agg(w.lane_seq ORDER BY w.lane_seq),
-           array_agg(CASE WHEN w.ckey IS NOT NULL THEN key_digest(w.ckey) END ORDER BY w.lane_seq),
-           array_agg(w.at_claim ORDER BY w.lane_seq)
-      INTO v_ids, v_seqs, v_digests, v_at_claim
+           -- 0036: key_digest(w.ckey) written out: the function is not inlined (convert_to is
+           -- STABLE in an IMMUTABLE function), and a call per row cost ~10 µs of SQL-function setup
+           array_agg(CASE WHEN w.ckey IS NOT NULL -- 0036
+                          THEN sha256(convert_to('awa.concurrency-key.v1' || chr(31) || 'awa' || chr(31) || w.ckey, 'UTF8')) -- 0036
+                     END ORDER BY w.lane_seq), -- 0036
+           array_agg(w.at_claim ORDER BY w.lane_seq),
+           array_agg(w.rw ORDER BY w.lane_seq) -- 0036
+      INTO v_ids, v_seqs, v_digests, v_at_claim, v_rows -- 0036
     FROM w;
     CONTINUE WHEN v_ids IS NULL;
-    -- The window's keys not seen yet in this call, in order of first appearance (at most 32 per
-    -- call in all: the lock-table budget), each try-locked once, in one statement.
+    -- The window's keys not seen yet in this call, in order of first appearance (at most 64 per
+    -- call in all: the lock-table budget, 0036), each try-locked once, in one statement.
     IF v_state = 'active' THEN
       SELECT coalesce(array_agg(k.d ORDER BY k.first), '{}'),
              coalesce(array_agg(pg_try_advisory_xact_lock(lock_ns('key'),
@@ -1283,25 +1326,60 @@ BEGIN
         INTO v_new, v_new_locked
       FROM (SELECT u.d, min(u.i) AS first FROM unnest(v_digests) WITH ORDINALITY u(d, i)
             WHERE u.d IS NOT NULL AND NOT (u.d = ANY (v_keys))
-            GROUP BY u.d ORDER BY min(u.i) LIMIT 32 - cardinality(v_keys)) k;
+            GROUP BY u.d ORDER BY min(u.i) LIMIT 64 - cardinality(v_keys)) k; -- 0036: 64 keys (was 32)
+      -- 0036: the slots that can hold a claim, as seen after the key locks: a grant committed by
+      -- an earlier holder of a key's lock sits in a slot rotated in before that. The pick's
+      -- ranges do when no rotation committed since v_gen was read before them (the lower end
+      -- cannot move while we run, see the header); else they are read again.
+      SELECT g.generation INTO v_gen2 FROM ring_rotations g WHERE g.ring = 'queue' ORDER BY g.generation DESC LIMIT 1; -- 0036
+      IF v_gen2 IS NOT DISTINCT FROM v_gen THEN -- 0036
+        v_klo1 := v_lo1; v_khi1 := v_hi1; v_klo2 := v_lo2; v_khi2 := v_hi2; -- 0036
+      ELSE -- 0036
+        SELECT s.lo1, s.hi1, s.lo2, s.hi2 INTO v_klo1, v_khi1, v_klo2, v_khi2 FROM queue_slot_ranges() s; -- 0036
+      END IF; -- 0036
+      -- 0036: this lane's grants' key_seq: taken after its key locks, so above every key_seq an
+      -- earlier holder of any of them wrote (the order the horizons rely on).
+      v_floor := nextval('key_grant_seq'); -- 0036
       -- Their open grants, in a statement that starts after the locks are held: it sees every
       -- grant committed by an earlier holder of each lock. (Keys whose lock another claimer
-      -- holds are not counted: the walk stops at them.) In every slot: the slot ranges read for
-      -- the pick may predate a rotation, and a grant of this key can sit in any lane's newer slot.
-      SELECT coalesce(array_agg(CASE WHEN v_new_locked[k.i] THEN
-                                  (SELECT count(*) FROM claims c
-                                   WHERE c.key_policy = p_policy AND c.key_digest = k.d
-                                     AND NOT EXISTS (SELECT 1 FROM closures x
-                                                     WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease AND x.slot = c.slot))::int
-                                END ORDER BY k.i), '{}')
-        INTO v_new_held
-      FROM unnest(v_new) WITH ORDINALITY k(d, i);
+      -- holds are not counted: the walk stops at them.) 0036: only the grants from the key's
+      -- horizon on (the horizon of its newest grant: every grant of the key below it was closed
+      -- when that grant was taken) and those without a key_seq (carried by prune, or written
+      -- before 0036), up to the limit (admission only asks whether open + admitted < limit),
+      -- in the slots that can hold a claim. Also the smallest key_seq among the open ones. (The
+      -- closures' slot ranges are implied by x.slot = c.slot; written out, they let the executor
+      -- open one closures child instead of sixteen.)
+      SELECT coalesce(array_agg(g.n ORDER BY k.i), '{}'), -- 0036
+             coalesce(array_agg(least(g.m, v_floor) ORDER BY k.i), '{}') -- 0036
+        INTO v_new_held, v_new_hz -- 0036
+      FROM unnest(v_new) WITH ORDINALITY k(d, i)
+      LEFT JOIN LATERAL ( -- 0036
+        SELECT count(*)::int AS n, min(o.s) AS m FROM ( -- 0036
+          (SELECT c.key_seq AS s FROM claims c -- 0036
+           WHERE c.key_policy = p_policy AND c.key_digest = k.d -- 0036
+             AND (c.slot BETWEEN v_klo1 AND v_khi1 OR c.slot BETWEEN v_klo2 AND v_khi2) -- 0036
+             AND c.key_seq >= coalesce((SELECT h.key_horizon FROM claims h -- 0036
+                                        WHERE h.key_policy = p_policy AND h.key_digest = k.d AND h.key_seq IS NOT NULL -- 0036
+                                          AND (h.slot BETWEEN v_klo1 AND v_khi1 OR h.slot BETWEEN v_klo2 AND v_khi2) -- 0036
+                                        ORDER BY h.key_seq DESC LIMIT 1), 0) -- 0036
+             AND NOT EXISTS (SELECT 1 FROM closures x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease AND x.slot = c.slot -- 0036
+                               AND (x.slot BETWEEN v_klo1 AND v_khi1 OR x.slot BETWEEN v_klo2 AND v_khi2))) -- 0036
+          UNION ALL -- 0036
+          (SELECT NULL::bigint FROM claims c -- 0036
+           WHERE c.key_policy = p_policy AND c.key_digest = k.d AND c.key_seq IS NULL -- 0036
+             AND (c.slot BETWEEN v_klo1 AND v_khi1 OR c.slot BETWEEN v_klo2 AND v_khi2) -- 0036
+             AND NOT EXISTS (SELECT 1 FROM closures x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease AND x.slot = c.slot -- 0036
+                               AND (x.slot BETWEEN v_klo1 AND v_khi1 OR x.slot BETWEEN v_klo2 AND v_khi2))) -- 0036
+          LIMIT v_limit) o -- 0036
+      ) g ON v_new_locked[k.i]; -- 0036
       v_keys := v_keys || v_new;
       v_locked_keys := v_locked_keys || v_new_locked;
       v_held := v_held || v_new_held;
+      v_hz := v_hz || v_new_hz; -- 0036
     END IF;
     -- The admitted prefix.
     v_admit := 0;
+    v_row_hz := '{}'; -- 0036
     FOR v_i IN 1 .. cardinality(v_ids) LOOP
       EXIT WHEN v_at_claim[v_i];
       v_d := v_digests[v_i];
@@ -1311,7 +1389,7 @@ BEGIN
           EXIT;
         END IF;
         v_pos := array_position(v_keys, v_d);
-        EXIT WHEN v_pos IS NULL; -- past the 32 keys of this call
+        EXIT WHEN v_pos IS NULL; -- past the 64 keys of this call (0036)
         IF NOT v_locked_keys[v_pos] THEN
           v_contended := true;
           EXIT;
@@ -1321,22 +1399,20 @@ BEGIN
           EXIT;
         END IF;
         v_held[v_pos] := v_held[v_pos] + 1;
+        v_row_hz[v_i] := v_hz[v_pos]; -- 0036
       END IF;
       v_admit := v_i;
     END LOOP;
     CONTINUE WHEN v_admit = 0;
     -- Mark, claim and return the prefix (the rows of positions v_cursor .. v_seqs[v_admit] read
-    -- above: none can appear or go while we hold the lane's claim lock, see claim).
+    -- above: none can appear or go while we hold the lane's claim lock, see claim). 0036: the
+    -- window's own rows (ready rows are never updated), not a second lookup of ready.
     RETURN QUERY
     WITH picked AS MATERIALIZED (
       SELECT r.slot, r.generation, r.job_id, r.kind, r.queue, r.priority, r.shard, r.lane_seq, r.args, r.metadata,
              r.tags, r.errors, r.attempt, r.run_lease, r.max_attempts, r.run_at, r.created_at, r.progress,
-             v_digests[array_position(v_ids, r.job_id)] AS digest
-      FROM ready r
-      WHERE r.queue = p_queue AND r.priority = v_prios[v_k] AND r.shard = v_shards[v_k]
-        AND r.lane_seq >= v_cursor AND r.lane_seq <= v_seqs[v_admit]
-        AND (r.slot BETWEEN v_lo1 AND v_hi1 OR r.slot BETWEEN v_lo2 AND v_hi2)
-        AND r.job_id = ANY (v_ids[1:v_admit])
+             v_digests[r.ordinality] AS digest, v_row_hz[r.ordinality] AS hz -- 0036
+      FROM unnest(v_rows[1:v_admit]) WITH ORDINALITY r -- 0036
     ),
     mark AS (
       INSERT INTO claim_marks (slot, generation, queue, priority, shard, next_lane_seq)
@@ -1346,9 +1422,10 @@ BEGIN
     ),
     ins AS (
       INSERT INTO claims (slot, generation, job_id, run_lease, attempt, queue, priority, shard, lane_seq, claimed_at,
-                          deadline_at, key_policy, key_digest)
+                          deadline_at, key_policy, key_digest, key_seq, key_horizon) -- 0036
       SELECT p.slot, p.generation, p.job_id, p.run_lease + 1, p.attempt + 1, p.queue, p.priority, p.shard, p.lane_seq,
-             v_now, v_deadline, CASE WHEN p.digest IS NOT NULL THEN p_policy END, p.digest
+             v_now, v_deadline, CASE WHEN p.digest IS NOT NULL THEN p_policy END, p.digest,
+             CASE WHEN p.digest IS NOT NULL THEN v_floor END, p.hz -- 0036: NULL unless counted (active)
       FROM picked p
     )
     SELECT p.job_id, p.run_lease + 1, p.attempt + 1, p.max_attempts, p.kind, p.queue, p.priority, p.args, p.metadata,
@@ -4173,6 +4250,7 @@ DECLARE
   v_cutoff timestamptz := now() - p_staleness_ms * interval '1 millisecond';
   v_items jsonb;
   v_row record;
+  v_closed bigint[] := '{}'; -- 0036: the attempts closed here, to notify the keyed ones' queues
 BEGIN
   -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
   IF current_setting('transaction_isolation') <> 'read committed' THEN
@@ -4235,11 +4313,17 @@ BEGIN
     FROM finalize(v_items) f WHERE f.applied
   LOOP
     PERFORM pg_notify('awa_cancel_awa', v_row.j || ':' || v_row.l);
+    v_closed := v_closed || v_row.j || v_row.l; -- 0036: (job, lease) pairs, flat
     job_id := v_row.j;
     run_lease := v_row.l;
     state := v_row.s;
     RETURN NEXT;
   END LOOP;
+  -- 0036: a rescued keyed attempt freed a grant: wake its queue's gated claimers (at commit).
+  PERFORM pg_notify('awa_wake_awa', q.queue) -- 0036
+  FROM (SELECT DISTINCT c.queue FROM generate_series(1, cardinality(v_closed), 2) AS i(i) -- 0036
+        JOIN claims c ON c.job_id = v_closed[i.i] AND c.run_lease = v_closed[i.i + 1] -- 0036
+        WHERE c.key_policy IS NOT NULL) q; -- 0036
 END
 $function$
 -- execute besides the owner: owner only

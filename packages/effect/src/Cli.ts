@@ -13,7 +13,18 @@
 
 import { createServer } from "node:http"
 import { Admin, Callbacks, QueueOverrides } from "@awa/runtime"
-import { CronStorage, FlowStorage, PgCallbackStorage, PgQueueStorage, StorageSignals } from "@awa/storage"
+import {
+  CronStorage,
+  FlowStorage,
+  KeyGrants,
+  type KeyPolicy,
+  type KeyPolicyChange,
+  PgCallbackStorage,
+  PgKeyGrants,
+  PgQueueStorage,
+  policyLimits,
+  StorageSignals
+} from "@awa/storage"
 import { NodeHttpServer } from "@effect/platform-node"
 import { PgClient } from "@effect/sql-pg"
 import { Cause, Console, Context, Duration, Effect, Exit, Layer, Option, Redacted, Schema } from "effect"
@@ -503,6 +514,153 @@ const queue = Command.make("queue").pipe(
   Command.withDescription("pause, resume or drain one queue; its hot overrides")
 )
 
+// key-policy create|show|lower|resume|cancel-change|disable (issue 20, capabilities.md §23) -------
+
+/** Runs `body` with `KeyGrants` on a pool opened for this command (not the `Admin` service's). */
+const withKeyGrants = <A, E>(body: (grants: KeyGrants["Service"], json: boolean) => Effect.Effect<A, E>) =>
+  Effect.gen(function* () {
+    const flags = yield* root
+    const url = Option.getOrUndefined(flags.databaseUrl) ?? process.env.DATABASE_URL
+    if (url === undefined || url === "")
+      return yield* new UsageError({ message: "no database: pass --database-url or set DATABASE_URL" })
+    const client = PgClient.layer({ url: Redacted.make(url), maxConnections: 1, applicationName: "awa-cli" })
+    return yield* Effect.flatMap(KeyGrants, (grants) => body(grants, flags.json)).pipe(
+      Effect.provide(PgKeyGrants.layer({ schema: flags.schema }).pipe(Layer.provide(client)))
+    )
+  })
+
+const policyArgument = Argument.String("policy").pipe(
+  Argument.withDescription("key policy id (1–200 characters)")
+)
+const limitFlag = (name: string) =>
+  Flag.Int(name).pipe(
+    Flag.withDescription(`${policyLimits.minMaxInFlight}–${policyLimits.maxMaxInFlight.toLocaleString("en")}`)
+  )
+const epochFlag = Flag.String("epoch").pipe(
+  Flag.withDescription("the pending change's epoch (from lower or show)")
+)
+
+/** An epoch from the command line, or a usage error. */
+const parseEpoch = (text: string) =>
+  /^(0|[1-9][0-9]{0,18})$/.test(text)
+    ? Effect.succeed(BigInt(text))
+    : Effect.fail(new UsageError({ message: `not an epoch: ${text}` }))
+
+const policyLine = (p: KeyPolicy) =>
+  `key policy ${p.id}: ${p.state}, maxInFlight ${p.maxInFlight}` +
+  (p.target === null ? "" : `, target ${p.target} pending`) +
+  `, epoch ${p.epoch}`
+
+const keyPolicyCreate = Command.make(
+  "create",
+  { policy: policyArgument, maxInFlight: limitFlag("max-in-flight") },
+  ({ policy, maxInFlight }) =>
+    withKeyGrants((grants, json) =>
+      Effect.flatMap(grants.create({ id: policy, maxInFlight }), (p) => print(json, p, () => policyLine(p)))
+    )
+).pipe(Command.withDescription("create a key policy (idempotent for the same limit)"))
+
+const keyPolicyShow = Command.make(
+  "show",
+  {
+    policy: Argument.String("policy").pipe(
+      Argument.withDescription("key policy id (default: every policy, with its open grants)"),
+      Argument.optional
+    )
+  },
+  ({ policy }) =>
+    withKeyGrants((grants, json) =>
+      Option.isSome(policy)
+        ? Effect.flatMap(grants.show(policy.value), (p) => print(json, p, () => policyLine(p)))
+        : Effect.flatMap(grants.stats, (rows) =>
+            print(json, rows, () =>
+              rows.length === 0
+                ? "no key policies"
+                : renderTable(
+                    ["policy", "state", "open grants", "keys at limit", "oldest open grant"],
+                    rows.map((r) => [r.policy, r.state, r.openGrants, r.keysAtLimit, r.oldestOpenGrantAt])
+                  )
+            )
+          )
+    )
+).pipe(Command.withDescription("show one key policy, or every policy with its open grants"))
+
+const changeLine = (id: string, target: number, c: KeyPolicyChange) =>
+  c.state === "active"
+    ? `key policy ${id}: maxInFlight ${target} active (epoch ${c.epoch})`
+    : `key policy ${id}: draining to ${target} (epoch ${c.epoch}): some key holds more; retry with \`awa key-policy resume ${id} --epoch ${c.epoch} --target ${target}\` or cancel-change`
+
+const keyPolicyLower = Command.make(
+  "lower",
+  {
+    policy: policyArgument,
+    target: limitFlag("target"),
+    verifyTimeout: Flag.Int("verify-timeout-ms").pipe(
+      Flag.withDescription(
+        `how long to wait for keys above the target (0–${policyLimits.maxVerifyTimeoutMs}, default ${policyLimits.defaultVerifyTimeoutMs})`
+      ),
+      Flag.optional
+    )
+  },
+  ({ policy, target, verifyTimeout }) =>
+    withKeyGrants((grants, json) =>
+      Effect.flatMap(
+        grants.lower(policy, target, { verifyTimeoutMs: Option.getOrUndefined(verifyTimeout) }),
+        (c) => print(json, { policy, target, ...c }, () => changeLine(policy, target, c))
+      )
+    )
+).pipe(
+  Command.withDescription(
+    "change a policy's limit by the epoch protocol (lower or raise): no keyed admissions until every key is within the target"
+  )
+)
+
+const keyPolicyResume = Command.make(
+  "resume",
+  { policy: policyArgument, epoch: epochFlag, target: limitFlag("target") },
+  ({ policy, epoch, target }) =>
+    withKeyGrants((grants, json) =>
+      Effect.gen(function* () {
+        const c = yield* grants.resume(policy, yield* parseEpoch(epoch), target)
+        yield* print(json, { policy, target, ...c }, () => changeLine(policy, target, c))
+      })
+    )
+).pipe(Command.withDescription("activate a pending change if every key is within its target now"))
+
+const keyPolicyCancelChange = Command.make(
+  "cancel-change",
+  { policy: policyArgument, epoch: epochFlag, target: limitFlag("target") },
+  ({ policy, epoch, target }) =>
+    withKeyGrants((grants, json) =>
+      Effect.gen(function* () {
+        const p = yield* grants.cancelChange(policy, yield* parseEpoch(epoch), target)
+        yield* print(json, p, () => policyLine(p))
+      })
+    )
+).pipe(Command.withDescription("abandon a pending change: the old limit applies again"))
+
+const keyPolicyDisable = Command.make("disable", { policy: policyArgument }, ({ policy }) =>
+  withKeyGrants((grants, json) =>
+    Effect.flatMap(grants.forceDisable(policy), (p) =>
+      print(json, p, () => `${policyLine(p)} (no limit; lower sets one again)`)
+    )
+  )
+).pipe(Command.withDescription("lift a policy's limit (grants are still recorded); lower sets one again"))
+
+const keyPolicy = Command.make("key-policy").pipe(
+  Command.withSubcommands([
+    keyPolicyCreate,
+    keyPolicyShow,
+    keyPolicyLower,
+    keyPolicyResume,
+    keyPolicyCancelChange,
+    keyPolicyDisable
+  ]),
+  Command.withDescription(
+    "per-key execution limits: create, show, lower (or raise), resume, cancel-change, disable"
+  )
+)
+
 // jobs list|show|retry|cancel -------------------------------------------------------------------
 
 const jobStates = [
@@ -957,7 +1115,19 @@ const serve = Command.make(
 
 /** The whole command tree. */
 export const command = root.pipe(
-  Command.withSubcommands([migrate, status, queues, queue, jobs, dlq, cron, doctor, serve, callback])
+  Command.withSubcommands([
+    migrate,
+    status,
+    queues,
+    queue,
+    keyPolicy,
+    jobs,
+    dlq,
+    cron,
+    doctor,
+    serve,
+    callback
+  ])
 )
 
 export const version = "0.1.0"

@@ -320,8 +320,15 @@ export const make = Effect.fnUntraced(function* <R>(
         return
       }
     }
-    const { claimed, busy, capped } = yield* claimAttempts(now, batch - resumedCount)
+    const { claimed, busy, capped, failed } = yield* claimAttempts(now, batch - resumedCount)
     yield* startBuffered
+    // A failed claim waits its poll interval here, after its release step gave back the permits
+    // and tokens it took (waiting inside the claim held them for the whole interval), and asks
+    // for no share of the pool meanwhile: it could not use one.
+    if (failed) {
+      permits?.idle()
+      return yield* Effect.sleep(live.pollIntervalMs)
+    }
     // Keys at their limit or a busy key lock are not an idle queue: no idle backoff (§23).
     const idle = claimed + resumedCount === 0 && busy === undefined
     idleClaims = idle ? idleClaims + 1 : 0
@@ -341,6 +348,7 @@ export const make = Effect.fnUntraced(function* <R>(
     let held = 0
     let busy: KeyedDispatch.ClaimBatch["busy"]
     let capped = false
+    let failed = false
     return Effect.acquireUseRelease(
       Effect.void,
       () =>
@@ -370,9 +378,9 @@ export const make = Effect.fnUntraced(function* <R>(
             Effect.logWarning(
               `claim failed on queue ${config.queue}; retrying after the poll interval`,
               cause
-            ).pipe(Effect.andThen(Effect.suspend(() => Effect.sleep(live.pollIntervalMs))), Effect.as(0))
+            ).pipe(Effect.andThen(Effect.sync(() => (failed = true))), Effect.as(0))
           ),
-          Effect.map((claimed) => ({ claimed, busy, capped }))
+          Effect.map((claimed) => ({ claimed, busy, capped, failed }))
         ),
       () =>
         Effect.suspend(() => {

@@ -9,7 +9,8 @@
  *   interval as a safety net; contended retries after 2–20 ms (jittered).
  * - **Closure notifications** Each finalization of a keyed attempt that storage applied queues
  *   its queue; one `pg_notify` per burst (coalesced) wakes the gated claimers of every process.
- *   Closures by rescue or an operator's cancel are not notified: the safety poll covers them.
+ *   Closures by rescue and by an operator's cancel notify in SQL (rescue, cancel_job: migration
+ *   0036), at their commit.
  * - **Tier 1** `localKeyConcurrency.limit`: at most `limit` handlers per key run in this process
  *   (jobs beyond it wait in the process, holding their claims, in order per key). Approximate
  *   fleet-wide: up to `limit × processes`; nothing is stored.
@@ -32,8 +33,8 @@ export interface ClaimBatch {
   readonly capped: boolean
 }
 
-/** A keyed claim takes at most this many keys per call (claim_keyed, migration 0033)... */
-export const keysPerClaim = 32
+/** A keyed claim takes at most this many keys per call (claim_keyed, migration 0036; 32 before)... */
+export const keysPerClaim = 64
 /** ...and at most this many jobs. */
 export const jobsPerKeyedClaim = 64
 

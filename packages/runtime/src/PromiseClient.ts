@@ -37,12 +37,16 @@ import type {
   DlqRetryOverrides,
   EnqueuedJob,
   JobView,
+  KeyGrantStats,
+  KeyPolicy,
+  KeyPolicyChange,
   ListFilter,
   QueueHistoryOptions,
   QueueHistoryReport,
   QueueStatsOptions,
   QueueStatsReport
 } from "@awa/storage"
+import { KeyGrants } from "@awa/storage"
 import type { PgClient } from "@effect/sql-pg"
 import {
   Cause,
@@ -310,6 +314,41 @@ export const createClient = async (options: ClientOptions) => {
     clearQueueOverrides: (queue: string) => runtime.runPromise(client.clearQueueOverrides(queue)),
     /** Stored overrides of one queue, or of every queue with some. */
     getQueueOverrides: (queue?: string) => runtime.runPromise(client.getQueueOverrides(queue)),
+    /**
+     * Key policies (capabilities.md §23, docs/adr/0029-key-execution-grants.md): at most
+     * `maxInFlight` running jobs per `concurrencyKey` across the fleet. Bad input rejects with a
+     * `ValidationError` (id 1–200 characters; limits 1–1,000,000), a missing policy with
+     * `KeyPolicyNotFound`, an `(epoch, target)` that is not the pending change with
+     * `StaleKeyPolicyEpoch`.
+     */
+    keyPolicies: {
+      /** Creates a policy (idempotent for the same limit). */
+      create: (policy: { readonly id: string; readonly maxInFlight: number }): Promise<KeyPolicy> =>
+        runtime.runPromise(Effect.flatMap(KeyGrants, (g) => g.create(policy))),
+      show: (id: string): Promise<KeyPolicy> =>
+        runtime.runPromise(Effect.flatMap(KeyGrants, (g) => g.show(id))),
+      /** Per policy: open grants, keys at their limit, the oldest open grant. */
+      stats: (): Promise<ReadonlyArray<KeyGrantStats>> =>
+        runtime.runPromise(Effect.flatMap(KeyGrants, (g) => g.stats)),
+      /**
+       * Changes the limit by the epoch protocol (lowering or raising): `active` when every key is
+       * within `target` before `verifyTimeoutMs` (default 5,000), else `draining` (then `resume`
+       * or `cancelChange` with the returned epoch).
+       */
+      lower: (
+        id: string,
+        target: number,
+        opts?: { readonly verifyTimeoutMs?: number }
+      ): Promise<KeyPolicyChange> =>
+        runtime.runPromise(Effect.flatMap(KeyGrants, (g) => g.lower(id, target, opts))),
+      resume: (id: string, epoch: bigint, target: number): Promise<KeyPolicyChange> =>
+        runtime.runPromise(Effect.flatMap(KeyGrants, (g) => g.resume(id, epoch, target))),
+      cancelChange: (id: string, epoch: bigint, target: number): Promise<KeyPolicy> =>
+        runtime.runPromise(Effect.flatMap(KeyGrants, (g) => g.cancelChange(id, epoch, target))),
+      /** Lifts the limit (grants still recorded); `lower` sets one again. */
+      forceDisable: (id: string): Promise<KeyPolicy> =>
+        runtime.runPromise(Effect.flatMap(KeyGrants, (g) => g.forceDisable(id)))
+    },
     /** Declares a cron schedule for `start({ cron: [...] })` (checked when the worker starts). */
     schedule: Cron.schedule,
     /** Every stored cron schedule with its next fire time. */

@@ -1,0 +1,112 @@
+/**
+ * A gated claimer wakes when a grant of its queue is closed by rescue or by an operator's cancel
+ * (migration 0036: rescue and cancel_job notify the queue's wake channel after closing a keyed
+ * attempt, as the runtime does after finalize's closures). The worker polls every 60 s here:
+ * without the notification the waiting job would start a minute later, past the test's wait.
+ */
+import { Job } from "@awa/core"
+import { KeyGrants } from "@awa/storage"
+import { TestDatabase } from "@awa/testing"
+import { assert, layer } from "@effect/vitest"
+import { Effect, Exit, Layer, Metric, Schema, Scope } from "effect"
+import * as Awa from "../src/Awa.ts"
+import { AwaClient } from "../src/AwaClient.ts"
+import { handler } from "../src/Handler.ts"
+import * as KeyGrantMetrics from "../src/KeyGrantMetrics.ts"
+import { eventually } from "./support.ts"
+
+const Task = Job.define({ kind: "kwake", args: Schema.Struct({ n: Schema.Number }), queue: "kwake" })
+
+const AwaLive = Awa.layerPg().pipe(Layer.provideMerge(TestDatabase.layer({ maxConnections: 8 })))
+
+const ownRegistry = <A, E, R>(effect: Effect.Effect<A, E, R>) =>
+  Effect.provideService(effect, Metric.MetricRegistry, new Map())
+
+/**
+ * Holds the key's only grant outside the worker, starts a worker on the queue (poll 60 s), waits
+ * until its claim has found the key gated, then runs `close` on the holder; returns the ms from
+ * `close` until the waiting job started.
+ */
+const wokenAfter = (
+  queue: string,
+  policy: string,
+  holderDeadlineMs: number,
+  close: (holder: { jobId: bigint; runLease: bigint }) => Effect.Effect<unknown, unknown, AwaClient>
+) =>
+  Effect.gen(function* () {
+    const grants = yield* KeyGrants
+    const client = yield* AwaClient
+    yield* grants.create({ id: policy, maxInFlight: 1 })
+    yield* client.insert(Task, { n: 0 }, { queue, concurrencyKey: "t" })
+    yield* client.insert(Task, { n: 1 }, { queue, concurrencyKey: "t" })
+    const held = yield* grants.claim({
+      queue,
+      policy,
+      max: 1,
+      deadlineMs: holderDeadlineMs,
+      agingIntervalMs: 0
+    })
+    assert.strictEqual(held._tag, "Claimed")
+    if (held._tag !== "Claimed") return -1
+    const holder = held.jobs[0]!
+    const started: Array<number> = []
+    const scope = yield* Scope.make()
+    yield* Layer.buildWithScope(
+      Awa.worker({
+        queues: { [queue]: { keyPolicy: policy, pollInterval: "60 seconds", idlePollMax: "10 minutes" } },
+        handlers: [handler(Task, ({ n }) => Effect.sync(() => void started.push(n)))],
+        maintenance: false
+      }),
+      scope
+    )
+    const gated = KeyGrantMetrics.keyClaimsBusy.pipe(
+      Metric.withAttributes({ "awa.queue": queue, outcome: "gated" })
+    )
+    yield* eventually(
+      Effect.map(Metric.value(gated), (v) => v.count >= 1),
+      20_000,
+      "the worker's claim found the key gated"
+    )
+    const t0 = performance.now()
+    yield* close({ jobId: holder.jobId, runLease: holder.runLease })
+    yield* eventually(
+      Effect.sync(() => started.length === 1),
+      20_000,
+      "the waiting job started"
+    )
+    const ms = performance.now() - t0
+    assert.deepStrictEqual(started, [1])
+    yield* Scope.close(scope, Exit.void)
+    return ms
+  })
+
+layer(AwaLive, { excludeTestServices: true, timeout: "90 seconds" })(
+  "gated claimers woken by closures",
+  (it) => {
+    it.effect("an operator's cancel of the grant's attempt wakes the gated worker", () =>
+      Effect.gen(function* () {
+        const ms = yield* wokenAfter("kwake-cancel", "wake-cancel", 0, (holder) =>
+          Effect.flatMap(AwaClient, (client) => client.storage.cancelJob(holder.jobId, "operator"))
+        )
+        yield* Effect.logInfo(`woken ${ms.toFixed(0)} ms after the cancel`)
+        assert.isBelow(ms, 20_000)
+      }).pipe(ownRegistry)
+    )
+
+    it.effect("a deadline rescue of the grant's attempt wakes the gated worker", () =>
+      Effect.gen(function* () {
+        const ms = yield* wokenAfter("kwake-rescue", "wake-rescue", 1, () =>
+          Effect.flatMap(AwaClient, (client) =>
+            eventually(
+              Effect.map(client.storage.rescueDeadlines(10), (rescued) => rescued.length === 1),
+              10_000,
+              "the holder was rescued"
+            )
+          )
+        )
+        yield* Effect.logInfo(`woken ${ms.toFixed(0)} ms after the rescue`)
+        assert.isBelow(ms, 20_000)
+      }).pipe(ownRegistry)
+    )
+  }
+)
