@@ -115,15 +115,23 @@ const root = Command.make("awa").pipe(
   )
 )
 
-/** Runs `body` with the `Admin` service on a pool opened for this command, and closed after it. */
-/** The `Admin` service (and its `SqlClient`) on a pool to the command's database. */
-const adminLayerWith = (maxConnections: number) =>
+/** The root flags and a pool to the command's database (`--database-url`, else `DATABASE_URL`). */
+const commandClient = (maxConnections: number) =>
   Effect.gen(function* () {
     const flags = yield* root
     const url = Option.getOrUndefined(flags.databaseUrl) ?? process.env.DATABASE_URL
     if (url === undefined || url === "")
       return yield* new UsageError({ message: "no database: pass --database-url or set DATABASE_URL" })
-    const client = PgClient.layer({ url: Redacted.make(url), maxConnections, applicationName: "awa-cli" })
+    return {
+      flags,
+      client: PgClient.layer({ url: Redacted.make(url), maxConnections, applicationName: "awa-cli" })
+    }
+  })
+
+/** The `Admin` service (and its `SqlClient`) on a pool to the command's database. */
+const adminLayerWith = (maxConnections: number) =>
+  Effect.gen(function* () {
+    const { flags, client } = yield* commandClient(maxConnections)
     const storage = Layer.mergeAll(
       PgQueueStorage.layer({ schema: flags.schema }),
       CronStorage.layerPg({ schema: flags.schema }),
@@ -396,11 +404,7 @@ const queueDrain = Command.make(
 /** Runs `body` with `FlowStorage` on a pool opened for this command (not the `Admin` service's). */
 const withFlow = <A, E>(body: (json: boolean) => Effect.Effect<A, E, FlowStorage.FlowStorage>) =>
   Effect.gen(function* () {
-    const flags = yield* root
-    const url = Option.getOrUndefined(flags.databaseUrl) ?? process.env.DATABASE_URL
-    if (url === undefined || url === "")
-      return yield* new UsageError({ message: "no database: pass --database-url or set DATABASE_URL" })
-    const client = PgClient.layer({ url: Redacted.make(url), maxConnections: 1, applicationName: "awa-cli" })
+    const { flags, client } = yield* commandClient(1)
     return yield* body(flags.json).pipe(
       Effect.provide(FlowStorage.layerPg({ schema: flags.schema }).pipe(Layer.provide(client)))
     )
@@ -519,11 +523,7 @@ const queue = Command.make("queue").pipe(
 /** Runs `body` with `KeyGrants` on a pool opened for this command (not the `Admin` service's). */
 const withKeyGrants = <A, E>(body: (grants: KeyGrants["Service"], json: boolean) => Effect.Effect<A, E>) =>
   Effect.gen(function* () {
-    const flags = yield* root
-    const url = Option.getOrUndefined(flags.databaseUrl) ?? process.env.DATABASE_URL
-    if (url === undefined || url === "")
-      return yield* new UsageError({ message: "no database: pass --database-url or set DATABASE_URL" })
-    const client = PgClient.layer({ url: Redacted.make(url), maxConnections: 1, applicationName: "awa-cli" })
+    const { flags, client } = yield* commandClient(1)
     return yield* Effect.flatMap(KeyGrants, (grants) => body(grants, flags.json)).pipe(
       Effect.provide(PgKeyGrants.layer({ schema: flags.schema }).pipe(Layer.provide(client)))
     )

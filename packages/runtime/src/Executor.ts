@@ -253,18 +253,8 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
     return ms !== undefined && Number.isFinite(ms) && ms >= 0 && ms <= maxDelayMs ? Math.round(ms) : undefined
   }
 
-  /** Maps a handler's exit to what storage should record. */
+  /** Maps a handler's exit to what storage should record (`settle` takes completions itself). */
   const outcomeOf = (
-    handler: Handler<R> | undefined,
-    entry: RunningAttempt,
-    exit: Exit.Exit<Job.JobResult | void, unknown>
-  ): Effect.Effect<Outcome> => {
-    // the common case without a generator; anything else (even `null`) takes the careful path
-    if (Exit.isSuccess(exit) && (exit.value === undefined || exit.value?._tag === "Completed"))
-      return Effect.succeed(complete)
-    return outcomeOfSlow(handler, entry, exit)
-  }
-  const outcomeOfSlow = (
     handler: Handler<R> | undefined,
     entry: RunningAttempt,
     exit: Exit.Exit<Job.JobResult | void, unknown>
@@ -582,7 +572,8 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
       entry.controller.abort()
     if (Exit.isSuccess(exit) && exit.value?._tag === "WaitForCallback" && options.callbacks !== undefined)
       return park(entry, options.callbacks, exit.value.callbackId, release)
-    // The common case, a completion, needs no mapping (nothing in it can throw).
+    // The common case, a completion, needs no mapping (nothing in it can throw); anything else,
+    // even `null`, takes the careful path.
     if (Exit.isSuccess(exit) && (exit.value === undefined || exit.value?._tag === "Completed"))
       return Effect.onError(Effect.andThen(release, submitOutcome(entry, complete)), forgetOnError(entry))
     // Whatever the handler returned (even `null`), the attempt must reach `release` and an
