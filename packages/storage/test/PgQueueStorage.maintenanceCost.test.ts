@@ -1,0 +1,108 @@
+/**
+ * Maintenance costs what it finds (0040). Index scans Postgres counts for the current transaction
+ * tell the plans apart without timing anything:
+ * - prune's young-attempts test, on a sealed slot whose old claims are closed and whose newest
+ *   are open (a slot being drained), answers from the newest claim: it used to probe closures
+ *   once per claim of its window, oldest first;
+ * - claim_resumed and the callback rescue, with nothing to take, plan and lock no ring table
+ *   (their statements cost 40-80 ms to plan on a connection's first call).
+ */
+import { assert, describe, it } from "@effect/vitest"
+import { Effect } from "effect"
+import { SqlClient } from "effect/sql"
+import { QueueStorage } from "../src/QueueStorage.ts"
+import { claimOf, completeAll, fresh, withEagerDatabase } from "./pgFixtures.ts"
+
+/** Index scans of a ring table's children so far in this transaction. */
+const indexScansSql = (table: string) => `
+  SELECT coalesce(sum(pg_stat_get_xact_numscans(x.indexrelid)), 0)::int AS n
+  FROM pg_inherits i JOIN pg_index x ON x.indrelid = i.inhrelid
+  WHERE i.inhparent = 'awa.${table}'::regclass`
+
+const scansDuring = <A, E, R>(tables: ReadonlyArray<string>, body: Effect.Effect<A, E, R>) =>
+  Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    const scans = Effect.forEach(tables, (t) =>
+      Effect.map(sql.unsafe<{ n: number }>(indexScansSql(t)), (r) => r[0]!.n)
+    )
+    return yield* sql.withTransaction(
+      Effect.gen(function* () {
+        const before = yield* scans
+        const value = yield* body
+        const after = yield* scans
+        return { value, scans: after.map((n, i) => n - before[i]!) }
+      })
+    )
+  })
+
+describe("maintenance costs what it finds (0040)", () => {
+  it.live(
+    "prune's young-attempts test on a slot being drained probes closures a bounded number of times",
+    () =>
+      withEagerDatabase({}, () =>
+        Effect.gen(function* () {
+          const storage = yield* QueueStorage
+          const sql = yield* SqlClient.SqlClient
+          const q = fresh("young")
+          yield* storage.enqueueMany(
+            Array.from({ length: 2010 }, (_, n) => ({ kind: "k", queue: q, args: { n } }))
+          )
+          // the old claims are closed, the newest (a later claim call) are still running
+          const old = yield* storage.claim(claimOf(q, 2000))
+          yield* completeAll(old)
+          // a later claimed_at than the closed ones, whatever the clock's resolution
+          yield* sql`SELECT pg_sleep(0.01)`
+          const running = yield* storage.claim(claimOf(q, 10))
+          assert.deepStrictEqual([old.length, running.length], [2000, 10])
+          yield* storage.rotateWhenDue({ minRows: 1, maxAgeMs: 0 })
+          const { value, scans } = yield* scansDuring(
+            ["closures"],
+            sql<{ outcome: string }>`
+              SELECT outcome FROM awa.prune_queue(10, 86400000::bigint, 86400000::bigint, 86400000::bigint,
+                                                  600000::bigint, 0, 1000, 0::bigint)`
+          )
+          assert.strictEqual(value[0]!.outcome, "Blocked:young_attempts")
+          // newest first: the first claim looked at is open (was one probe per closed claim: 2,000)
+          assert.isBelow(scans[0]!, 20, `closures index scans: ${scans[0]}`)
+        })
+      ),
+    120_000
+  )
+
+  it.live("with nothing to take, claim_resumed and the callback rescue lock no ring table", () =>
+    withEagerDatabase({}, () =>
+      Effect.gen(function* () {
+        const storage = yield* QueueStorage
+        const sql = yield* SqlClient.SqlClient
+        const q = fresh("gates")
+        yield* storage.enqueueMany(
+          Array.from({ length: 50 }, (_, n) => ({ kind: "k", queue: q, args: { n } }))
+        )
+        const claimed = yield* storage.claim(claimOf(q, 50))
+        assert.strictEqual(claimed.length, 50)
+        // A statement over the ring is planned and run with a lock on every child it may read
+        // (run-time pruning comes later): the locks this transaction holds show whether one ran.
+        const [taken, ringLocks] = yield* sql.withTransaction(
+          Effect.all([
+            Effect.all([
+              sql<{ job_id: string }>`SELECT job_id FROM awa.claim_resumed(${q}, 100)`,
+              sql<{ job_id: string }>`SELECT job_id FROM awa.rescue('callback', 0::bigint, 100)`
+            ]),
+            Effect.map(
+              sql<{ n: number }>`
+                SELECT count(*)::int AS n FROM pg_locks l JOIN pg_inherits i ON i.inhrelid = l.relation
+                WHERE l.pid = pg_backend_pid() AND l.locktype = 'relation'
+                  AND i.inhparent IN ('awa.claims'::regclass, 'awa.closures'::regclass, 'awa.ready'::regclass)`,
+              (rows) => rows[0]!.n
+            )
+          ])
+        )
+        assert.deepStrictEqual(
+          taken.map((rows) => rows.length),
+          [0, 0]
+        )
+        assert.strictEqual(ringLocks, 0, "ring children locked by claim_resumed or the callback rescue")
+      })
+    )
+  )
+})
