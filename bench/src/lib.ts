@@ -13,6 +13,22 @@ import { Console, Effect, Redacted } from "effect"
 import { Reactivity } from "effect/reactivity"
 
 // ---------------------------------------------------------------------------------------------
+// What is measured
+
+/**
+ * The workspace's packages resolve to their sources only under the "@awa/source" condition, which
+ * npm sets (`.npmrc`: `npm run bench`, `npm exec -- node bench/src/…`). A script started with a
+ * bare `node` measures `packages/<name>/dist` instead, built whenever someone last ran
+ * `npm run build`: its SQL migrations and runtime can be hours behind the tree. Said loudly, once.
+ */
+const storageEntry = import.meta.resolve("@awa/storage")
+if (!storageEntry.includes("/src/"))
+  console.error(
+    `warning: measuring the built packages (${storageEntry}), not the sources: run through npm ` +
+      "(npm exec -- node bench/src/…) or set NODE_OPTIONS=--conditions=@awa/source"
+  )
+
+// ---------------------------------------------------------------------------------------------
 // Numbers
 
 export const now = () => performance.now()

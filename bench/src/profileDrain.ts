@@ -8,6 +8,7 @@
  * `--profile` (Awa only): `tuned`, the comparison's setting (tracing off), or `defaults`, what a
  * user gets (tracing on with no tracer installed); see systems/awa.ts. Default `tuned`.
  * `--warm`: jobs drained by a first worker, started and stopped before the measured drain.
+ * `--keep-database`: leave the drained database in place (its name is printed) to query it after.
  *
  * Writes bench/results/drain-<system>-<time>.cpuprofile (open it in Chrome DevTools or
  * speedscope) and prints jobs/s and this process's CPU per 1,000 jobs. Postgres: `DATABASE_URL`,
@@ -29,6 +30,7 @@ const system = arg("--system", "awa") as SystemName
 const jobs = Number(arg("--jobs", "20000"))
 const awaProfile = arg("--profile", "tuned") as Profile
 const warm = Number(arg("--warm", "1000"))
+const keepDatabase = process.argv.includes("--keep-database")
 const resultsDir = join(import.meta.dirname, "..", "results")
 
 const factories = {
@@ -116,7 +118,8 @@ const main = async () => {
         `~${transactions} transactions on the server (${(jobs / transactions).toFixed(1)} jobs each)\nprofile: ${file}`
     )
   } finally {
-    await Effect.runPromise(dropDatabase(baseUrl, database))
+    if (keepDatabase) console.log(`database kept: ${database}`)
+    else await Effect.runPromise(dropDatabase(baseUrl, database))
     await server?.stop()
   }
 }
