@@ -143,7 +143,14 @@ export const make = Effect.fnUntraced(function* (options: CompletionBatcherOptio
           ? failed
           : Effect.andThen(failed, Effect.logError("a finalization callback threw", defects))
       }),
-      Effect.withSpan("CompletionBatcher.flush", { attributes: { size: batch.items.length } })
+      // no stack trace: it would point here
+      Effect.withSpan(
+        "CompletionBatcher.flush",
+        {
+          attributes: { size: batch.items.length }
+        },
+        { captureStackTrace: false }
+      )
     )
 
   const takeBatch = Effect.sync(() => {
