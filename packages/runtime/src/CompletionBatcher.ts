@@ -105,7 +105,7 @@ export const make = Effect.fnUntraced(function* (options: CompletionBatcherOptio
   let pending = 0
   let inFlight = 0
   let closed = false
-  // Rung when a batch is opened; idle flushers sleep on it.
+  // Rung when a batch is opened and when a call ends with batches waiting; idle flushers sleep on it.
   const bell = yield* Queue.sliding<void>(1)
   // Submitters waiting for room all wait on the current one; replaced after each flush.
   let room = yield* Deferred.make<void>()
@@ -184,8 +184,7 @@ export const make = Effect.fnUntraced(function* (options: CompletionBatcherOptio
    * at once, each with what came in during one linger, cost more server time than one call).
    * Beyond what one call at a time can take, full batches go in parallel as before.
    */
-  const mayFlush = () =>
-    batches.length > 0 && (inFlight === 0 || batches[0]!.items.length >= maxBatch || closed)
+  const mayFlush = () => batches.length > 0 && (inFlight === 0 || batches[0]!.items.length >= maxBatch)
 
   // Taken items must reach storage: only the wait for the first one is interruptible.
   const step = Effect.gen(function* () {
