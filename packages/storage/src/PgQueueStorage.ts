@@ -30,8 +30,10 @@ import {
   ValidationError
 } from "@awa/core"
 import { Migrations } from "@awa/sql"
+import { PgClient } from "@effect/sql-pg"
 import { Clock, Effect, Fiber, Layer, Option } from "effect"
 import { SqlClient, SqlError } from "effect/sql"
+import * as HotConnection from "./HotConnection.ts"
 import {
   type AttemptToken,
   type AttemptView,
@@ -138,6 +140,14 @@ export interface PgQueueStorageOptions {
    * never touched. Default 60,000 ms (0–86,400,000; 0 never ends a session).
    */
   readonly pruneEndIdleBlockersAfterMs?: number | undefined
+  /**
+   * Run `claim` and `finalize` on a connection of their own each (opened on first use, outside
+   * the application's pool), so that one backend plans them instead of every pooled connection
+   * after every prune (ADR 0033). A call that finds its connection busy, or runs inside the
+   * caller's transaction, goes through the pool. Needs the application's `PgClient`; with any
+   * other `SqlClient` every call goes through it. Default `true`.
+   */
+  readonly hotConnections?: boolean | undefined
 }
 
 // Jobs (or DLQ entries) per transaction of a bulk action: a few hundred row writes and no per-job
@@ -415,6 +425,7 @@ export const claimedJobOf = (r: ClaimRow): ClaimedJob => ({
 
 export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions = {}) {
   const sql = yield* SqlClient.SqlClient
+  const pgClient = yield* Effect.serviceOption(PgClient.PgClient)
   const schema = yield* Migrations.checkSchemaName(options.schema ?? Migrations.defaultSchema)
   const s = sql(schema)
   // calls whose SQL functions need READ COMMITTED (migration 0027)
@@ -591,31 +602,35 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
       )
     )
 
+  // The hot statements' own connections (ADR 0033): one backend plans each, not every pooled one.
+  const hotConnection = (role: string) =>
+    options.hotConnections === false || Option.isNone(pgClient)
+      ? Effect.succeed(HotConnection.none)
+      : HotConnection.make({ role, client: pgClient.value, sql })
+  const claimConnection = yield* hotConnection("claim")
+  const finalizeConnection = yield* hotConnection("finalize")
+
   const claim = (params: ClaimParams) =>
     Effect.gen(function* () {
       yield* checkQueueName(params.queue)
       yield* checkInteger("max", params.max, 0, maxClaimBatch)
-      const rows =
-        yield* sql<ClaimRow>`SELECT * FROM ${s}.claim(${params.queue}, ${params.max}, ${params.deadlineMs}::bigint, ${params.agingIntervalMs}::bigint)`.pipe(
-          (call) => rc("claim", call)
-        )
+      const statement = sql<ClaimRow>`SELECT * FROM ${s}.claim(${params.queue}, ${params.max}, ${params.deadlineMs}::bigint, ${params.agingIntervalMs}::bigint)`
+      const rows = yield* claimConnection.run(statement, rc("claim", statement))
       return rows.map(claimedJobOf)
-    })
+    }).pipe(ReadCommitted.mapRefusal("claim"))
 
   const finalizeMany = (items: ReadonlyArray<FinalizeItem>) =>
     Effect.gen(function* () {
       if (items.length === 0) return []
       yield* checkFinalizeItems(items)
-      const rows = yield* rc(
-        "finalize",
-        sql<{ ord: number; applied: boolean; state: JobState | null }>`
+      const statement = sql<{ ord: number; applied: boolean; state: JobState | null }>`
           SELECT * FROM ${s}.finalize(${`[${items.map(outcomeJson).join(",")}]`}::jsonb)`
-      )
+      const rows = yield* finalizeConnection.run(statement, rc("finalize", statement))
       return rows.map(
         (row): FinalizeResult =>
           row.applied && row.state ? { _tag: "Applied", state: row.state } : { _tag: "Stale" }
       )
-    })
+    }).pipe(ReadCommitted.mapRefusal("finalize"))
 
   const heartbeatMany = (items: ReadonlyArray<HeartbeatItem>) =>
     Effect.gen(function* () {

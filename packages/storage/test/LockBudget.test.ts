@@ -61,8 +61,11 @@ describe("lock budget", () => {
           const storage = yield* QueueStorage
           const sql = yield* SqlClient.SqlClient
           // a worker's session has finalized before: its plans are cached (the first call of a
-          // session also locks what planning opened, ~230 entries)
-          yield* storage.finalizeMany([{ jobId: -1n, runLease: 1n, outcome: { _tag: "Complete" } }])
+          // session also locks what planning opened, ~230 entries). In a transaction, so that it
+          // runs on this pooled connection, not on the layer's finalize connection (ADR 0033).
+          yield* sql.withTransaction(
+            storage.finalizeMany([{ jobId: -1n, runLease: 1n, outcome: { _tag: "Complete" } }])
+          )
           yield* sql.withTransaction(
             Effect.gen(function* () {
               const results = yield* storage.finalizeMany(
