@@ -175,7 +175,7 @@ describe("faults: worker processes", () => {
             20
           )
           const rounds = 4
-          const killed = { pool: 0, listen: 0, leader: 0, heartbeat: 0 }
+          const killed = { pool: 0, listen: 0, leader: 0, heartbeat: 0, hot: 0 }
           const recoveries: Array<number> = []
           const takeovers: Array<number> = []
           const leaders: Array<string> = []
@@ -193,13 +193,25 @@ describe("faults: worker processes", () => {
               WHERE datname = current_database() AND application_name LIKE 'awa-fault-w% heartbeat'`,
             (rows) => rows[0]!.n
           )
+          // the claim and finalize connections of each worker (ADR 0033), opened on first use
+          const hotConnected = Effect.map(
+            sql<{ n: number }>`
+              SELECT count(DISTINCT application_name)::int AS n FROM pg_stat_activity
+              WHERE datname = current_database()
+                AND (application_name LIKE 'awa-fault-w% claim' OR application_name LIKE 'awa-fault-w% finalize')`,
+            (rows) => rows[0]!.n
+          )
           for (let round = 0; round < rounds; round++) {
             // every worker listens and heartbeats again and one holds the leader lock before the
             // next blow
             const ready = yield* eventually(
               Effect.map(
-                Effect.all([listening, heartbeating, leaderLockHolders]),
-                ([n, h, holders]) => n === workers.length && h === workers.length && holders.length === 1
+                Effect.all([listening, heartbeating, hotConnected, leaderLockHolders]),
+                ([n, h, hot, holders]) =>
+                  n === workers.length &&
+                  h === workers.length &&
+                  hot === 2 * workers.length &&
+                  holders.length === 1
               ),
               10_000,
               20
@@ -210,7 +222,7 @@ describe("faults: worker processes", () => {
             const before = yield* executions
             const leaderEventsBefore = workers.map((w) => w.events.length)
             const at = Date.now()
-            const victims = yield* sql<{ kind: "pool" | "listen" | "leader" | "heartbeat" }>`
+            const victims = yield* sql<{ kind: "pool" | "listen" | "leader" | "heartbeat" | "hot" }>`
               WITH k AS (SELECT hashtextextended('awa:leader:awa', 0) AS key)
               SELECT CASE
                        WHEN EXISTS (SELECT 1 FROM pg_locks l, k
@@ -219,6 +231,7 @@ describe("faults: worker processes", () => {
                                       AND l.objid = (k.key & 4294967295)::oid) THEN 'leader'
                        WHEN a.query ILIKE 'LISTEN%' THEN 'listen'
                        WHEN a.application_name LIKE '% heartbeat' THEN 'heartbeat'
+                       WHEN a.application_name LIKE '% claim' OR a.application_name LIKE '% finalize' THEN 'hot'
                        ELSE 'pool' END AS kind,
                      pg_terminate_backend(a.pid) AS terminated
               FROM pg_stat_activity a
@@ -268,8 +281,9 @@ describe("faults: worker processes", () => {
             recoveryMs: Math.max(...recoveries),
             wallMs: Date.now() - started,
             notes:
-              `terminated per round ≈ ${Math.round((killed.pool + killed.listen + killed.leader + killed.heartbeat) / rounds)} ` +
-              `(pool ${killed.pool}, LISTEN ${killed.listen}, leader lock ${killed.leader}, heartbeat thread ${killed.heartbeat} in total); ` +
+              `terminated per round ≈ ${Math.round((killed.pool + killed.listen + killed.leader + killed.heartbeat + killed.hot) / rounds)} ` +
+              `(pool ${killed.pool}, LISTEN ${killed.listen}, leader lock ${killed.leader}, heartbeat thread ${killed.heartbeat}, ` +
+              `claim and finalize ${killed.hot} in total); ` +
               `pickup resumed within ${Math.max(...recoveries)} ms, leadership retaken within ${Math.max(...takeovers)} ms ` +
               `(leader before each round: ${leaders.join(", ")}; jobs unfinished: ${pending.join(", ")}); ` +
               `${rescued} jobs rescued, ${stale} stale finalizations rejected`
@@ -287,6 +301,11 @@ describe("faults: worker processes", () => {
             killed.heartbeat,
             rounds * workers.length,
             "every heartbeat thread's connection was terminated every round"
+          )
+          assert.strictEqual(
+            killed.hot,
+            rounds * workers.length * 2,
+            "every claim and finalize connection was terminated every round"
           )
           assert.strictEqual(listeners, workers.length, "every worker listens again")
           for (const w of workers) assert.isUndefined(w.exit, `${w.name} exited\n${describeWorker(w)}`)
