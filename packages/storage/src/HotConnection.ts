@@ -29,10 +29,9 @@
  *   outside the application's pool and its `maxConnections`.
  * - `connectionTTL` of the pool does not apply to it; it lives until it fails or the layer ends.
  */
-import type { PgClient } from "@effect/sql-pg"
-import { PgConnection } from "@effect/sql-pg"
+import { PgClient, PgConnection } from "@effect/sql-pg"
 import { Effect, Exit, Option, Scope } from "effect"
-import { type SqlClient, type SqlError, Statement } from "effect/sql"
+import { SqlClient, type SqlError, Statement } from "effect/sql"
 
 /** Runs a statement on the dedicated connection when it can, else as `viaPool`. */
 export interface HotConnection {
@@ -141,4 +140,15 @@ export const make = Effect.fnUntraced(function* (options: {
 
   yield* Effect.addFinalizer(() => close)
   return { run } satisfies HotConnection
+})
+
+/**
+ * The dedicated connection for `role` in the current scope, or `none` when `enabled` is `false`
+ * or the `SqlClient` is not `@effect/sql-pg`'s (no `PgClient` to take the settings from).
+ */
+export const forRole = Effect.fnUntraced(function* (role: string, enabled: boolean | undefined) {
+  const sql = yield* SqlClient.SqlClient
+  const client = yield* Effect.serviceOption(PgClient.PgClient)
+  if (enabled === false || Option.isNone(client)) return none
+  return yield* make({ role, client: client.value, sql })
 })

@@ -9,6 +9,7 @@ import { checkQueueName, ValidationError } from "@awa/core"
 import { Migrations } from "@awa/sql"
 import { Clock, Effect, Layer } from "effect"
 import { SqlClient, SqlError } from "effect/sql"
+import * as HotConnection from "./HotConnection.ts"
 import {
   type KeyedClaim,
   type KeyedClaimParams,
@@ -69,11 +70,23 @@ const isMissingPolicy = (error: unknown): boolean =>
   SqlError.isSqlError(error) &&
   (error.reason as { cause?: { code?: unknown } }).cause?.code === missingPolicyCode
 
-export const make = Effect.fnUntraced(function* (options: { readonly schema?: string | undefined } = {}) {
+/** Options of the Postgres key-grants layer. */
+export interface PgKeyGrantsOptions {
+  /** Schema Awa is installed in. Default `"awa"`. */
+  readonly schema?: string | undefined
+  /**
+   * Run `claim_keyed` on a connection of its own, opened on the first keyed claim (ADR 0033, as
+   * `PgQueueStorageOptions.hotConnections`). Default `true`.
+   */
+  readonly hotConnections?: boolean | undefined
+}
+
+export const make = Effect.fnUntraced(function* (options: PgKeyGrantsOptions = {}) {
   const sql = yield* SqlClient.SqlClient
   const schema = yield* Migrations.checkSchemaName(options.schema ?? Migrations.defaultSchema)
   const s = sql(schema)
   const rc = ReadCommitted.make(sql)
+  const claimConnection = yield* HotConnection.forRole("keyed claim", options.hotConnections)
   const channel = wakeChannel(schema)
 
   const show = (id: string) =>
@@ -182,12 +195,13 @@ export const make = Effect.fnUntraced(function* (options: { readonly schema?: st
       yield* checkQueueName(params.queue)
       yield* checkPolicyId(params.policy)
       yield* checkInteger("max", params.max, 0, maxClaimBatch)
-      const rows = yield* rc(
-        "claim",
-        sql<
-          Omit<ClaimRow, "job_id"> & { readonly job_id: bigint | null; readonly gate: string | null }
-        >`SELECT * FROM ${s}.claim_keyed(${params.queue}, ${params.policy}, ${params.max}, ${params.deadlineMs}::bigint, ${params.agingIntervalMs}::bigint)`
-      ).pipe(Effect.catchIf(isMissingPolicy, () => Effect.fail(new KeyPolicyNotFound({ id: params.policy }))))
+      const statement = sql<
+        Omit<ClaimRow, "job_id"> & { readonly job_id: bigint | null; readonly gate: string | null }
+      >`SELECT * FROM ${s}.claim_keyed(${params.queue}, ${params.policy}, ${params.max}, ${params.deadlineMs}::bigint, ${params.agingIntervalMs}::bigint)`
+      const rows = yield* claimConnection.run(statement, rc("claim", statement)).pipe(
+        ReadCommitted.mapRefusal("claim"),
+        Effect.catchIf(isMissingPolicy, () => Effect.fail(new KeyPolicyNotFound({ id: params.policy })))
+      )
       if (rows.length === 0) return { _tag: "Idle" } as KeyedClaim
       const gate = rows[0]!.gate
       if (rows[0]!.job_id === null) {
@@ -258,5 +272,4 @@ export const make = Effect.fnUntraced(function* (options: { readonly schema?: st
   })
 })
 
-export const layer = (options: { readonly schema?: string | undefined } = {}) =>
-  Layer.effect(KeyGrants, make(options))
+export const layer = (options: PgKeyGrantsOptions = {}) => Layer.effect(KeyGrants, make(options))

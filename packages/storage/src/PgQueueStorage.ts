@@ -30,7 +30,6 @@ import {
   ValidationError
 } from "@awa/core"
 import { Migrations } from "@awa/sql"
-import { PgClient } from "@effect/sql-pg"
 import { Clock, Effect, Fiber, Layer, Option } from "effect"
 import { SqlClient, SqlError } from "effect/sql"
 import * as HotConnection from "./HotConnection.ts"
@@ -425,7 +424,6 @@ export const claimedJobOf = (r: ClaimRow): ClaimedJob => ({
 
 export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions = {}) {
   const sql = yield* SqlClient.SqlClient
-  const pgClient = yield* Effect.serviceOption(PgClient.PgClient)
   const schema = yield* Migrations.checkSchemaName(options.schema ?? Migrations.defaultSchema)
   const s = sql(schema)
   // calls whose SQL functions need READ COMMITTED (migration 0027)
@@ -603,12 +601,8 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
     )
 
   // The hot statements' own connections (ADR 0033): one backend plans each, not every pooled one.
-  const hotConnection = (role: string) =>
-    options.hotConnections === false || Option.isNone(pgClient)
-      ? Effect.succeed(HotConnection.none)
-      : HotConnection.make({ role, client: pgClient.value, sql })
-  const claimConnection = yield* hotConnection("claim")
-  const finalizeConnection = yield* hotConnection("finalize")
+  const claimConnection = yield* HotConnection.forRole("claim", options.hotConnections)
+  const finalizeConnection = yield* HotConnection.forRole("finalize", options.hotConnections)
 
   const claim = (params: ClaimParams) =>
     Effect.gen(function* () {

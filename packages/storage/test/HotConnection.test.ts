@@ -1,8 +1,8 @@
 /**
  * The hot statements' own connections (ADR 0033). Read from `pg_stat_activity`, which shows
  * each backend's last statement and `application_name`:
- * - sequential claims and finalizations on a worker whose pool has ten open connections run on
- *   one backend each, not in turn on all ten (the pool hands out idle connections first-in
+ * - sequential claims, keyed claims and finalizations on a worker whose pool has ten open
+ *   connections run on one backend each, not in turn on all ten (the pool hands out idle connections first-in
  *   first-out, so each of them planned every hot statement, again after every prune);
  * - a terminated claim backend costs no call: the call goes through the pool and the next one
  *   opens a new connection;
@@ -16,6 +16,8 @@ import { assert, describe, it } from "@effect/vitest"
 import { Deferred, Effect, Exit, Fiber, Layer, Redacted, Schedule } from "effect"
 import { SqlClient } from "effect/sql"
 import * as HotConnection from "../src/HotConnection.ts"
+import { KeyGrants } from "../src/KeyGrants.ts"
+import { layer as pgGrants } from "../src/PgKeyGrants.ts"
 import { type PgQueueStorageOptions, layer as pgLayer } from "../src/PgQueueStorage.ts"
 import { QueueStorage } from "../src/QueueStorage.ts"
 import { claimOf, completeAll, fresh, holdOpenUntil } from "./pgFixtures.ts"
@@ -103,6 +105,37 @@ describe("hot connections (ADR 0033)", () => {
         // the pool's other nine connections stayed open beside them (the tenth asked)
         assert.isAtLeast(all.filter((b) => b.application_name === appName).length, 9)
       }).pipe(Effect.provide(storageOn(url)))
+    })
+  )
+
+  it.live("keyed claims run on one backend of their own", () =>
+    Effect.gen(function* () {
+      const { url } = yield* TestDatabase.acquire()
+      yield* Effect.gen(function* () {
+        const storage = yield* QueueStorage
+        const grants = yield* KeyGrants
+        const q = fresh("hot-keyed")
+        const policy = fresh("policy")
+        yield* grants.create({ id: policy, maxInFlight: 1 })
+        yield* storage.enqueueMany(
+          Array.from({ length: 10 }, (_, n) => ({
+            kind: "k",
+            queue: q,
+            args: { n },
+            concurrencyKey: `key-${n}`
+          }))
+        )
+        yield* openWholePool
+        for (let i = 0; i < 10; i++) {
+          const claimed = yield* grants.claim({ ...claimOf(q, 1), policy })
+          assert.strictEqual(claimed._tag, "Claimed")
+          if (claimed._tag === "Claimed") yield* completeAll(claimed.jobs)
+        }
+        assert.deepStrictEqual(
+          ranLast(yield* backends, "claim_keyed").map((b) => b.application_name),
+          [`${appName} keyed claim`]
+        )
+      }).pipe(Effect.provide(pgGrants().pipe(Layer.provideMerge(storageOn(url)))))
     })
   )
 

@@ -79,8 +79,9 @@ describe("lock budget of the keyed claim", () => {
           Effect.gen(function* () {
             const grants = yield* KeyGrants
             const sql = yield* SqlClient.SqlClient
-            // a worker's session has claimed before: its plans are cached
-            yield* grants.claim(claimOf(`${run}-warm-${w}`, p, 1))
+            // a worker's session has claimed before: its plans are cached. In a transaction, so
+            // that it runs on this pooled connection, not the layer's keyed-claim one (ADR 0033).
+            yield* sql.withTransaction(grants.claim(claimOf(`${run}-warm-${w}`, p, 1)))
             yield* sql.withTransaction(
               Effect.gen(function* () {
                 const claimed = yield* grants.claim(claimOf(`${run}-${w}`, p, keys))
