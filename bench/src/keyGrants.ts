@@ -4,6 +4,7 @@
  *
  *   node bench/src/keyGrants.ts                      # 20,000 jobs per queue, 1,000 keys
  *   node bench/src/keyGrants.ts --jobs 50000 --keys 100
+ *   node bench/src/keyGrants.ts --hot 0              # everything through the pool (before ADR 0033)
  *
  * Postgres: `DATABASE_URL` when set, otherwise a temporary embedded PostgreSQL with durability on.
  * A fresh database per run. Two queues with the same backlog: `plain` (no key, ungated `claim`)
@@ -44,6 +45,8 @@ const arg = (name: string, fallback: number) => {
 const jobs = arg("jobs", 20_000)
 const keys = arg("keys", 1000)
 const probes = arg("probes", 300)
+// 0: claim, finalize and claim_keyed through the pool, as before ADR 0033
+const hotConnections = arg("hot", 1) !== 0
 
 const complete = (claimed: ReadonlyArray<ClaimedJob>) =>
   Effect.flatMap(QueueStorage, (s) =>
@@ -135,7 +138,7 @@ const run = Effect.gen(function* () {
     }
   }).pipe(
     Effect.provide(
-      Layer.mergeAll(PgQueueStorage.layer({}), PgKeyGrants.layer()).pipe(
+      Layer.mergeAll(PgQueueStorage.layer({ hotConnections }), PgKeyGrants.layer({ hotConnections })).pipe(
         Layer.provideMerge(
           PgClient.layer({ url: Redacted.make(url), maxConnections: 4, applicationName: "awa-bench" })
         )

@@ -14,6 +14,7 @@ import {
   CronStorage,
   FlowStorage,
   Heartbeats,
+  HotConnections,
   LeaderLock,
   PgCallbackStorage,
   PgKeyGrants,
@@ -54,7 +55,11 @@ export const layerPg = (options: AwaPgOptions = {}) => {
     CronStorage.layerPg(options),
     PgKeyGrants.layer(options),
     FlowStorage.layerPg(options)
-  ).pipe(Layer.provide(fence))
+  ).pipe(
+    // one set of hot-path connections for storage and key grants (ADR 0033)
+    Layer.provide(HotConnections.layer(options)),
+    Layer.provide(fence)
+  )
   return Layer.merge(AwaClient.layer(options), Callbacks.layer).pipe(
     Layer.provideMerge(Heartbeats.layerThread(options).pipe(Layer.provideMerge(engine)))
   )

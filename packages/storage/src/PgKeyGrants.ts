@@ -9,7 +9,7 @@ import { checkQueueName, ValidationError } from "@awa/core"
 import { Migrations } from "@awa/sql"
 import { Clock, Effect, Layer } from "effect"
 import { SqlClient, SqlError } from "effect/sql"
-import * as HotConnection from "./HotConnection.ts"
+import * as HotConnections from "./HotConnections.ts"
 import {
   type KeyedClaim,
   type KeyedClaimParams,
@@ -75,8 +75,9 @@ export interface PgKeyGrantsOptions {
   /** Schema Awa is installed in. Default `"awa"`. */
   readonly schema?: string | undefined
   /**
-   * Run `claim_keyed` on a connection of its own, opened on the first keyed claim (ADR 0033, as
-   * `PgQueueStorageOptions.hotConnections`). Default `true`.
+   * Run `claim_keyed` on the storage's own connections (`HotConnections`, ADR 0033, as
+   * `PgQueueStorageOptions.hotConnections`): the set in context, else one of this layer's.
+   * Default `true`.
    */
   readonly hotConnections?: boolean | undefined
 }
@@ -86,7 +87,7 @@ export const make = Effect.fnUntraced(function* (options: PgKeyGrantsOptions = {
   const schema = yield* Migrations.checkSchemaName(options.schema ?? Migrations.defaultSchema)
   const s = sql(schema)
   const rc = ReadCommitted.make(sql)
-  const claimConnection = yield* HotConnection.forRole("keyed claim", options.hotConnections)
+  const hot = yield* HotConnections.forLayer(options.hotConnections)
   const channel = wakeChannel(schema)
 
   const show = (id: string) =>
@@ -198,7 +199,7 @@ export const make = Effect.fnUntraced(function* (options: PgKeyGrantsOptions = {
       const statement = sql<
         Omit<ClaimRow, "job_id"> & { readonly job_id: bigint | null; readonly gate: string | null }
       >`SELECT * FROM ${s}.claim_keyed(${params.queue}, ${params.policy}, ${params.max}, ${params.deadlineMs}::bigint, ${params.agingIntervalMs}::bigint)`
-      const rows = yield* claimConnection.run(statement, rc("claim", statement)).pipe(
+      const rows = yield* hot.run(statement, rc("claim", statement)).pipe(
         ReadCommitted.mapRefusal("claim"),
         Effect.catchIf(isMissingPolicy, () => Effect.fail(new KeyPolicyNotFound({ id: params.policy })))
       )

@@ -32,7 +32,7 @@ import {
 import { Migrations } from "@awa/sql"
 import { Clock, Effect, Fiber, Layer, Option } from "effect"
 import { SqlClient, SqlError } from "effect/sql"
-import * as HotConnection from "./HotConnection.ts"
+import * as HotConnections from "./HotConnections.ts"
 import {
   type AttemptToken,
   type AttemptView,
@@ -140,11 +140,13 @@ export interface PgQueueStorageOptions {
    */
   readonly pruneEndIdleBlockersAfterMs?: number | undefined
   /**
-   * Run `claim` and `finalize` on a connection of their own each (opened on first use, outside
-   * the application's pool), so that one backend plans them instead of every pooled connection
-   * after every prune (ADR 0033). A call that finds its connection busy, or runs inside the
-   * caller's transaction, goes through the pool. Needs the application's `PgClient`; with any
-   * other `SqlClient` every call goes through it. Default `true`.
+   * Run `claim` and `finalize` on connections of the layer's own (`HotConnections`: up to two,
+   * opened on first use, outside the application's pool), so that one or two backends plan them
+   * instead of every pooled connection after every prune (ADR 0033). A call that finds them
+   * busy, or runs inside the caller's transaction, goes through the pool. Uses the
+   * `HotConnections` in context when there is one (`Awa.layerPg` shares one with the key-grant
+   * layer). Needs the application's `PgClient`; with any other `SqlClient` every call goes
+   * through it. Default `true`.
    */
   readonly hotConnections?: boolean | undefined
 }
@@ -600,16 +602,16 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
       )
     )
 
-  // The hot statements' own connections (ADR 0033): one backend plans each, not every pooled one.
-  const claimConnection = yield* HotConnection.forRole("claim", options.hotConnections)
-  const finalizeConnection = yield* HotConnection.forRole("finalize", options.hotConnections)
+  // The hot statements' own connections (ADR 0033): one or two backends plan them, not every
+  // pooled one.
+  const hot = yield* HotConnections.forLayer(options.hotConnections)
 
   const claim = (params: ClaimParams) =>
     Effect.gen(function* () {
       yield* checkQueueName(params.queue)
       yield* checkInteger("max", params.max, 0, maxClaimBatch)
       const statement = sql<ClaimRow>`SELECT * FROM ${s}.claim(${params.queue}, ${params.max}, ${params.deadlineMs}::bigint, ${params.agingIntervalMs}::bigint)`
-      const rows = yield* claimConnection.run(statement, rc("claim", statement))
+      const rows = yield* hot.run(statement, rc("claim", statement))
       return rows.map(claimedJobOf)
     }).pipe(ReadCommitted.mapRefusal("claim"))
 
@@ -619,7 +621,7 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
       yield* checkFinalizeItems(items)
       const statement = sql<{ ord: number; applied: boolean; state: JobState | null }>`
           SELECT * FROM ${s}.finalize(${`[${items.map(outcomeJson).join(",")}]`}::jsonb)`
-      const rows = yield* finalizeConnection.run(statement, rc("finalize", statement))
+      const rows = yield* hot.run(statement, rc("finalize", statement))
       return rows.map(
         (row): FinalizeResult =>
           row.applied && row.state ? { _tag: "Applied", state: row.state } : { _tag: "Stale" }

@@ -80,7 +80,7 @@ describe("lock budget of the keyed claim", () => {
             const grants = yield* KeyGrants
             const sql = yield* SqlClient.SqlClient
             // a worker's session has claimed before: its plans are cached. In a transaction, so
-            // that it runs on this pooled connection, not the layer's keyed-claim one (ADR 0033).
+            // that it runs on this pooled connection, not the layer's own ones (ADR 0033).
             yield* sql.withTransaction(grants.claim(claimOf(`${run}-warm-${w}`, p, 1)))
             yield* sql.withTransaction(
               Effect.gen(function* () {

@@ -62,7 +62,7 @@ describe("lock budget", () => {
           const sql = yield* SqlClient.SqlClient
           // a worker's session has finalized before: its plans are cached (the first call of a
           // session also locks what planning opened, ~230 entries). In a transaction, so that it
-          // runs on this pooled connection, not on the layer's finalize connection (ADR 0033).
+          // runs on this pooled connection, not on the layer's own connections (ADR 0033).
           yield* sql.withTransaction(
             storage.finalizeMany([{ jobId: -1n, runLease: 1n, outcome: { _tag: "Complete" } }])
           )

@@ -2,12 +2,13 @@
  * The hot statements' own connections (ADR 0033). Read from `pg_stat_activity`, which shows
  * each backend's last statement and `application_name`:
  * - sequential claims, keyed claims and finalizations on a worker whose pool has ten open
- *   connections run on one backend each, not in turn on all ten (the pool hands out idle connections first-in
- *   first-out, so each of them planned every hot statement, again after every prune);
- * - a terminated claim backend costs no call: the call goes through the pool and the next one
- *   opens a new connection;
+ *   connections all run on the set's first connection, not in turn on all ten pooled ones (the
+ *   pool hands out idle connections first-in first-out, so each of them planned every hot
+ *   statement, again after every prune);
+ * - a terminated backend of the set costs no call: the call goes through the pool and the next
+ *   one opens a new connection;
  * - a claim inside the caller's transaction joins it (rolled back with it);
- * - a call that finds the connection busy goes through the pool instead of waiting;
+ * - calls overlapping a busy connection take the next one, and with all busy the pool;
  * - a process that only enqueues opens none, and closing the layer closes them.
  */
 import { TestDatabase } from "@awa/testing"
@@ -15,7 +16,7 @@ import { PgClient } from "@effect/sql-pg"
 import { assert, describe, it } from "@effect/vitest"
 import { Deferred, Effect, Exit, Fiber, Layer, Redacted, Schedule } from "effect"
 import { SqlClient } from "effect/sql"
-import * as HotConnection from "../src/HotConnection.ts"
+import * as HotConnections from "../src/HotConnections.ts"
 import { KeyGrants } from "../src/KeyGrants.ts"
 import { layer as pgGrants } from "../src/PgKeyGrants.ts"
 import { type PgQueueStorageOptions, layer as pgLayer } from "../src/PgQueueStorage.ts"
@@ -24,12 +25,17 @@ import { claimOf, completeAll, fresh, holdOpenUntil } from "./pgFixtures.ts"
 
 const appName = "hot-test"
 
+const clientOn = (url: string) =>
+  PgClient.layer({ url: Redacted.make(url), maxConnections: 10, applicationName: appName })
+
+/** Storage and key grants sharing one set, as `Awa.layerPg` builds them. */
 const storageOn = (url: string, options: PgQueueStorageOptions = {}) =>
-  pgLayer(options).pipe(
-    Layer.provideMerge(
-      PgClient.layer({ url: Redacted.make(url), maxConnections: 10, applicationName: appName })
-    )
+  Layer.mergeAll(pgLayer(options), pgGrants(options)).pipe(
+    Layer.provide(HotConnections.layer(options)),
+    Layer.provideMerge(clientOn(url))
   )
+
+const hot1 = `${appName} hot 1`
 
 interface Backend {
   readonly pid: number
@@ -83,60 +89,56 @@ const claimAndComplete = (queue: string, rounds: number) =>
   })
 
 describe("hot connections (ADR 0033)", () => {
-  it.live("claims and finalizations run on one backend each, not on every pooled one", () =>
-    Effect.gen(function* () {
-      const { url } = yield* TestDatabase.acquire()
-      yield* Effect.gen(function* () {
-        const storage = yield* QueueStorage
-        const q = fresh("hot")
-        yield* storage.enqueueMany(
-          Array.from({ length: 20 }, (_, n) => ({ kind: "k", queue: q, args: { n } }))
-        )
-        yield* openWholePool
-        yield* claimAndComplete(q, 20)
-        const all = yield* backends
-        const claimers = ranLast(all, "claim")
-        const finalizers = ranLast(all, "finalize")
-        assert.deepStrictEqual(
-          [claimers.map((b) => b.application_name), finalizers.map((b) => b.application_name)],
-          [[`${appName} claim`], [`${appName} finalize`]],
-          `backends whose last call was claim or finalize: ${JSON.stringify([claimers, finalizers])}`
-        )
-        // the pool's other nine connections stayed open beside them (the tenth asked)
-        assert.isAtLeast(all.filter((b) => b.application_name === appName).length, 9)
-      }).pipe(Effect.provide(storageOn(url)))
-    })
-  )
-
-  it.live("keyed claims run on one backend of their own", () =>
-    Effect.gen(function* () {
-      const { url } = yield* TestDatabase.acquire()
-      yield* Effect.gen(function* () {
-        const storage = yield* QueueStorage
-        const grants = yield* KeyGrants
-        const q = fresh("hot-keyed")
-        const policy = fresh("policy")
-        yield* grants.create({ id: policy, maxInFlight: 1 })
-        yield* storage.enqueueMany(
-          Array.from({ length: 10 }, (_, n) => ({
-            kind: "k",
-            queue: q,
-            args: { n },
-            concurrencyKey: `key-${n}`
-          }))
-        )
-        yield* openWholePool
-        for (let i = 0; i < 10; i++) {
-          const claimed = yield* grants.claim({ ...claimOf(q, 1), policy })
-          assert.strictEqual(claimed._tag, "Claimed")
-          if (claimed._tag === "Claimed") yield* completeAll(claimed.jobs)
-        }
-        assert.deepStrictEqual(
-          ranLast(yield* backends, "claim_keyed").map((b) => b.application_name),
-          [`${appName} keyed claim`]
-        )
-      }).pipe(Effect.provide(pgGrants().pipe(Layer.provideMerge(storageOn(url)))))
-    })
+  it.live(
+    "claims, keyed claims and finalizations run on the set's first backend, not on every pooled one",
+    () =>
+      Effect.gen(function* () {
+        const { url } = yield* TestDatabase.acquire()
+        yield* Effect.gen(function* () {
+          const storage = yield* QueueStorage
+          const grants = yield* KeyGrants
+          const q = fresh("hot")
+          const keyed = fresh("hot-keyed")
+          const policy = fresh("policy")
+          yield* grants.create({ id: policy, maxInFlight: 1 })
+          yield* storage.enqueueMany(
+            Array.from({ length: 20 }, (_, n) => ({ kind: "k", queue: q, args: { n } }))
+          )
+          yield* storage.enqueueMany(
+            Array.from({ length: 10 }, (_, n) => ({
+              kind: "k",
+              queue: keyed,
+              args: { n },
+              concurrencyKey: `key-${n}`
+            }))
+          )
+          yield* openWholePool
+          yield* claimAndComplete(q, 20)
+          const first = yield* backends
+          for (let i = 0; i < 10; i++) {
+            const claimed = yield* grants.claim({ ...claimOf(keyed, 1), policy })
+            assert.strictEqual(claimed._tag, "Claimed")
+            if (claimed._tag === "Claimed") yield* completeAll(claimed.jobs)
+          }
+          const second = yield* backends
+          assert.deepStrictEqual(
+            [
+              ranLast(first, "claim").map((b) => b.application_name),
+              ranLast(second, "claim_keyed").map((b) => b.application_name),
+              ranLast(second, "finalize").map((b) => b.application_name)
+            ],
+            [[], [], [hot1]],
+            `backends whose last call was claim or finalize: ${JSON.stringify([first, second])}`
+          )
+          // the claim ran on the set's first connection too: finalize was its last call there
+          assert.deepStrictEqual(
+            first.filter((b) => b.application_name.includes(" hot ")).map((b) => b.application_name),
+            [hot1]
+          )
+          // the pool's other nine connections stayed open beside it (the tenth asked)
+          assert.isAtLeast(first.filter((b) => b.application_name === appName).length, 9)
+        }).pipe(Effect.provide(storageOn(url)))
+      })
   )
 
   it.live("a terminated claim backend fails no call and is replaced", () =>
@@ -150,13 +152,13 @@ describe("hot connections (ADR 0033)", () => {
           Array.from({ length: 10 }, (_, n) => ({ kind: "k", queue: q, args: { n } }))
         )
         yield* claimAndComplete(q, 2)
-        const [first] = (yield* backends).filter((b) => b.application_name === `${appName} claim`)
+        const [first] = (yield* backends).filter((b) => b.application_name === hot1)
         assert.isDefined(first)
         yield* sql`SELECT pg_terminate_backend(${first!.pid})`
         yield* eventually(backends, (all) => all.every((b) => b.pid !== first!.pid))
         // the next claims succeed (the first may go through the pool), then run on a new backend
         yield* claimAndComplete(q, 3)
-        const now = (yield* backends).filter((b) => b.application_name === `${appName} claim`)
+        const now = (yield* backends).filter((b) => b.application_name === hot1)
         assert.strictEqual(now.length, 1)
         assert.notStrictEqual(now[0]!.pid, first!.pid)
       }).pipe(Effect.provide(storageOn(url)))
@@ -184,43 +186,38 @@ describe("hot connections (ADR 0033)", () => {
     })
   )
 
-  it.live("a call that finds the connection busy goes through the pool", () =>
+  it.live("calls overlapping a busy connection take the next one, and with all busy the pool", () =>
     Effect.gen(function* () {
       const { url } = yield* TestDatabase.acquire()
       yield* Effect.gen(function* () {
         const sql = yield* SqlClient.SqlClient
         const client = yield* PgClient.PgClient
-        const hot = yield* HotConnection.make({ role: "busy", client, sql })
-        // another session holds the advisory lock the first call waits for
+        const hot = yield* HotConnections.make({ client, sql, size: 2 })
+        const where = sql<{ via: string }>`SELECT current_setting('application_name') AS via`
+        const pool = Effect.succeed([{ via: "pool" }])
+        // another session holds the advisory lock the first two calls wait for
         const release = yield* Deferred.make<void>()
         const holder = yield* holdOpenUntil(url, "SELECT pg_advisory_xact_lock(4242)", release)
-        const blocked = yield* hot
-          .run(
-            sql<{ via: string }>`SELECT 'dedicated' AS via, pg_advisory_xact_lock(4242)`,
-            Effect.succeed([{ via: "pool" }])
+        const waitingOn = (name: string) =>
+          eventually(backends, (all) =>
+            all.some((b) => b.application_name === name && b.query.includes("pg_advisory_xact_lock"))
           )
-          .pipe(Effect.forkChild({ startImmediately: true }))
-        yield* eventually(backends, (all) =>
-          all.some(
-            (b) => b.application_name === `${appName} busy` && b.query.includes("pg_advisory_xact_lock")
-          )
-        )
-        const second = yield* hot.run(
-          sql<{ via: string }>`SELECT 'dedicated' AS via`,
-          Effect.succeed([{ via: "pool" }])
-        )
-        assert.deepStrictEqual(second, [{ via: "pool" }])
+        const blocked = sql<{ via: string }>`
+          SELECT current_setting('application_name') AS via, pg_advisory_xact_lock(4242)::text`
+        const a = yield* hot.run(blocked, pool).pipe(Effect.forkChild({ startImmediately: true }))
+        yield* waitingOn(hot1)
+        const b = yield* hot.run(blocked, pool).pipe(Effect.forkChild({ startImmediately: true }))
+        yield* waitingOn(`${appName} hot 2`)
+        assert.deepStrictEqual(yield* hot.run(where, pool), [{ via: "pool" }])
         yield* Deferred.succeed(release, undefined)
         yield* Fiber.join(holder)
-        const first = yield* Fiber.join(blocked)
-        assert.strictEqual(first[0]!.via, "dedicated")
-        // free again: the next call runs on it
-        const third = yield* hot.run(
-          sql<{ via: string }>`SELECT 'dedicated' AS via`,
-          Effect.succeed([{ via: "pool" }])
+        assert.deepStrictEqual(
+          [(yield* Fiber.join(a))[0]!.via, (yield* Fiber.join(b))[0]!.via],
+          [hot1, `${appName} hot 2`]
         )
-        assert.deepStrictEqual(third, [{ via: "dedicated" }])
-      }).pipe(Effect.scoped, Effect.provide(storageOn(url)))
+        // free again: the next call takes the first
+        assert.deepStrictEqual(yield* hot.run(where, pool), [{ via: hot1 }])
+      }).pipe(Effect.scoped, Effect.provide(clientOn(url)))
     })
   )
 
@@ -236,7 +233,7 @@ describe("hot connections (ADR 0033)", () => {
         yield* storage.enqueueMany([{ kind: "k", queue: q, args: {} }])
         assert.deepStrictEqual(named(yield* backends), [])
         yield* claimAndComplete(q, 1)
-        assert.sameMembers(named(yield* backends), [`${appName} claim`, `${appName} finalize`])
+        assert.deepStrictEqual(named(yield* backends), [hot1])
       }).pipe(Effect.provide(storageOn(url)))
       yield* eventually(Effect.provide(backends, observer), (all) => named(all).length === 0)
     })
