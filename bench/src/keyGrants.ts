@@ -23,7 +23,14 @@
 import { mkdirSync, writeFileSync } from "node:fs"
 import os from "node:os"
 import { Migrations } from "@awa/sql"
-import { type ClaimedJob, KeyGrants, PgKeyGrants, PgQueueStorage, QueueStorage } from "@awa/storage"
+import {
+  type ClaimedJob,
+  HotConnections,
+  KeyGrants,
+  PgKeyGrants,
+  PgQueueStorage,
+  QueueStorage
+} from "@awa/storage"
 import { NodeRuntime } from "@effect/platform-node"
 import { PgClient } from "@effect/sql-pg"
 import { Console, Effect, Layer, Redacted } from "effect"
@@ -139,6 +146,8 @@ const run = Effect.gen(function* () {
   }).pipe(
     Effect.provide(
       Layer.mergeAll(PgQueueStorage.layer({ hotConnections }), PgKeyGrants.layer({ hotConnections })).pipe(
+        // one set of hot-path connections for both, as Awa.layerPg builds them (ADR 0033)
+        Layer.provide(HotConnections.layer({ hotConnections })),
         Layer.provideMerge(
           PgClient.layer({ url: Redacted.make(url), maxConnections: 4, applicationName: "awa-bench" })
         )
