@@ -59,7 +59,9 @@ const legs: ReadonlyArray<Leg> = [
  * READ COMMITTED guard), the refusals and the worker on a database defaulting to REPEATABLE READ
  * or SERIALIZABLE, the lock budget of twenty full finalize batches, and the worker end to end
  * (every outcome kind, the DLQ); the key-grant contract and races (issue 20), the callback contract
- * and its resolve race (issue 21), and flow control on Postgres (capped depth, overrides). The full suite (ring properties under
+ * and its resolve race (issue 21), flow control on Postgres (capped depth, overrides), and the
+ * hot-path connections (ADR 0033: their own sessions, at READ COMMITTED whatever the server's
+ * default; a terminated one replaced). The full suite (ring properties under
  * churn and a pinned horizon, prune and liveness, cron, tracing, the multi-process fault
  * scenarios, the docs' examples) runs once, on the default server: with full durability on 2
  * cores it would take a leg over 20 minutes, and CI has 90 for everything.
@@ -79,7 +81,8 @@ const suites = [
   "packages/storage/test/PgKeyGrants.races.test.ts",
   "packages/storage/test/PgCallbackStorage.test.ts",
   "packages/storage/test/PgCallbackStorage.race.test.ts",
-  "packages/runtime/test/FlowControl.pg.test.ts"
+  "packages/runtime/test/FlowControl.pg.test.ts",
+  "packages/storage/test/HotConnections.test.ts"
 ]
 
 const arg = (name: string) => {
