@@ -23,7 +23,7 @@ const Blocker = Job.define({ kind: "blocker", args: Args, queue: "gb" })
 const sentOut: Array<string> = []
 const runs: Array<{ readonly lease: bigint; readonly result: unknown }> = []
 
-const handlersWith = (blocked: Deferred.Deferred<void>) => [
+const handlersWith = (blocked: Deferred.Deferred<void>, blockerStarted: Deferred.Deferred<void>) => [
   handler(Approval, (_args, ctx) =>
     Effect.gen(function* () {
       runs.push({ lease: ctx.job.runLease, result: ctx.callbackResult })
@@ -34,7 +34,7 @@ const handlersWith = (blocked: Deferred.Deferred<void>) => [
     })
   ),
   // holds the queue's only slot until the test lets it go (or the worker's shutdown interrupts it)
-  handler(Blocker, () => Deferred.await(blocked))
+  handler(Blocker, () => Effect.andThen(Deferred.succeed(blockerStarted, undefined), Deferred.await(blocked)))
 ]
 
 const fastMaintenance = {
@@ -60,9 +60,10 @@ describe("a resumed job given back at shutdown", () => {
   it.live("is resumed again: the next worker runs it with the payload and the same run lease", () =>
     Effect.gen(function* () {
       const blocked = yield* Deferred.make<void>()
+      const blockerStarted = yield* Deferred.make<void>()
       const worker = Awa.worker({
         queues: { gb: { maxConcurrency: 1, prefetch: 1 } },
-        handlers: handlersWith(blocked),
+        handlers: handlersWith(blocked, blockerStarted),
         maintenance: fastMaintenance,
         shutdownTimeout: "200 millis"
       })
@@ -72,7 +73,9 @@ describe("a resumed job given back at shutdown", () => {
 
       // worker A: parks the approval, then runs the blocker, and takes the resumed approval into
       // its buffer (prefetch 1) behind it; then it stops with the approval unstarted
-      const scopeA = yield* Scope.make()
+      // closed before AwaLive even when a step below fails: a worker left running on a closed
+      // pool retries every call in a loop and hides the failure behind a timeout
+      const scopeA = yield* Effect.acquireRelease(Scope.make(), (scope) => Scope.close(scope, Exit.void))
       yield* Layer.buildWithScope(worker, scopeA)
       yield* eventually(
         Effect.sync(() => sentOut.length === 1),
@@ -81,6 +84,9 @@ describe("a resumed job given back at shutdown", () => {
       )
       const parkedLease = runs[0]!.lease
       yield* client.insert(Blocker, { n: 2 })
+      // the blocker holds the slot before the resume arrives (else the resumed approval may be
+      // taken and started before the blocker is claimed)
+      yield* Deferred.await(blockerStarted)
       yield* callbacks.resumeExternal(sentOut[0]!, { approved: true })
       yield* eventually(
         Effect.map(callbackRow(approval.id), (r) => r !== undefined && !r.waiting && r.state === null),
@@ -107,6 +113,6 @@ describe("a resumed job given back at shutdown", () => {
         })
       )
       assert.deepStrictEqual(runs[1], { lease: parkedLease, result: { approved: true } })
-    }).pipe(Effect.provide(AwaLive))
+    }).pipe(Effect.scoped, Effect.provide(AwaLive))
   )
 })
