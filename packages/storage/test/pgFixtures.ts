@@ -6,7 +6,7 @@
 import { randomUUID } from "node:crypto"
 import { TestDatabase } from "@awa/testing"
 import { PgClient } from "@effect/sql-pg"
-import { Deferred, Effect, Layer, Redacted } from "effect"
+import { Deferred, Effect, Layer, Redacted, Schedule } from "effect"
 import { SqlClient } from "effect/sql"
 import { type PgQueueStorageOptions, layer as pgLayer } from "../src/PgQueueStorage.ts"
 import { type ClaimedJob, QueueStorage, type RetentionParams } from "../src/QueueStorage.ts"
@@ -66,3 +66,40 @@ export const holdOpenUntil = (url: string, statement: string, release: Deferred.
     yield* Deferred.await(started)
     return fiber
   })
+
+/**
+ * Leaves autovacuum nothing to do in the database at `url`, so that no vacuum or analyze of its
+ * own invalidates the statements a test's sessions cache while it measures them (an invalidated
+ * plan is planned again inside the measured transaction, and planning locks every ring child and
+ * index). A backend reports the table statistics it has not reported yet when it exits, so a
+ * connection that wrote thousands of rows and closed after a VACUUM ANALYZE would hand autovacuum
+ * those changes to analyze: this waits until every other client backend of the database has
+ * exited, then runs VACUUM ANALYZE.
+ */
+export const settleStatistics = (url: string) =>
+  Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    const others = sql<{ n: number }>`
+      SELECT count(*)::int AS n FROM pg_stat_activity
+      WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'`
+    yield* others.pipe(
+      Effect.flatMap(([row]) =>
+        row!.n === 0 ? Effect.void : Effect.fail(`${row!.n} other client backends still connected`)
+      ),
+      Effect.retry(Schedule.spaced("20 millis").pipe(Schedule.upTo({ times: 1_000 }))),
+      Effect.orDie
+    )
+    yield* sql`VACUUM ANALYZE`
+  }).pipe(Effect.provide(PgClient.layer({ url: Redacted.make(url), maxConnections: 1 })))
+
+/**
+ * Rows of the database at `url` written since their table was last analyzed, as the server's
+ * statistics have them: what autovacuum would analyze next (0 after `settleStatistics`, until
+ * someone commits a write).
+ */
+export const unanalyzedChanges = (url: string) =>
+  Effect.gen(function* () {
+    const [row] = yield* (yield* SqlClient.SqlClient)<{ n: number }>`
+      SELECT coalesce(sum(n_mod_since_analyze), 0)::int AS n FROM pg_stat_user_tables WHERE schemaname = 'awa'`
+    return row!.n
+  }).pipe(Effect.provide(PgClient.layer({ url: Redacted.make(url), maxConnections: 1 })))
