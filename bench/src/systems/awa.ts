@@ -15,13 +15,29 @@
  */
 import { Job } from "@awa/core"
 import { Awa, AwaClient, Handler } from "@awa/runtime"
+import { KeyGrants } from "@awa/storage"
 import { PgClient } from "@effect/sql-pg"
 import { Effect, Exit, Layer, ManagedRuntime, Redacted, References, Schema, Scope } from "effect"
 import { type AdapterFactory, inFlight, benchQueue as queue } from "./types.ts"
 
 const poolSize = 10
 
-const BenchJob = Job.define({ kind: "bench", args: Schema.Struct({ seq: Schema.Number }), queue })
+/**
+ * For issue 20's cost figures: `AWA_BENCH_KEYS=n` gives every job a `concurrencyKey` (`tenant-`
+ * seq mod n, from the definition) and the queue the key policy `bench` (`AWA_BENCH_KEY_LIMIT`
+ * jobs in flight per key, default 2), so the worker claims through `claim_keyed`. Recorded in the
+ * settings.
+ */
+const keys = Number(process.env.AWA_BENCH_KEYS ?? "0")
+const keyLimit = Number(process.env.AWA_BENCH_KEY_LIMIT ?? "2")
+const keyPolicy = keys > 0 ? { keyPolicy: "bench" } : {}
+
+const BenchJob = Job.define({
+  kind: "bench",
+  args: Schema.Struct({ seq: Schema.Number }),
+  queue,
+  ...(keys > 0 ? { concurrencyKey: ({ seq }: { readonly seq: number }) => `tenant-${seq % keys}` } : {})
+})
 
 /**
  * For investigations only: `AWA_WORKER_OPTIONS` (JSON) is merged into the worker options, e.g.
@@ -44,6 +60,11 @@ export const make: AdapterFactory = async (url, options = { profile: "tuned" }) 
     )
   )
   await runtime.runPromise(Effect.void)
+  // `create` is idempotent: every process of the scale phase makes the same call
+  if (keys > 0)
+    await runtime.runPromise(
+      Effect.flatMap(KeyGrants, (g) => g.create({ id: "bench", maxInFlight: keyLimit }))
+    )
   const client = await runtime.runPromise(Effect.service(AwaClient.AwaClient))
   let workers: Scope.Closeable | undefined
 
@@ -63,7 +84,8 @@ export const make: AdapterFactory = async (url, options = { profile: "tuned" }) 
       maintenance:
         "default (leader: rotate check 1 s, rotating at 10,000 rows or 10 s; promote 250 ms; completed retention 1 day)",
       poolSize,
-      ...(Object.keys(overrides).length > 0 ? { overrides } : {})
+      ...(Object.keys(overrides).length > 0 ? { overrides } : {}),
+      ...(keys > 0 ? { concurrencyKeys: keys, keyPolicy: `bench, maxInFlight ${keyLimit}` } : {})
     },
     // migrateOnStart did it when the runtime was built
     install: async () => {},
@@ -92,13 +114,17 @@ export const make: AdapterFactory = async (url, options = { profile: "tuned" }) 
           Awa.worker(
             tuned
               ? {
-                  queues: { [queue]: { maxConcurrency: concurrency } },
+                  queues: { [queue]: { maxConcurrency: concurrency, ...keyPolicy } },
                   handlers: [handler],
                   tracing: false,
                   shutdownTimeout: "10 seconds",
                   ...overrides
                 }
-              : { queues: { [queue]: { maxConcurrency: concurrency } }, handlers: [handler], ...overrides }
+              : {
+                  queues: { [queue]: { maxConcurrency: concurrency, ...keyPolicy } },
+                  handlers: [handler],
+                  ...overrides
+                }
           ),
           scope
         )

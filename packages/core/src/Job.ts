@@ -53,6 +53,11 @@ export interface JobDefinition<A, I = A> {
   readonly defaults: InsertOptions
   /** Custom backoff after `attempt` failed attempts; default `2^attempt` s + jitter, capped at 24 h. */
   readonly backoff: ((attempt: number) => Duration.Input) | undefined
+  /**
+   * Each job's `concurrencyKey` from its args, for inserts whose options name none (so one
+   * `insertMany` can carry a key per job). `undefined`: that job has no key.
+   */
+  readonly concurrencyKey?: ((args: A) => string | undefined) | undefined
 }
 
 export interface DefineOptions<A, I> {
@@ -62,6 +67,12 @@ export interface DefineOptions<A, I> {
   readonly queue?: string | undefined
   readonly defaults?: InsertOptions | undefined
   readonly backoff?: ((attempt: number) => Duration.Input) | undefined
+  /**
+   * Each job's `concurrencyKey` from its args (capabilities.md §23), e.g. `(a) => a.tenantId`:
+   * used when an insert's options name no key; `undefined` for a job without one. It must not
+   * throw (a throw fails the insert with a `ValidationError`, nothing written).
+   */
+  readonly concurrencyKey?: ((args: A) => string | undefined) | undefined
 }
 
 const jsonCodecs = new WeakMap<Schema.Top, Schema.Codec<unknown, unknown>>()
@@ -88,7 +99,8 @@ export const define = <A, I>(options: DefineOptions<A, I>): JobDefinition<A, I> 
   kind: options.kind,
   args: options.args,
   defaults: { ...options.defaults, ...(options.queue === undefined ? {} : { queue: options.queue }) },
-  backoff: options.backoff
+  backoff: options.backoff,
+  ...(options.concurrencyKey === undefined ? {} : { concurrencyKey: options.concurrencyKey })
 })
 
 /**

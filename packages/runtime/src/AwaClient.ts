@@ -152,6 +152,26 @@ export const make = Effect.fnUntraced(function* (options: AwaClientOptions = {})
     )
   }
 
+  // Each job's key: the insert's own, else the definition's function of its args, else the
+  // definition's default. The function is user code: a throw is bad input, not a defect.
+  const keysOf = <A, I>(
+    job: Job.JobDefinition<A, I>,
+    args: ReadonlyArray<A>,
+    options: Job.InsertOptions | undefined,
+    merged: Job.InsertOptions
+  ): Effect.Effect<ReadonlyArray<string | undefined> | undefined, ValidationError> => {
+    const keyOf = job.concurrencyKey
+    if (options?.concurrencyKey !== undefined || keyOf === undefined) return Effect.succeed(undefined)
+    return Effect.try({
+      try: () => args.map((a) => keyOf(a) ?? merged.concurrencyKey),
+      catch: (e) =>
+        new ValidationError({
+          field: "concurrencyKey",
+          reason: `the definition's concurrencyKey function threw: ${e instanceof Error ? e.message : String(e)}`
+        })
+    })
+  }
+
   const send = <A, I>(
     job: Job.JobDefinition<A, I>,
     args: ReadonlyArray<A>,
@@ -159,11 +179,14 @@ export const make = Effect.fnUntraced(function* (options: AwaClientOptions = {})
   ): Effect.Effect<ReadonlyArray<InsertResult>, InsertError> =>
     Effect.flatMap(prepare(job, options), ({ merged, runAt, metadata }) => {
       const written = Effect.flatMap(
-        args.length === 1 ? Effect.map(encode(job, args[0]!), (e) => [e]) : encodeAll(job, args),
-        (encoded: ReadonlyArray<unknown>) =>
+        Effect.zip(
+          args.length === 1 ? Effect.map(encode(job, args[0]!), (e) => [e]) : encodeAll(job, args),
+          keysOf(job, args, options, merged)
+        ),
+        ([encoded, keys]: readonly [ReadonlyArray<unknown>, ReadonlyArray<string | undefined> | undefined]) =>
           // one metadata and one tags object for the whole batch: storage checks them once
           storage.enqueueMany(
-            encoded.map((e) => ({
+            encoded.map((e, i) => ({
               kind: job.kind,
               queue: merged.queue,
               priority: merged.priority,
@@ -173,7 +196,7 @@ export const make = Effect.fnUntraced(function* (options: AwaClientOptions = {})
               tags: merged.tags,
               runAt,
               unique: merged.unique,
-              concurrencyKey: merged.concurrencyKey
+              concurrencyKey: keys === undefined ? merged.concurrencyKey : keys[i]
             }))
           )
         // counted when the call returned: the caller's transaction may still roll it back

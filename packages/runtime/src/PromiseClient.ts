@@ -226,6 +226,7 @@ export const createClient = async (options: ClientOptions) => {
     readonly queue?: string
     readonly defaults?: Job.InsertOptions
     readonly backoff?: (attempt: number) => number
+    readonly concurrencyKey?: (args: A) => string | undefined
   }): Job.JobDefinition<A, I> => {
     if (!isStandard(spec.args)) return Job.define({ ...spec, args: spec.args })
     checkSynchronous(spec.kind, spec.args)

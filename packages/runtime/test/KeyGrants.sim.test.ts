@@ -24,6 +24,13 @@ import * as KeyGrantMetrics from "../src/KeyGrantMetrics.ts"
 import { advance } from "./support.ts"
 
 const Task = Job.define({ kind: "ktask", args: Schema.Struct({ key: Schema.String }), queue: "keyed" })
+/** The same jobs, each keyed by its args (the definition's `concurrencyKey`). */
+const KeyedTask = Job.define({
+  kind: "ktask",
+  args: Schema.Struct({ key: Schema.String }),
+  queue: "keyed",
+  concurrencyKey: ({ key }) => (key === "none" ? undefined : key)
+})
 
 /**
  * The simulation with a listener that is subscribed (and stays silent): idle polls back off, as
@@ -109,6 +116,81 @@ describe("key grants in the worker", () => {
       assert.strictEqual(open.value, 0)
       yield* Scope.close(scope, Exit.void)
     }).pipe(Effect.provide(listeningSim), ownRegistry)
+  )
+
+  it.effect("a definition's concurrencyKey keys each job of one insertMany by its args", () =>
+    Effect.gen(function* () {
+      const grants = yield* KeyGrants
+      yield* grants.create({ id: "tenants", maxInFlight: 1 })
+      const t = tracking(1000)
+      const scope = yield* Scope.make()
+      yield* Layer.buildWithScope(
+        Awa.worker({
+          queues: { keyed: { maxConcurrency: 20, keyPolicy: "tenants", pollInterval: "50 millis" } },
+          handlers: [t.h],
+          maintenance: false
+        }),
+        scope
+      )
+      const client = yield* AwaClient
+      yield* client.insertMany(
+        KeyedTask,
+        Array.from({ length: 6 }, (_, i) => ({ key: `k${i % 2}` }))
+      )
+      // two keys, one in flight each, 1 s a job: three rounds. One key for the whole batch would
+      // take six; no key would run all six at once.
+      yield* advance(3_300, 10)
+      assert.strictEqual(t.done(), 6)
+      assert.strictEqual(t.peak.get("k0"), 1)
+      assert.strictEqual(t.peak.get("k1"), 1)
+      yield* Scope.close(scope, Exit.void)
+    }).pipe(Effect.provide(listeningSim), ownRegistry)
+  )
+
+  it.effect(
+    "an insert's own concurrencyKey wins; undefined means none; a throwing function is a ValidationError",
+    () =>
+      Effect.gen(function* () {
+        const client = yield* AwaClient
+        const keyOf = (id: bigint) =>
+          Effect.map(client.storage.listJobs({ queue: "keyed" }), (jobs) => {
+            const job = jobs.find((j) => j.id === id)
+            return job?.metadata["awa:concurrencyKey"]
+          })
+        const own = yield* client.insert(KeyedTask, { key: "k1" }, { concurrencyKey: "mine" })
+        const none = yield* client.insert(KeyedTask, { key: "none" })
+        const derived = yield* client.insert(KeyedTask, { key: "k2" })
+        assert.strictEqual(yield* keyOf(own!.id), "mine")
+        assert.strictEqual(yield* keyOf(none!.id), undefined)
+        assert.strictEqual(yield* keyOf(derived!.id), "k2")
+
+        const Throwing = Job.define({
+          kind: "ktask",
+          args: Schema.Struct({ key: Schema.String }),
+          queue: "keyed",
+          concurrencyKey: ({ key }) => {
+            if (key === "bad") throw new Error("no tenant")
+            return key
+          }
+        })
+        const before = (yield* client.storage.listJobs({ queue: "keyed" })).length
+        const failed = yield* Effect.flip(client.insertMany(Throwing, [{ key: "ok" }, { key: "bad" }]))
+        assert.strictEqual(failed._tag, "ValidationError")
+        assert.include(String((failed as { reason?: string }).reason), "no tenant")
+        assert.strictEqual(
+          (yield* client.storage.listJobs({ queue: "keyed" })).length,
+          before,
+          "nothing written"
+        )
+        // a key the storage refuses (empty) fails the whole batch the same way
+        const empty = yield* Effect.flip(client.insertMany(Throwing, [{ key: "ok" }, { key: "" }]))
+        assert.strictEqual(empty._tag, "ValidationError")
+        assert.strictEqual(
+          (yield* client.storage.listJobs({ queue: "keyed" })).length,
+          before,
+          "nothing written"
+        )
+      }).pipe(Effect.provide(Awa.layerSim()))
   )
 
   it.effect("a keyPolicy nobody created fails the worker's start", () =>
