@@ -5,6 +5,7 @@
  *   node bench/src/keyGrants.ts                      # 20,000 jobs per queue, 1,000 keys
  *   node bench/src/keyGrants.ts --jobs 50000 --keys 100
  *   node bench/src/keyGrants.ts --hot 0              # everything through the pool (before ADR 0033)
+ *   node bench/src/keyGrants.ts --window 1           # the latency probe claims 1 job a call (default 50)
  *
  * Postgres: `DATABASE_URL` when set, otherwise a temporary embedded PostgreSQL with durability on.
  * A fresh database per run. Two queues with the same backlog: `plain` (no key, ungated `claim`)
@@ -13,7 +14,7 @@
  * and closure stays in one slot and a key's grant count reads all of the key's claims so far (at
  * most jobs / keys), more than a rotating ring keeps (about one wrap, ~16 s of claims).
  *
- *   1. claim latency: `claim(max 50)` + complete, alternating plain / keyed, `--probes` times
+ *   1. claim latency: `claim(max --window)` + complete, alternating plain / keyed, `--probes` times
  *      each, on backlogs of `--jobs` of their own: per-call claim time, p50 / p95 / p99 / max;
  *   2. drain: claim 512 (the keyed claim takes at most 64 rows and 32 keys per call) +
  *      `finalizeMany` Complete, until each queue (`--jobs` each) is empty, plain first: jobs/s.
@@ -52,6 +53,8 @@ const arg = (name: string, fallback: number) => {
 const jobs = arg("jobs", 20_000)
 const keys = arg("keys", 1000)
 const probes = arg("probes", 300)
+// the claim latency probe's window: claim(max window); each window's keys are distinct
+const claimWindow = arg("window", 50)
 // 0: claim, finalize and claim_keyed through the pool, as before ADR 0033
 const hotConnections = arg("hot", 1) !== 0
 
@@ -129,11 +132,11 @@ const run = Effect.gen(function* () {
     const keyed: Array<number> = []
     for (let i = 0; i < probes; i++) {
       let t = now()
-      const a = yield* claimPlain("plain-probe")(50)
+      const a = yield* claimPlain("plain-probe")(claimWindow)
       plain.push(now() - t)
       yield* complete(a)
       t = now()
-      const b = yield* claimKeyed("keyed-probe")(50)
+      const b = yield* claimKeyed("keyed-probe")(claimWindow)
       keyed.push(now() - t)
       yield* complete(b ?? [])
     }
@@ -161,6 +164,7 @@ const run = Effect.gen(function* () {
     jobs,
     keys,
     probes,
+    window: claimWindow,
     server: version,
     machine: `${os.cpus().length} × ${os.cpus()[0]?.model ?? "cpu"}, load ${os
       .loadavg()
@@ -170,7 +174,7 @@ const run = Effect.gen(function* () {
   }
   yield* Console.log(
     table(
-      ["claim(50)", "p50 ms", "p95 ms", "p99 ms", "max ms"],
+      [`claim(${claimWindow})`, "p50 ms", "p95 ms", "p99 ms", "max ms"],
       [
         [
           "plain (claim)",
