@@ -29,6 +29,14 @@
  * is given back unstarted. Poll interval, batch size, deadline and rate are read on every claim
  * from the queue's live settings, which hot overrides change.
  *
+ * **Closure wake-ups** (keyed queues, docs/adr/0029-key-execution-grants.md) A worker's
+ * finalization of keyed attempts sends `Closed` for their queue to every process: a grant may be
+ * free for a claimer that stopped at a key at its limit. Rung only when that can be this one: a
+ * claim is in flight, or the last claim took something or found keys at their limit. A
+ * dispatcher whose last claim found its queue idle ignores it (a closure adds no claimable job;
+ * new work comes with its own wake-up), so a fleet's idle processes do not each claim once per
+ * burst of closures.
+ *
  * **Guarantees** Never more than `maxConcurrency` handlers at once; never more than `prefetch`
  * jobs waiting; jobs start in claim order (FIFO per lane is kept). A claim error is logged and
  * retried after the poll interval (the dispatcher never dies on a database error). On `stop`,
@@ -72,6 +80,8 @@ const smoothing = 0.3
 export interface Dispatcher<R> {
   /** Rings the doorbell: something may be claimable now. */
   readonly wake: Effect.Effect<void>
+  /** Keyed attempts of this queue closed elsewhere: rings the doorbell unless the queue was idle. */
+  readonly closed: Effect.Effect<void>
   /** A parked attempt of this queue was resumed: take it back (`claimResumed`) on the next round. */
   readonly resumed: Effect.Effect<void>
   /** The loop; runs until interrupted. */
@@ -139,6 +149,10 @@ export const make = Effect.fnUntraced(function* <R>(
   let lastClaimAt: number | undefined
   let rate = 0
   let claimLatencyMs = 1
+
+  // Closure wake-ups: ignored while the last claim found the queue idle and none is in flight.
+  let claiming = false
+  let lastClaimIdle = false
 
   // Sliding queues of capacity 1: repeated rings while busy collapse into one.
   const wakeBell = yield* Queue.sliding<void>(1)
@@ -326,7 +340,10 @@ export const make = Effect.fnUntraced(function* <R>(
         return
       }
     }
-    const { claimed, busy, capped, failed } = yield* claimAttempts(now, batch - resumedCount)
+    claiming = true
+    const { claimed, busy, capped, failed } = yield* claimAttempts(now, batch - resumedCount).pipe(
+      Effect.ensuring(Effect.sync(() => (claiming = false)))
+    )
     yield* startBuffered
     // A failed claim waits its poll interval here, after its release step gave back the permits
     // and tokens it took (waiting inside the claim held them for the whole interval), and asks
@@ -337,6 +354,7 @@ export const make = Effect.fnUntraced(function* <R>(
     }
     // Keys at their limit or a busy key lock are not an idle queue: no idle backoff (§23).
     const idle = claimed + resumedCount === 0 && busy === undefined
+    lastClaimIdle = idle
     idleClaims = idle ? idleClaims + 1 : 0
     if (idle) permits?.idle()
     if (claimed === 0 && busy === "contended") return yield* KeyedDispatch.contendedBackoff
@@ -412,6 +430,7 @@ export const make = Effect.fnUntraced(function* <R>(
 
   return {
     wake: ring(wakeBell),
+    closed: Effect.suspend(() => (lastClaimIdle && !claiming ? Effect.void : ring(wakeBell))),
     resumed: Effect.suspend(() => {
       resumeWanted = true
       return ring(wakeBell)

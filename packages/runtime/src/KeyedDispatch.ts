@@ -8,9 +8,10 @@
  *   Gated waits for a wake-up (a closure of a keyed attempt notifies its queue) or the poll
  *   interval as a safety net; contended retries after 2–20 ms (jittered).
  * - **Closure notifications** Each finalization of a keyed attempt that storage applied queues
- *   its queue; one `pg_notify` per burst (coalesced) wakes the gated claimers of every process.
- *   Closures by rescue and by an operator's cancel notify in SQL (rescue, cancel_job: migration
- *   0036), at their commit.
+ *   its queue; one notification per burst (coalesced, StorageSignals `Closed`) reaches the
+ *   dispatchers of every process, and those whose last claim found the queue idle ignore it
+ *   (Dispatcher, "Closure wake-ups"). Closures by rescue and by an operator's cancel notify in
+ *   SQL (rescue, cancel_job: migration 0036) as a plain wake-up, at their commit.
  * - **Tier 1** `localKeyConcurrency.limit`: at most `limit` handlers per key run in this process
  *   (jobs beyond it wait in the process, holding their claims, in order per key). Approximate
  *   fleet-wide: up to `limit × processes`; nothing is stored.

@@ -751,18 +751,20 @@ export const make = Effect.fnUntraced(function* <R>(options: WorkerOptions<R>) {
     Stream.runForEach((signal) =>
       signal._tag === "Wake"
         ? (dispatchers.get(signal.queue)?.wake ?? Effect.void)
-        : signal._tag === "Cancel"
-          ? executor.interrupt(signal.token.jobId, signal.token.runLease)
-          : signal._tag === "Resumed"
-            ? Effect.andThen(
-                executor.wakeCallback(signal.token.jobId, signal.token.runLease),
-                dispatchers.get(signal.queue)?.resumed ?? Effect.void
-              )
-            : // (re)subscribed: wake-ups sent while nobody listened were lost, so look now
-              Effect.suspend(() => {
-                listening = true
-                return Effect.forEach(dispatchers.values(), (d) => d.wake, { discard: true })
-              })
+        : signal._tag === "Closed"
+          ? (dispatchers.get(signal.queue)?.closed ?? Effect.void)
+          : signal._tag === "Cancel"
+            ? executor.interrupt(signal.token.jobId, signal.token.runLease)
+            : signal._tag === "Resumed"
+              ? Effect.andThen(
+                  executor.wakeCallback(signal.token.jobId, signal.token.runLease),
+                  dispatchers.get(signal.queue)?.resumed ?? Effect.void
+                )
+              : // (re)subscribed: wake-ups sent while nobody listened were lost, so look now
+                Effect.suspend(() => {
+                  listening = true
+                  return Effect.forEach(dispatchers.values(), (d) => d.wake, { discard: true })
+                })
     ),
     Effect.ensuring(Effect.sync(() => (listening = false))),
     Effect.catchCause((cause) => Effect.logWarning("notification listener lost; re-subscribing", cause)),

@@ -1,7 +1,9 @@
 /**
  * A gated claimer wakes when a grant of its queue is closed by rescue or by an operator's cancel
  * (migration 0036: rescue and cancel_job notify the queue's wake channel after closing a keyed
- * attempt, as the runtime does after finalize's closures). The worker polls every 60 s here:
+ * attempt) or by another worker's completion (the runtime's `notifyClosed` after finalize: a
+ * `Closed` signal, which only a claimer that may wait for a grant acts on). The worker polls
+ * every 60 s here:
  * without the notification the waiting job would start a minute later, past the test's wait.
  */
 import { Job } from "@awa/core"
@@ -31,7 +33,10 @@ const wokenAfter = (
   queue: string,
   policy: string,
   holderDeadlineMs: number,
-  close: (holder: { jobId: bigint; runLease: bigint }) => Effect.Effect<unknown, unknown, AwaClient>
+  close: (holder: {
+    jobId: bigint
+    runLease: bigint
+  }) => Effect.Effect<unknown, unknown, AwaClient | KeyGrants>
 ) =>
   Effect.gen(function* () {
     const grants = yield* KeyGrants
@@ -89,6 +94,25 @@ layer(AwaLive, { excludeTestServices: true, timeout: "90 seconds" })(
           Effect.flatMap(AwaClient, (client) => client.storage.cancelJob(holder.jobId, "operator"))
         )
         yield* Effect.logInfo(`woken ${ms.toFixed(0)} ms after the cancel`)
+        assert.isBelow(ms, 20_000)
+      }).pipe(ownRegistry)
+    )
+
+    it.effect("another worker's completion of the grant's attempt wakes the gated worker", () =>
+      Effect.gen(function* () {
+        // what a worker's completion batcher does: finalize, then announce the closures
+        // (`notifyClosed`: a `closed:<queue>` notification on the cancel channel)
+        const ms = yield* wokenAfter("kwake-done", "wake-done", 0, (holder) =>
+          Effect.gen(function* () {
+            const client = yield* AwaClient
+            const [result] = yield* client.storage.finalizeMany([
+              { jobId: holder.jobId, runLease: holder.runLease, outcome: { _tag: "Complete" } }
+            ])
+            assert.strictEqual(result?._tag, "Applied")
+            yield* Effect.flatMap(KeyGrants, (g) => g.notifyClosed(["kwake-done"]))
+          })
+        )
+        yield* Effect.logInfo(`woken ${ms.toFixed(0)} ms after the completion`)
         assert.isBelow(ms, 20_000)
       }).pipe(ownRegistry)
     )

@@ -134,8 +134,9 @@ export class KeyGrants extends Context.Service<
     /** Per policy: state, open grants, keys at their limit, oldest open grant. */
     readonly stats: Effect.Effect<ReadonlyArray<KeyGrantStats>, Fails>
     /**
-     * Wakes the claimers of these queues (after a closure of a keyed attempt committed), so a
-     * gated claimer retries at once instead of at its safety poll.
+     * Tells the claimers of these queues that a closure of a keyed attempt committed (the
+     * `Closed` signal, StorageSignals), so a gated claimer retries at once instead of at its
+     * safety poll; a claimer whose queue was idle ignores it.
      */
     readonly notifyClosed: (queues: ReadonlyArray<string>) => Effect.Effect<void, Fails>
   }

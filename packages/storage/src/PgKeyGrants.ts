@@ -25,7 +25,7 @@ import {
 import { type ClaimRow, claimedJobOf } from "./PgQueueStorage.ts"
 import * as ReadCommitted from "./ReadCommitted.ts"
 import { checkInteger, maxClaimBatch } from "./StorageChecks.ts"
-import { wakeChannel } from "./StorageSignals.ts"
+import { cancelChannel, closedPayload } from "./StorageSignals.ts"
 
 /** SQLSTATE of claim_keyed for a policy that does not exist. */
 const missingPolicyCode = "AWK01"
@@ -88,7 +88,6 @@ export const make = Effect.fnUntraced(function* (options: PgKeyGrantsOptions = {
   const s = sql(schema)
   const rc = ReadCommitted.make(sql)
   const hot = yield* HotConnections.forLayer(options.hotConnections)
-  const channel = wakeChannel(schema)
 
   const show = (id: string) =>
     Effect.gen(function* () {
@@ -252,11 +251,14 @@ export const make = Effect.fnUntraced(function* (options: PgKeyGrantsOptions = {
       )
   )
 
+  // On the cancel channel as `closed:<queue>` (StorageSignals `Closed`): only claimers that may
+  // be waiting for a grant act on it.
+  const closedChannel = cancelChannel(schema)
   const notifyClosed = (queues: ReadonlyArray<string>) =>
     queues.length === 0
       ? Effect.void
       : Effect.asVoid(
-          sql`SELECT pg_notify(${channel}, q) FROM jsonb_array_elements_text(${JSON.stringify([...new Set(queues)])}::jsonb) AS q`
+          sql`SELECT pg_notify(${closedChannel}, q) FROM jsonb_array_elements_text(${JSON.stringify([...new Set(queues)].map(closedPayload))}::jsonb) AS q`
         )
 
   return KeyGrants.of({

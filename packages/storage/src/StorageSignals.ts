@@ -3,9 +3,10 @@
  *
  * Postgres: `LISTEN awa_wake_<schema>` (payload: the queue name; sent on commit of an enqueue,
  * promotion or operator retry) and `LISTEN awa_cancel_<schema>` (payload `<job_id>:<run_lease>`;
- * sent after rescue or operator cancel of a running attempt). Each listener holds one pooled
- * connection while the stream runs; the stream fails with the `SqlError` when that connection is
- * lost, and the runtime re-subscribes.
+ * sent after rescue or operator cancel of a running attempt; also `resumed:…` for callbacks and
+ * `closed:<queue>` after a worker's finalizations of keyed attempts). Each listener holds one
+ * pooled connection while the stream runs; the stream fails with the `SqlError` when that
+ * connection is lost, and the runtime re-subscribes.
  *
  * **Gotchas** Notifications are hints, not a log: one sent while nobody listens is lost. Workers
  * therefore also poll, and heartbeat replies report attempts closed elsewhere. Close the stream
@@ -22,6 +23,12 @@ import type { AttemptToken } from "./QueueStorage.ts"
 export type Signal =
   | { readonly _tag: "Wake"; readonly queue: string }
   | { readonly _tag: "Cancel"; readonly token: AttemptToken }
+  /**
+   * A worker closed keyed attempts of this queue (capabilities.md §23): a grant may be free now.
+   * Only a claimer that may be waiting for one needs it, so it is not a `Wake`: an idle queue's
+   * claimers ignore it (ADR 0029, "Closure wake-ups").
+   */
+  | { readonly _tag: "Closed"; readonly queue: string }
   /** A callback of this attempt was resumed (migration 0034): wake its wait, or take it back if parked. */
   | { readonly _tag: "Resumed"; readonly token: AttemptToken; readonly queue: string }
   /**
@@ -40,6 +47,13 @@ export class StorageSignals extends Context.Service<
 
 export const wakeChannel = (schema: string) => `awa_wake_${schema}`
 export const cancelChannel = (schema: string) => `awa_cancel_${schema}`
+
+/**
+ * `closed:<queue>` on the cancel channel: a worker's closure notification (PgKeyGrants
+ * `notifyClosed`). On the cancel channel because workers older than it ignore what they cannot
+ * parse there, where on the wake channel they would claim on every closure.
+ */
+export const closedPayload = (queue: string) => `closed:${queue}`
 
 /** `resumed:<job>:<lease>:<queue>` on the cancel channel (migration 0034): no third LISTEN. */
 const parseResumed = (payload: string): Array<Signal> => {
@@ -73,7 +87,11 @@ export const layerPg = (options: { readonly schema?: string | undefined } = {}) 
           )
           const cancels = Stream.flatMap(Stream.fromQueue(cancelQueue), (n) =>
             Stream.fromIterable(
-              n.payload.startsWith("resumed:") ? parseResumed(n.payload) : parseCancel(n.payload)
+              n.payload.startsWith("resumed:")
+                ? parseResumed(n.payload)
+                : n.payload.startsWith("closed:")
+                  ? [{ _tag: "Closed", queue: n.payload.slice("closed:".length) } satisfies Signal]
+                  : parseCancel(n.payload)
             )
           )
           return Stream.concat(Stream.succeed<Signal>({ _tag: "Subscribed" }), Stream.merge(wakes, cancels))
