@@ -1214,6 +1214,7 @@ DECLARE
   v_floor bigint;             -- 0036: this lane's grant sequence value, taken after its key locks
   v_gated boolean := false;
   v_contended boolean := false;
+  v_out ready[] := '{}'; -- 0041: the claimed rows of every lane, returned once at the end
 BEGIN
   -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
   IF current_setting('transaction_isolation') <> 'read committed' THEN
@@ -1407,8 +1408,7 @@ BEGIN
     -- Mark, claim and return the prefix (the rows of positions v_cursor .. v_seqs[v_admit] read
     -- above: none can appear or go while we hold the lane's claim lock, see claim). 0036: the
     -- window's own rows (ready rows are never updated), not a second lookup of ready.
-    RETURN QUERY
-    WITH picked AS MATERIALIZED (
+    WITH picked AS MATERIALIZED ( -- 0041: counted here, returned at the end
       SELECT r.slot, r.generation, r.job_id, r.kind, r.queue, r.priority, r.shard, r.lane_seq, r.args, r.metadata,
              r.tags, r.errors, r.attempt, r.run_lease, r.max_attempts, r.run_at, r.created_at, r.progress,
              v_digests[r.ordinality] AS digest, v_row_hz[r.ordinality] AS hz -- 0036
@@ -1428,15 +1428,21 @@ BEGIN
              CASE WHEN p.digest IS NOT NULL THEN v_floor END, p.hz -- 0036: NULL unless counted (active)
       FROM picked p
     )
-    SELECT p.job_id, p.run_lease + 1, p.attempt + 1, p.max_attempts, p.kind, p.queue, p.priority, p.args, p.metadata,
-           p.tags, p.errors, p.run_at, p.created_at, v_now, v_deadline, p.progress, NULL::text
-    FROM picked p
-    ORDER BY p.lane_seq;
-    GET DIAGNOSTICS v_n = ROW_COUNT;
+    SELECT count(*)::int INTO v_n FROM picked; -- 0041
+    v_out := v_out || v_rows[1:v_admit]; -- 0041: in lane order, each lane's rows by position
     v_total := v_total + v_n;
     v_left := v_left - v_n;
   END LOOP;
-  IF v_total = 0 AND (v_contended OR v_gated) THEN
+  -- 0041: the claimed rows, each carrying why the call stopped short of its window if it did (a
+  -- key at its limit, or one whose lock another claimer held); NULL otherwise.
+  IF v_total > 0 THEN -- 0041
+    RETURN QUERY -- 0041
+    SELECT r.job_id, r.run_lease + 1, r.attempt + 1, r.max_attempts, r.kind, r.queue, r.priority, r.args, r.metadata, -- 0041
+           r.tags, r.errors, r.run_at, r.created_at, v_now, v_deadline, r.progress, -- 0041
+           CASE WHEN v_contended THEN 'keyLockContended' WHEN v_gated THEN 'keyGated' END -- 0041
+    FROM unnest(v_out) WITH ORDINALITY r -- 0041
+    ORDER BY r.ordinality; -- 0041
+  ELSIF v_contended OR v_gated THEN -- 0041
     RETURN QUERY SELECT NULL::bigint, NULL::bigint, NULL::int, NULL::int, NULL::text, p_queue, NULL::smallint, NULL::jsonb,
                         NULL::jsonb, NULL::text[], NULL::jsonb, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz,
                         NULL::timestamptz, NULL::jsonb,

@@ -32,10 +32,10 @@
  * **Closure wake-ups** (keyed queues, docs/adr/0029-key-execution-grants.md) A worker's
  * finalization of keyed attempts sends `Closed` for their queue to every process: a grant may be
  * free for a claimer that stopped at a key at its limit. Rung only when that can be this one: a
- * claim is in flight, or the last claim took something or found keys at their limit. A
- * dispatcher whose last claim found its queue idle ignores it (a closure adds no claimable job;
- * new work comes with its own wake-up), so a fleet's idle processes do not each claim once per
- * burst of closures.
+ * claim is in flight, or the last claim found keys at their limit (taking nothing, or stopping
+ * short at one: migration 0041 says so), or took a full batch. A dispatcher whose last claim took
+ * all it found ignores it (a closure adds no claimable job; new work comes with its own
+ * wake-up), so neither one process nor a fleet's idle ones claim once per burst of closures.
  *
  * **Guarantees** Never more than `maxConcurrency` handlers at once; never more than `prefetch`
  * jobs waiting; jobs start in claim order (FIFO per lane is kept). A claim error is logged and
@@ -341,9 +341,10 @@ export const make = Effect.fnUntraced(function* <R>(
       }
     }
     claiming = true
-    const { claimed, busy, capped, failed } = yield* claimAttempts(now, batch - resumedCount).pipe(
-      Effect.ensuring(Effect.sync(() => (claiming = false)))
-    )
+    const { claimed, busy, capped, stoppedAtKey, failed } = yield* claimAttempts(
+      now,
+      batch - resumedCount
+    ).pipe(Effect.ensuring(Effect.sync(() => (claiming = false))))
     yield* startBuffered
     // A failed claim waits its poll interval here, after its release step gave back the permits
     // and tokens it took (waiting inside the claim held them for the whole interval), and asks
@@ -354,7 +355,9 @@ export const make = Effect.fnUntraced(function* <R>(
     }
     // Keys at their limit or a busy key lock are not an idle queue: no idle backoff (§23).
     const idle = claimed + resumedCount === 0 && busy === undefined
-    lastClaimIdle = idle
+    // No closure can make more claimable: the claim found nothing, or took all it found (a keyed
+    // claim says when it stopped short at a key, migration 0041).
+    lastClaimIdle = idle || (claimed < batch - resumedCount && !capped && busy === undefined && !stoppedAtKey)
     idleClaims = idle ? idleClaims + 1 : 0
     if (idle) permits?.idle()
     if (claimed === 0 && busy === "contended") return yield* KeyedDispatch.contendedBackoff
@@ -372,6 +375,7 @@ export const make = Effect.fnUntraced(function* <R>(
     let held = 0
     let busy: KeyedDispatch.ClaimBatch["busy"]
     let capped = false
+    let stoppedAtKey: KeyedDispatch.ClaimBatch["stoppedAtKey"]
     let failed = false
     return Effect.acquireUseRelease(
       Effect.void,
@@ -401,6 +405,7 @@ export const make = Effect.fnUntraced(function* <R>(
               held = claimedBatch.jobs.length
               busy = claimedBatch.busy
               capped = claimedBatch.capped
+              stoppedAtKey = claimedBatch.stoppedAtKey
               return held
             })
           ),
@@ -411,7 +416,7 @@ export const make = Effect.fnUntraced(function* <R>(
               cause
             ).pipe(Effect.andThen(Effect.sync(() => (failed = true))), Effect.as(0))
           ),
-          Effect.map((claimed) => ({ claimed, busy, capped, failed }))
+          Effect.map((claimed) => ({ claimed, busy, capped, stoppedAtKey, failed }))
         ),
       () =>
         Effect.suspend(() => {

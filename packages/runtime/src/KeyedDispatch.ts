@@ -32,6 +32,11 @@ export interface ClaimBatch {
   readonly busy: "gated" | "contended" | undefined
   /** The claim stopped at a per-call cap, not for want of work: claim again at once. */
   readonly capped: boolean
+  /**
+   * A keyed claim that took some jobs but stopped short at a key (at its limit, or locked by
+   * another claimer): more may be claimable once a grant closes or the lock is released.
+   */
+  readonly stoppedAtKey: "gated" | "contended" | undefined
 }
 
 /** A keyed claim takes at most this many keys per call (claim_keyed, migration 0036; 32 before)... */
@@ -44,7 +49,10 @@ export const claimer = Effect.fnUntraced(function* (queue: string, keyPolicy: st
   const storage = yield* QueueStorage
   if (keyPolicy === undefined) {
     return (params: ClaimParams) =>
-      Effect.map(storage.claim(params), (jobs): ClaimBatch => ({ jobs, busy: undefined, capped: false }))
+      Effect.map(
+        storage.claim(params),
+        (jobs): ClaimBatch => ({ jobs, busy: undefined, capped: false, stoppedAtKey: undefined })
+      )
   }
   const grants = yield* Effect.serviceOption(KeyGrants)
   if (Option.isNone(grants)) {
@@ -62,14 +70,25 @@ export const claimer = Effect.fnUntraced(function* (queue: string, keyPolicy: st
             // as many as a call takes, or as many keys (each job has at most one): maybe more
             capped:
               c.jobs.length < params.max &&
-              (c.jobs.length >= jobsPerKeyedClaim || c.jobs.length >= keysPerClaim)
+              (c.jobs.length >= jobsPerKeyedClaim || c.jobs.length >= keysPerClaim),
+            stoppedAtKey: c.blocked
           })
         case "Idle":
-          return Effect.succeed({ jobs: [], busy: undefined, capped: false })
+          return Effect.succeed({ jobs: [], busy: undefined, capped: false, stoppedAtKey: undefined })
         case "KeyGated":
-          return Effect.as(Metric.update(gated, 1), { jobs: [], busy: "gated", capped: false })
+          return Effect.as(Metric.update(gated, 1), {
+            jobs: [],
+            busy: "gated",
+            capped: false,
+            stoppedAtKey: undefined
+          })
         case "KeyLockContended":
-          return Effect.as(Metric.update(contended, 1), { jobs: [], busy: "contended", capped: false })
+          return Effect.as(Metric.update(contended, 1), {
+            jobs: [],
+            busy: "contended",
+            capped: false,
+            stoppedAtKey: undefined
+          })
       }
     })
 })

@@ -1,8 +1,9 @@
 /**
  * Closure wake-ups of a keyed queue (StorageSignals `Closed`, docs/adr/0029-key-execution-grants.md):
- * a dispatcher whose last claim found its queue idle ignores them (in a fleet every idle process
- * would otherwise claim once per burst of closures), while one waiting for a key at its limit
- * takes the waiting job on one at once, long before its poll. Simulation layer, virtual time,
+ * a dispatcher whose last claim found its queue idle, or took all it found, ignores them (one
+ * process would otherwise claim once per job, and a fleet's idle processes once per burst of
+ * closures), while one waiting for a key at its limit takes the waiting job on one at once, long
+ * before its poll. Simulation layer, virtual time,
  * signals driven by the test, keyed claims counted.
  */
 import { Job } from "@awa/core"
@@ -74,79 +75,95 @@ const harness = Effect.gen(function* () {
 })
 
 describe("closure wake-ups of a keyed queue", () => {
-  it.effect("ignored after an idle claim; a claimer waiting for the key takes its job on one at once", () =>
-    Effect.gen(function* () {
-      const h = yield* harness
-      yield* Effect.gen(function* () {
-        const grants = yield* KeyGrants
-        yield* grants.create({ id: "p", maxInFlight: 1 })
-        const release = yield* Deferred.make<void>()
-        const started: Array<{ n: number; at: number }> = []
-        const scope = yield* Scope.make()
-        yield* Layer.buildWithScope(
-          Awa.worker({
-            // polls far apart: only signals make it claim within the test
-            queues: {
-              kq: { keyPolicy: "p", maxConcurrency: 5, pollInterval: "60 seconds", idlePollMax: "10 minutes" }
-            },
-            handlers: [
-              handler(Task, ({ n }) =>
-                Effect.flatMap(Clock.currentTimeMillis, (at) =>
-                  Effect.andThen(
-                    Effect.sync(() => void started.push({ n, at })),
-                    n === 1 ? Deferred.await(release) : Effect.void
+  it.effect(
+    "ignored after a claim that found nothing more; a claimer waiting for the key takes its job on one at once",
+    () =>
+      Effect.gen(function* () {
+        const h = yield* harness
+        yield* Effect.gen(function* () {
+          const grants = yield* KeyGrants
+          yield* grants.create({ id: "p", maxInFlight: 1 })
+          const release = yield* Deferred.make<void>()
+          const started: Array<{ n: number; at: number }> = []
+          const scope = yield* Scope.make()
+          yield* Layer.buildWithScope(
+            Awa.worker({
+              // polls far apart: only signals make it claim within the test
+              queues: {
+                kq: {
+                  keyPolicy: "p",
+                  maxConcurrency: 5,
+                  pollInterval: "60 seconds",
+                  idlePollMax: "10 minutes"
+                }
+              },
+              handlers: [
+                handler(Task, ({ n }) =>
+                  Effect.flatMap(Clock.currentTimeMillis, (at) =>
+                    Effect.andThen(
+                      Effect.sync(() => void started.push({ n, at })),
+                      n === 1 ? Deferred.await(release) : Effect.void
+                    )
                   )
                 )
-              )
-            ],
-            maintenance: false
-          }),
-          scope
-        )
-        // subscribed: one claim, which finds the queue idle
-        yield* advance(1_000, 10)
-        const afterIdle = h.claims()
-        assert.isAtLeast(afterIdle, 1)
-        for (let i = 0; i < 5; i++) {
+              ],
+              maintenance: false
+            }),
+            scope
+          )
+          // subscribed: one claim, which finds the queue idle
+          yield* advance(1_000, 10)
+          const afterIdle = h.claims()
+          assert.isAtLeast(afterIdle, 1)
+          for (let i = 0; i < 5; i++) {
+            yield* h.send({ _tag: "Closed", queue: "kq" })
+            yield* advance(200, 10)
+          }
+          assert.strictEqual(h.claims(), afterIdle, "closures while the queue is idle cost no claim")
+
+          // two jobs of one key (limit 1): the wake-up claims the first, the second waits for it
+          const client = yield* AwaClient.AwaClient
+          yield* client.insertMany(Task, [{ n: 1 }, { n: 2 }])
+          yield* h.send({ _tag: "Wake", queue: "kq" })
+          yield* advance(200, 10)
+          assert.deepStrictEqual(
+            started.map((s) => s.n),
+            [1]
+          )
+          // another wake-up: the claim finds the key at its limit (gated)
+          yield* h.send({ _tag: "Wake", queue: "kq" })
+          yield* advance(200, 10)
+          assert.deepStrictEqual(
+            started.map((s) => s.n),
+            [1]
+          )
+          // the first job ends; nothing claims again until a closure is announced
+          yield* Deferred.succeed(release, undefined)
+          yield* advance(1_000, 10)
+          assert.deepStrictEqual(
+            started.map((s) => s.n),
+            [1],
+            "only the closure wake-up (or the 60-second poll) claims the waiting job"
+          )
+          const t0 = yield* Clock.currentTimeMillis
           yield* h.send({ _tag: "Closed", queue: "kq" })
           yield* advance(200, 10)
-        }
-        assert.strictEqual(h.claims(), afterIdle, "closures while the queue is idle cost no claim")
-
-        // two jobs of one key (limit 1): the wake-up claims the first, the second waits for it
-        const client = yield* AwaClient.AwaClient
-        yield* client.insertMany(Task, [{ n: 1 }, { n: 2 }])
-        yield* h.send({ _tag: "Wake", queue: "kq" })
-        yield* advance(200, 10)
-        assert.deepStrictEqual(
-          started.map((s) => s.n),
-          [1]
-        )
-        // another wake-up: the claim finds the key at its limit (gated)
-        yield* h.send({ _tag: "Wake", queue: "kq" })
-        yield* advance(200, 10)
-        assert.deepStrictEqual(
-          started.map((s) => s.n),
-          [1]
-        )
-        // the first job ends; nothing claims again until a closure is announced
-        yield* Deferred.succeed(release, undefined)
-        yield* advance(1_000, 10)
-        assert.deepStrictEqual(
-          started.map((s) => s.n),
-          [1],
-          "only the closure wake-up (or the 60-second poll) claims the waiting job"
-        )
-        const t0 = yield* Clock.currentTimeMillis
-        yield* h.send({ _tag: "Closed", queue: "kq" })
-        yield* advance(200, 10)
-        assert.deepStrictEqual(
-          started.map((s) => s.n),
-          [1, 2]
-        )
-        assert.isAtMost(started[1]!.at - t0, 50)
-        yield* Scope.close(scope, Exit.void)
-      }).pipe(Effect.provide(h.layer))
-    })
+          assert.deepStrictEqual(
+            started.map((s) => s.n),
+            [1, 2]
+          )
+          assert.isAtMost(started[1]!.at - t0, 50)
+          // that claim took all it found (not stopped at a key): its job's own closure, and any
+          // other, costs no claim either
+          yield* advance(200, 10)
+          const afterAll = h.claims()
+          for (let i = 0; i < 3; i++) {
+            yield* h.send({ _tag: "Closed", queue: "kq" })
+            yield* advance(200, 10)
+          }
+          assert.strictEqual(h.claims(), afterAll, "a claim that took all it found ignores closures")
+          yield* Scope.close(scope, Exit.void)
+        }).pipe(Effect.provide(h.layer))
+      })
   )
 })

@@ -51,7 +51,15 @@ export interface KeyedClaimParams extends ClaimParams {
 }
 
 export type KeyedClaim =
-  | { readonly _tag: "Claimed"; readonly jobs: ReadonlyArray<ClaimedJob> }
+  | {
+      readonly _tag: "Claimed"
+      readonly jobs: ReadonlyArray<ClaimedJob>
+      /**
+       * Why the call stopped short of its window, if it did: a key at its limit (or the policy
+       * draining), or a key's lock another claimer held. Absent when it took all it found.
+       */
+      readonly blocked?: "gated" | "contended" | undefined
+    }
   | { readonly _tag: "Idle" }
   | { readonly _tag: "KeyGated" }
   | { readonly _tag: "KeyLockContended" }

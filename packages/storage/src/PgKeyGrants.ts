@@ -210,7 +210,9 @@ export const make = Effect.fnUntraced(function* (options: PgKeyGrantsOptions = {
         ) as KeyedClaim
       }
       const jobs = rows.map((r) => claimedJobOf({ ...r, job_id: r.job_id! }))
-      return { _tag: "Claimed", jobs } as KeyedClaim
+      // 0041: every row carries why the call stopped short, if it did
+      const blocked = gate === "keyGated" ? "gated" : gate === "keyLockContended" ? "contended" : undefined
+      return { _tag: "Claimed", jobs, blocked } as KeyedClaim
     })
 
   const openGrants = (policy: string, key: string) =>

@@ -155,7 +155,11 @@ export const make = Effect.gen(function* () {
         now
       )
       const result: KeyedClaim =
-        jobs.length > 0 ? { _tag: "Claimed", jobs } : gated ? { _tag: "KeyGated" } : { _tag: "Idle" }
+        jobs.length > 0
+          ? { _tag: "Claimed", jobs, blocked: gated ? "gated" : undefined }
+          : gated
+            ? { _tag: "KeyGated" }
+            : { _tag: "Idle" }
       return result
     })
 

@@ -27,6 +27,7 @@ const claimOf = (queue: string, policy: string, max = 10) => ({
   agingIntervalMs: 0
 })
 const jobsOf = (c: KeyedClaim): ReadonlyArray<ClaimedJob> => (c._tag === "Claimed" ? c.jobs : [])
+const blockedOf = (c: KeyedClaim) => (c._tag === "Claimed" ? c.blocked : c._tag)
 const complete = (jobs: ReadonlyArray<ClaimedJob>) =>
   Effect.flatMap(QueueStorage, (s) =>
     s.finalizeMany(
@@ -58,17 +59,20 @@ export const suite = (it: Vitest.MethodsNonLive<QueueStorage | KeyGrants>) => {
           jobsOf(first).map((j) => j.metadata["awa:concurrencyKey"] ?? null),
           ["a", "b", "a", null]
         )
+        assert.strictEqual(blockedOf(first), "gated", "the claim says it stopped at a key at its limit")
         assert.strictEqual(yield* grants.openGrants(p, "a"), 2)
         assert.strictEqual(yield* grants.openGrants(p, "b"), 1)
         // the head is gated: the cursor stays, the "b" behind it waits (FIFO within the lane)
         assert.strictEqual((yield* grants.claim(claimOf(q, p)))._tag, "KeyGated")
         yield* complete(jobsOf(first).slice(0, 1))
         assert.strictEqual(yield* grants.openGrants(p, "a"), 1)
-        const second = jobsOf(yield* grants.claim(claimOf(q, p)))
+        const secondClaim = yield* grants.claim(claimOf(q, p))
+        const second = jobsOf(secondClaim)
         assert.deepStrictEqual(
           second.map((j) => j.metadata["awa:concurrencyKey"]),
           ["a", "b"]
         )
+        assert.strictEqual(blockedOf(secondClaim), undefined, "it took all it found")
         assert.strictEqual((yield* grants.claim(claimOf(q, p)))._tag, "Idle")
       })
   )
@@ -81,14 +85,19 @@ export const suite = (it: Vitest.MethodsNonLive<QueueStorage | KeyGrants>) => {
       const p = fresh("policy")
       yield* grants.create({ id: p, maxInFlight: 1 })
       yield* storage.enqueueMany([job(q, "hot", { priority: 1 }), job(q, "hot", { priority: 1 })])
-      const held = jobsOf(yield* grants.claim(claimOf(q, p, 1)))
+      const heldClaim = yield* grants.claim(claimOf(q, p, 1))
+      const held = jobsOf(heldClaim)
       assert.strictEqual(held.length, 1)
+      assert.strictEqual(blockedOf(heldClaim), undefined, "a full window is not blocked")
       yield* storage.enqueueMany([job(q, "cold", { priority: 3 }), job(q, undefined, { priority: 4 })])
-      const next = jobsOf(yield* grants.claim(claimOf(q, p)))
+      const nextClaim = yield* grants.claim(claimOf(q, p))
+      const next = jobsOf(nextClaim)
       assert.deepStrictEqual(
         next.map((j) => j.priority),
         [3, 4]
       )
+      // the top lane claimed nothing and the lanes after it did: the call still says why
+      assert.strictEqual(blockedOf(nextClaim), "gated")
       assert.strictEqual((yield* grants.claim(claimOf(q, p)))._tag, "KeyGated")
     })
   )
