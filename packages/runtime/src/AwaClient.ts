@@ -152,18 +152,18 @@ export const make = Effect.fnUntraced(function* (options: AwaClientOptions = {})
     )
   }
 
-  // Each job's key: the insert's own, else the definition's function of its args, else the
-  // definition's default. The function is user code: a throw is bad input, not a defect.
+  // Each job's key: the insert's own, else the definition's function of its args (its answer,
+  // `undefined` included, is the key), else the definition's default. The function is user code:
+  // a throw is bad input, not a defect.
   const keysOf = <A, I>(
     job: Job.JobDefinition<A, I>,
     args: ReadonlyArray<A>,
-    options: Job.InsertOptions | undefined,
-    merged: Job.InsertOptions
+    options: Job.InsertOptions | undefined
   ): Effect.Effect<ReadonlyArray<string | undefined> | undefined, ValidationError> => {
     const keyOf = job.concurrencyKey
     if (options?.concurrencyKey !== undefined || keyOf === undefined) return Effect.succeed(undefined)
     return Effect.try({
-      try: () => args.map((a) => keyOf(a) ?? merged.concurrencyKey),
+      try: () => args.map(keyOf),
       catch: (e) =>
         new ValidationError({
           field: "concurrencyKey",
@@ -181,7 +181,7 @@ export const make = Effect.fnUntraced(function* (options: AwaClientOptions = {})
       const written = Effect.flatMap(
         Effect.zip(
           args.length === 1 ? Effect.map(encode(job, args[0]!), (e) => [e]) : encodeAll(job, args),
-          keysOf(job, args, options, merged)
+          keysOf(job, args, options)
         ),
         ([encoded, keys]: readonly [ReadonlyArray<unknown>, ReadonlyArray<string | undefined> | undefined]) =>
           // one metadata and one tags object for the whole batch: storage checks them once

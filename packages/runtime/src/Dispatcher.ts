@@ -80,7 +80,10 @@ const smoothing = 0.3
 export interface Dispatcher<R> {
   /** Rings the doorbell: something may be claimable now. */
   readonly wake: Effect.Effect<void>
-  /** Keyed attempts of this queue closed elsewhere: rings the doorbell unless the queue was idle. */
+  /**
+   * Keyed attempts of this queue closed: rings the doorbell unless the last claim left nothing
+   * claimable behind (found nothing, or took all it found) and none is in flight.
+   */
   readonly closed: Effect.Effect<void>
   /** A parked attempt of this queue was resumed: take it back (`claimResumed`) on the next round. */
   readonly resumed: Effect.Effect<void>
@@ -150,9 +153,10 @@ export const make = Effect.fnUntraced(function* <R>(
   let rate = 0
   let claimLatencyMs = 1
 
-  // Closure wake-ups: ignored while the last claim found the queue idle and none is in flight.
+  // Closure wake-ups: ignored while the last claim left nothing claimable behind and none is in
+  // flight.
   let claiming = false
-  let lastClaimIdle = false
+  let nothingLeft = false
 
   // Sliding queues of capacity 1: repeated rings while busy collapse into one.
   const wakeBell = yield* Queue.sliding<void>(1)
@@ -357,7 +361,7 @@ export const make = Effect.fnUntraced(function* <R>(
     const idle = claimed + resumedCount === 0 && busy === undefined
     // No closure can make more claimable: the claim found nothing, or took all it found (a keyed
     // claim says when it stopped short at a key, migration 0041).
-    lastClaimIdle = idle || (claimed < batch - resumedCount && !capped && busy === undefined && !stoppedAtKey)
+    nothingLeft = idle || (claimed < batch - resumedCount && !capped && busy === undefined && !stoppedAtKey)
     idleClaims = idle ? idleClaims + 1 : 0
     if (idle) permits?.idle()
     if (claimed === 0 && busy === "contended") return yield* KeyedDispatch.contendedBackoff
@@ -435,7 +439,7 @@ export const make = Effect.fnUntraced(function* <R>(
 
   return {
     wake: ring(wakeBell),
-    closed: Effect.suspend(() => (lastClaimIdle && !claiming ? Effect.void : ring(wakeBell))),
+    closed: Effect.suspend(() => (nothingLeft && !claiming ? Effect.void : ring(wakeBell))),
     resumed: Effect.suspend(() => {
       resumeWanted = true
       return ring(wakeBell)

@@ -9,7 +9,7 @@
  *   interval as a safety net; contended retries after 2–20 ms (jittered).
  * - **Closure notifications** Each finalization of a keyed attempt that storage applied queues
  *   its queue; one notification per burst (coalesced, StorageSignals `Closed`) reaches the
- *   dispatchers of every process, and those whose last claim found the queue idle ignore it
+ *   dispatchers of every process, and those whose last claim left nothing behind ignore it
  *   (Dispatcher, "Closure wake-ups"). Closures by rescue and by an operator's cancel notify in
  *   SQL (rescue, cancel_job: migration 0036) as a plain wake-up, at their commit.
  * - **Tier 1** `localKeyConcurrency.limit`: at most `limit` handlers per key run in this process

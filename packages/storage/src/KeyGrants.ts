@@ -144,7 +144,7 @@ export class KeyGrants extends Context.Service<
     /**
      * Tells the claimers of these queues that a closure of a keyed attempt committed (the
      * `Closed` signal, StorageSignals), so a gated claimer retries at once instead of at its
-     * safety poll; a claimer whose queue was idle ignores it.
+     * safety poll; a claimer whose last claim left nothing claimable behind ignores it.
      */
     readonly notifyClosed: (queues: ReadonlyArray<string>) => Effect.Effect<void, Fails>
   }

@@ -25,8 +25,8 @@ export type Signal =
   | { readonly _tag: "Cancel"; readonly token: AttemptToken }
   /**
    * A worker closed keyed attempts of this queue (capabilities.md §23): a grant may be free now.
-   * Only a claimer that may be waiting for one needs it, so it is not a `Wake`: an idle queue's
-   * claimers ignore it (ADR 0029, "Closure wake-ups").
+   * Only a claimer that may be waiting for one needs it, so it is not a `Wake`: a claimer whose
+   * last claim left nothing claimable behind ignores it (ADR 0029, "Closure wake-ups").
    */
   | { readonly _tag: "Closed"; readonly queue: string }
   /** A callback of this attempt was resumed (migration 0034): wake its wait, or take it back if parked. */
