@@ -154,15 +154,9 @@ export const make = Effect.fnUntraced(function* (options: AwaClientOptions = {})
 
   // Each job's key: the insert's own, else the definition's function of its args (its answer,
   // `undefined` included, is the key), else the definition's default. The function is user code:
-  // a throw is bad input, not a defect.
-  const keysOf = <A, I>(
-    job: Job.JobDefinition<A, I>,
-    args: ReadonlyArray<A>,
-    options: Job.InsertOptions | undefined
-  ): Effect.Effect<ReadonlyArray<string | undefined> | undefined, ValidationError> => {
-    const keyOf = job.concurrencyKey
-    if (options?.concurrencyKey !== undefined || keyOf === undefined) return Effect.succeed(undefined)
-    return Effect.try({
+  // a throw is bad input, not a defect. An insert without a key function pays nothing for it.
+  const keysFrom = <A>(keyOf: (args: A) => string | undefined, args: ReadonlyArray<A>) =>
+    Effect.try({
       try: () => args.map(keyOf),
       catch: (e) =>
         new ValidationError({
@@ -170,7 +164,6 @@ export const make = Effect.fnUntraced(function* (options: AwaClientOptions = {})
           reason: `the definition's concurrencyKey function threw: ${e instanceof Error ? e.message : String(e)}`
         })
     })
-  }
 
   const send = <A, I>(
     job: Job.JobDefinition<A, I>,
@@ -178,27 +171,32 @@ export const make = Effect.fnUntraced(function* (options: AwaClientOptions = {})
     options?: Job.InsertOptions
   ): Effect.Effect<ReadonlyArray<InsertResult>, InsertError> =>
     Effect.flatMap(prepare(job, options), ({ merged, runAt, metadata }) => {
+      const keyOf = options?.concurrencyKey === undefined ? job.concurrencyKey : undefined
+      const enqueue = (
+        encoded: ReadonlyArray<unknown>,
+        keys: ReadonlyArray<string | undefined> | undefined
+      ) =>
+        // one metadata and one tags object for the whole batch: storage checks them once
+        storage.enqueueMany(
+          encoded.map((e, i) => ({
+            kind: job.kind,
+            queue: merged.queue,
+            priority: merged.priority,
+            maxAttempts: merged.maxAttempts,
+            args: e,
+            metadata,
+            tags: merged.tags,
+            runAt,
+            unique: merged.unique,
+            concurrencyKey: keys === undefined ? merged.concurrencyKey : keys[i]
+          }))
+        )
       const written = Effect.flatMap(
-        Effect.zip(
-          args.length === 1 ? Effect.map(encode(job, args[0]!), (e) => [e]) : encodeAll(job, args),
-          keysOf(job, args, options)
-        ),
-        ([encoded, keys]: readonly [ReadonlyArray<unknown>, ReadonlyArray<string | undefined> | undefined]) =>
-          // one metadata and one tags object for the whole batch: storage checks them once
-          storage.enqueueMany(
-            encoded.map((e, i) => ({
-              kind: job.kind,
-              queue: merged.queue,
-              priority: merged.priority,
-              maxAttempts: merged.maxAttempts,
-              args: e,
-              metadata,
-              tags: merged.tags,
-              runAt,
-              unique: merged.unique,
-              concurrencyKey: keys === undefined ? merged.concurrencyKey : keys[i]
-            }))
-          )
+        args.length === 1 ? Effect.map(encode(job, args[0]!), (e) => [e]) : encodeAll(job, args),
+        (encoded: ReadonlyArray<unknown>) =>
+          keyOf === undefined
+            ? enqueue(encoded, undefined)
+            : Effect.flatMap(keysFrom(keyOf, args), (keys) => enqueue(encoded, keys))
         // counted when the call returned: the caller's transaction may still roll it back
       ).pipe(
         Effect.map((jobs) => {

@@ -344,11 +344,10 @@ export const make = Effect.fnUntraced(function* <R>(
         return
       }
     }
+    // (an interruption leaves it set: the loop is being torn down, and a set flag only rings)
     claiming = true
-    const { claimed, busy, capped, stoppedAtKey, failed } = yield* claimAttempts(
-      now,
-      batch - resumedCount
-    ).pipe(Effect.ensuring(Effect.sync(() => (claiming = false))))
+    const { claimed, busy, capped, stoppedAtKey, failed } = yield* claimAttempts(now, batch - resumedCount)
+    claiming = false
     yield* startBuffered
     // A failed claim waits its poll interval here, after its release step gave back the permits
     // and tokens it took (waiting inside the claim held them for the whole interval), and asks
@@ -361,7 +360,8 @@ export const make = Effect.fnUntraced(function* <R>(
     const idle = claimed + resumedCount === 0 && busy === undefined
     // No closure can make more claimable: the claim found nothing, or took all it found (a keyed
     // claim says when it stopped short at a key, migration 0041).
-    nothingLeft = idle || (claimed < batch - resumedCount && !capped && busy === undefined && !stoppedAtKey)
+    nothingLeft =
+      claimed < batch - resumedCount && !capped && busy === undefined && stoppedAtKey === undefined
     idleClaims = idle ? idleClaims + 1 : 0
     if (idle) permits?.idle()
     if (claimed === 0 && busy === "contended") return yield* KeyedDispatch.contendedBackoff

@@ -44,6 +44,14 @@ export const keysPerClaim = 64
 /** ...and at most this many jobs. */
 export const jobsPerKeyedClaim = 64
 
+/** A claim that took nothing, and why (undefined: the queue had nothing claimable). */
+const nothing = (busy: ClaimBatch["busy"]): ClaimBatch => ({
+  jobs: [],
+  busy,
+  capped: false,
+  stoppedAtKey: undefined
+})
+
 /** The claim of one queue: the plain claim, or the keyed claim of its policy. */
 export const claimer = Effect.fnUntraced(function* (queue: string, keyPolicy: string | undefined) {
   const storage = yield* QueueStorage
@@ -74,21 +82,11 @@ export const claimer = Effect.fnUntraced(function* (queue: string, keyPolicy: st
             stoppedAtKey: c.blocked
           })
         case "Idle":
-          return Effect.succeed({ jobs: [], busy: undefined, capped: false, stoppedAtKey: undefined })
+          return Effect.succeed(nothing(undefined))
         case "KeyGated":
-          return Effect.as(Metric.update(gated, 1), {
-            jobs: [],
-            busy: "gated",
-            capped: false,
-            stoppedAtKey: undefined
-          })
+          return Effect.as(Metric.update(gated, 1), nothing("gated"))
         case "KeyLockContended":
-          return Effect.as(Metric.update(contended, 1), {
-            jobs: [],
-            busy: "contended",
-            capped: false,
-            stoppedAtKey: undefined
-          })
+          return Effect.as(Metric.update(contended, 1), nothing("contended"))
       }
     })
 })
