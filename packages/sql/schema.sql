@@ -16,6 +16,8 @@ CREATE SEQUENCE awa.lane_seq AS bigint START 1 INCREMENT 1 MINVALUE 1 MAXVALUE 9
 
 CREATE SEQUENCE awa.pending_key_releases_id_seq AS bigint START 1 INCREMENT 1 MINVALUE 1 MAXVALUE 9223372036854775807 CACHE 1;
 
+CREATE SEQUENCE awa.shard_rotor AS bigint START 1 INCREMENT 1 MINVALUE 1 MAXVALUE 9223372036854775807 CACHE 1;
+
 -- ================================================================================================
 -- Tables
 -- ================================================================================================
@@ -275,6 +277,8 @@ CREATE TABLE awa.queue_meta (
   dlq_enabled boolean,
   dlq_retention interval,
   overrides jsonb,
+  enqueue_shards smallint DEFAULT 1 NOT NULL,
+  CONSTRAINT queue_meta_enqueue_shards_check CHECK (((enqueue_shards >= 1) AND (enqueue_shards <= 64))),
   CONSTRAINT queue_meta_pkey PRIMARY KEY (queue)
 );
 -- privileges besides the owner: owner only
@@ -918,6 +922,8 @@ DECLARE
   v_got int; -- 0024: rows returned for the current lane, over its picks
   v_keyed boolean; -- 0024: the last pick left out rows whose key is taken at claim
   v_mark bigint; -- 0024: the lane's cursor after that pick
+  v_j int; -- 0042: the last lane of a busy lane's run of same-priority lanes
+  v_passed text[] := '{}'; -- 0042: busy lanes moved behind their shards ('priority:shard')
 BEGIN
   -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
   IF current_setting('transaction_isolation') <> 'read committed' THEN
@@ -969,7 +975,9 @@ BEGIN
   -- after it, is skipped, and the batch fills from the next lanes in order, so a claimer stuck
   -- behind a slow one never idles a poll interval for it. (0009 to 0024: pass 1 skipped busy
   -- lanes and claimed the rest at once; pass 2 waited only when pass 1 had claimed nothing.)
-  FOR v_k IN 1 .. cardinality(v_prios) LOOP
+  v_k := 0; -- 0042: a WHILE over the lanes, whose order a busy shard may change (below)
+  WHILE v_k < cardinality(v_prios) LOOP -- 0042
+    v_k := v_k + 1; -- 0042
     EXIT WHEN v_left <= 0;
     -- = lane_key(p_queue, priority, shard), written with immutable operators so it is inlined
     -- (the SQL function is planned again on every call, as 0012 found for enqueue)
@@ -985,6 +993,22 @@ BEGIN
                              WHERE m.queue = p_queue AND m.priority = v_prios[v_k] AND m.shard = v_shards[v_k])
           AND NOT EXISTS (SELECT 1 FROM ready_tombstones t
                           WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard AND t.lane_seq = r.lane_seq));
+      -- 0042: a busy lane followed in the order by lanes of the same priority (other shards of
+      -- the queue, capabilities.md §22: not ordered among themselves) goes behind them, once,
+      -- instead of being waited for: its claimer is taking its jobs, and this one takes the next
+      -- shard's. Met again after them, it is waited for as below (rank order across priorities
+      -- is kept: the move never passes a lane of another priority).
+      IF v_prios[v_k + 1] = v_prios[v_k] AND NOT (v_prios[v_k] || ':' || v_shards[v_k]) = ANY (v_passed) THEN -- 0042
+        v_j := v_k + 1; -- 0042
+        WHILE v_prios[v_j + 1] = v_prios[v_k] LOOP -- 0042
+          v_j := v_j + 1; -- 0042
+        END LOOP; -- 0042
+        v_passed := v_passed || (v_prios[v_k] || ':' || v_shards[v_k]); -- 0042
+        v_prios := v_prios[1:v_k - 1] || v_prios[v_k + 1:v_j] || v_prios[v_k] || v_prios[v_j + 1:]; -- 0042
+        v_shards := v_shards[1:v_k - 1] || v_shards[v_k + 1:v_j] || v_shards[v_k] || v_shards[v_j + 1:]; -- 0042
+        v_k := v_k - 1; -- 0042: the lane now at v_k is the next one
+        CONTINUE; -- 0042
+      END IF; -- 0042
       CONTINUE WHEN NOT v_may_wait; -- 0025
       v_may_wait := false; -- 0025
       BEGIN
@@ -2233,22 +2257,43 @@ DECLARE
   v_h record;
   v_keys int;
   v_inserted int;
+  v_shards smallint[]; -- 0042: each header's shard, by header index + 1
 BEGIN
   SELECT array_agg(e.o::int - 1 ORDER BY e.o) FILTER (WHERE v_divert OR x.run_at > v_now) INTO scheduled_headers
   FROM jsonb_array_elements(p_headers) WITH ORDINALITY AS e(v, o), jsonb_to_record(e.v) AS x(run_at timestamptz);
 
+  -- 0042: each header's shard (capabilities.md §22). A queue of width 1 (no queue_meta row, or the
+  -- default): shard 0, as before. Otherwise the header's ordering key's digest (else its
+  -- concurrency key's) modulo the width; else the transaction's rotor draw (shard_draw) modulo
+  -- the width: a batch without keys stays in one lane (per-row fan-out costs more than it
+  -- spreads), and so do all chunks of one insertMany.
+  WITH h AS MATERIALIZED (
+    SELECT e.o, x.queue, x.priority,
+           coalesce(x.metadata ->> 'awa:orderingKey', x.metadata ->> 'awa:concurrencyKey') AS k,
+           coalesce((SELECT m.enqueue_shards FROM queue_meta m WHERE m.queue = x.queue), 1) AS w
+    FROM jsonb_array_elements(p_headers) WITH ORDINALITY AS e(v, o),
+         jsonb_to_record(e.v) AS x(queue text, priority int, metadata jsonb)
+  )
+  SELECT array_agg((CASE WHEN h.w <= 1 THEN 0
+                        WHEN h.k IS NOT NULL
+                        THEN (hashtextextended('shard' || chr(31) || h.k, 0) & 9223372036854775807) % h.w
+                        ELSE shard_draw() % h.w END)::smallint
+                   ORDER BY h.o)
+  INTO v_shards FROM h;
+
   FOR v_lane IN
-    SELECT DISTINCT x.queue COLLATE "C" AS queue, x.priority
-    FROM jsonb_to_recordset(p_headers) AS x(queue text, priority int, run_at timestamptz)
+    SELECT DISTINCT x.queue COLLATE "C" AS queue, x.priority, v_shards[e.o] AS shard -- 0042
+    FROM jsonb_array_elements(p_headers) WITH ORDINALITY AS e(v, o), -- 0042
+         jsonb_to_record(e.v) AS x(queue text, priority int, run_at timestamptz) -- 0042
     WHERE NOT v_divert AND (x.run_at IS NULL OR x.run_at <= v_now)
-    ORDER BY 1, 2
+    ORDER BY 1, 2, 3 -- 0042
   LOOP
-    -- = lane_key(queue, priority, 0), written with immutable operators so it is inlined
+    -- = lane_key(queue, priority, shard), written with immutable operators so it is inlined
     PERFORM pg_advisory_xact_lock(lock_ns('enqueue'),
-                                  hashtext(v_lane.queue || chr(31) || v_lane.priority::text || chr(31) || '0'));
-    PERFORM 1 FROM lanes l WHERE l.queue = v_lane.queue AND l.priority = v_lane.priority AND l.shard = 0;
+                                  hashtext(v_lane.queue || chr(31) || v_lane.priority::text || chr(31) || v_lane.shard::text)); -- 0042
+    PERFORM 1 FROM lanes l WHERE l.queue = v_lane.queue AND l.priority = v_lane.priority AND l.shard = v_lane.shard; -- 0042
     IF NOT FOUND THEN
-      INSERT INTO lanes (queue, priority, shard) VALUES (v_lane.queue, v_lane.priority, 0) ON CONFLICT DO NOTHING;
+      INSERT INTO lanes (queue, priority, shard) VALUES (v_lane.queue, v_lane.priority, v_lane.shard) ON CONFLICT DO NOTHING; -- 0042
     END IF;
   END LOOP;
 
@@ -2300,14 +2345,14 @@ BEGIN
                                                          unique_states int);
       INSERT INTO ready (slot, generation, job_id, kind, queue, priority, shard, lane_seq, args, metadata, tags,
                          errors, attempt, run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
-      SELECT v_slot, v_generation, job_ids[a.o], v_h.kind, v_h.queue, v_h.priority, 0, v_pos[a.o], a.v,
+      SELECT v_slot, v_generation, job_ids[a.o], v_h.kind, v_h.queue, v_h.priority, v_shards[1], v_pos[a.o], a.v, -- 0042
              v_h.metadata, v_h.tags, '[]', 0, 0, v_h.max_attempts, v_h.run_at, v_now,
              CASE WHEN p_keys IS NOT NULL THEN decode(p_keys ->> (a.o::int - 1), 'hex') END, v_h.unique_states
       FROM jsonb_array_elements(p_args) WITH ORDINALITY AS a(v, o);
     ELSE
       INSERT INTO ready (slot, generation, job_id, kind, queue, priority, shard, lane_seq, args, metadata, tags,
                          errors, attempt, run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
-      SELECT v_slot, v_generation, job_ids[a.o], h.kind, h.queue, h.priority, 0, v_pos[a.o], a.v,
+      SELECT v_slot, v_generation, job_ids[a.o], h.kind, h.queue, h.priority, v_shards[h.i + 1], v_pos[a.o], a.v, -- 0042
              h.metadata, h.tags, '[]', 0, 0, h.max_attempts, h.run_at, v_now,
              CASE WHEN p_keys IS NOT NULL THEN decode(p_keys ->> (a.o::int - 1), 'hex') END, h.unique_states
       FROM jsonb_array_elements(p_args) WITH ORDINALITY AS a(v, o)
@@ -2337,7 +2382,7 @@ BEGIN
                                      max_attempts int, run_at timestamptz, unique_states int)
     ),
     j AS MATERIALIZED (
-      SELECT a.o, a.v AS args, h.kind, h.queue, h.priority, h.metadata, h.tags, h.max_attempts, h.run_at,
+      SELECT a.o, a.v AS args, h.i, h.kind, h.queue, h.priority, h.metadata, h.tags, h.max_attempts, h.run_at, -- 0042: h.i
              h.unique_states, h.ready,
              CASE WHEN p_keys IS NOT NULL THEN decode(p_keys ->> (a.o::int - 1), 'hex') END AS k
       FROM jsonb_array_elements(p_args) WITH ORDINALITY AS a(v, o)
@@ -2349,13 +2394,13 @@ BEGIN
     ins_ready AS (
       INSERT INTO ready (slot, generation, job_id, kind, queue, priority, shard, lane_seq, args, metadata, tags,
                          errors, attempt, run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
-      SELECT v_slot, v_generation, job_ids[r.o], r.kind, r.queue, r.priority, 0, v_pos[r.rank], r.args,
+      SELECT v_slot, v_generation, job_ids[r.o], r.kind, r.queue, r.priority, v_shards[r.i + 1], v_pos[r.rank], r.args, -- 0042
              r.metadata, r.tags, '[]', 0, 0, r.max_attempts, r.run_at, v_now, r.k, r.unique_states
       FROM ranked r
     )
     INSERT INTO deferred (job_id, state, kind, queue, priority, shard, args, metadata, tags, errors, attempt,
                           run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
-    SELECT job_ids[j.o], 'scheduled', j.kind, j.queue, j.priority, 0, j.args, j.metadata, j.tags, '[]', 0, 0,
+    SELECT job_ids[j.o], 'scheduled', j.kind, j.queue, j.priority, v_shards[j.i + 1], j.args, j.metadata, j.tags, '[]', 0, 0, -- 0042
            j.max_attempts, j.run_at, v_now, j.k, j.unique_states
     FROM j WHERE NOT j.ready;
   END IF;
@@ -2383,19 +2428,32 @@ DECLARE
   v_slot int;
   v_ready boolean := (p_run_at IS NULL OR p_run_at <= v_now)
                      AND current_setting('transaction_isolation') = 'read committed';
+  v_width int; -- 0042: the queue's enqueueShards
+  v_shard smallint := 0; -- 0042
+  v_key text; -- 0042: the ordering key, else the concurrency key
 BEGIN
+  -- 0042: the shard (capabilities.md §22). Width 1 (no queue_meta row, or the default): shard 0,
+  -- as before. Otherwise the ordering key's digest (else the concurrency key's) modulo the width,
+  -- so a key's jobs share a lane; else the rotor's next draw.
+  SELECT m.enqueue_shards INTO v_width FROM queue_meta m WHERE m.queue = p_queue; -- 0042
+  IF v_width > 1 THEN -- 0042
+    v_key := coalesce(p_metadata ->> 'awa:orderingKey', p_metadata ->> 'awa:concurrencyKey'); -- 0042
+    v_shard := CASE WHEN v_key IS NOT NULL -- 0042
+                    THEN (hashtextextended('shard' || chr(31) || v_key, 0) & 9223372036854775807) % v_width -- 0042
+                    ELSE shard_draw() % v_width END; -- 0042
+  END IF; -- 0042
   IF p_tags IS NULL OR jsonb_array_length(p_tags) = 0 THEN
     v_tags := '{}';
   ELSE
     v_tags := ARRAY(SELECT jsonb_array_elements_text(p_tags));
   END IF;
   IF v_ready THEN
-    -- = lane_key(p_queue, p_priority, 0), written with immutable operators so it is inlined
+    -- = lane_key(p_queue, p_priority, v_shard), written with immutable operators so it is inlined
     PERFORM pg_advisory_xact_lock(lock_ns('enqueue'),
-                                  hashtext(p_queue || chr(31) || p_priority::text || chr(31) || '0'));
-    PERFORM 1 FROM lanes l WHERE l.queue = p_queue AND l.priority = p_priority AND l.shard = 0;
+                                  hashtext(p_queue || chr(31) || p_priority::text || chr(31) || v_shard::text)); -- 0042
+    PERFORM 1 FROM lanes l WHERE l.queue = p_queue AND l.priority = p_priority AND l.shard = v_shard; -- 0042
     IF NOT FOUND THEN
-      INSERT INTO lanes (queue, priority, shard) VALUES (p_queue, p_priority, 0) ON CONFLICT DO NOTHING;
+      INSERT INTO lanes (queue, priority, shard) VALUES (p_queue, p_priority, v_shard) ON CONFLICT DO NOTHING; -- 0042
     END IF;
   END IF;
   -- only when the initial state is in the job's mask (capabilities.md §4)
@@ -2437,7 +2495,7 @@ BEGIN
     END LOOP;
     INSERT INTO ready (slot, generation, job_id, kind, queue, priority, shard, lane_seq, args, metadata, tags,
                        errors, attempt, run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
-    VALUES (v_slot, v_generation, v_id, p_kind, p_queue, p_priority, 0, nextval('lane_seq'), p_args,
+    VALUES (v_slot, v_generation, v_id, p_kind, p_queue, p_priority, v_shard, nextval('lane_seq'), p_args, -- 0042
             p_metadata, v_tags, '[]', 0, 0, p_max_attempts, coalesce(p_run_at, v_now), v_now, p_unique_key,
             coalesce(p_unique_states, 0));
     state := 'available';
@@ -2446,7 +2504,7 @@ BEGIN
   ELSE
     INSERT INTO deferred (job_id, state, kind, queue, priority, shard, args, metadata, tags, errors, attempt,
                           run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
-    VALUES (v_id, 'scheduled', p_kind, p_queue, p_priority, 0, p_args, p_metadata, v_tags, '[]', 0, 0,
+    VALUES (v_id, 'scheduled', p_kind, p_queue, p_priority, v_shard, p_args, p_metadata, v_tags, '[]', 0, 0, -- 0042
             p_max_attempts, coalesce(p_run_at, v_now), v_now, p_unique_key, coalesce(p_unique_states, 0));
     state := 'scheduled';
   END IF;
@@ -3050,6 +3108,7 @@ DECLARE
   v_lane record;
   v_q text[] := '{}';
   v_p int[] := '{}';
+  v_s int[] := '{}'; -- 0042: the lanes' shards
   v_ids bigint[];
   v_pos bigint[];
   v_ring record;
@@ -3061,6 +3120,7 @@ DECLARE
   v_found boolean;
   v_busy_q text[] := '{}';
   v_busy_p int[] := '{}';
+  v_busy_s int[] := '{}'; -- 0042
 BEGIN
   -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
   IF current_setting('transaction_isolation') <> 'read committed' THEN
@@ -3074,24 +3134,27 @@ BEGIN
   FOR v_round IN 1 .. 8 LOOP
     v_found := false;
     FOR v_lane IN
-      SELECT DISTINCT d.queue COLLATE "C" AS queue, d.priority
-      FROM (SELECT d.queue, d.priority FROM deferred d
+      SELECT DISTINCT d.queue COLLATE "C" AS queue, d.priority, d.shard -- 0042
+      FROM (SELECT d.queue, d.priority, d.shard FROM deferred d -- 0042
             WHERE d.state IN ('scheduled', 'retryable') AND d.run_at <= now()
-              AND (d.queue, d.priority) NOT IN (SELECT * FROM unnest(v_busy_q, v_busy_p))
+              AND (d.queue, d.priority, d.shard) NOT IN (SELECT * FROM unnest(v_busy_q, v_busy_p, v_busy_s)) -- 0042
             ORDER BY d.run_at, d.job_id LIMIT p_limit) d
-      ORDER BY 1, 2
+      ORDER BY 1, 2, 3 -- 0042
     LOOP
       v_found := true;
-      IF pg_try_advisory_xact_lock(lock_ns('enqueue'), lane_key(v_lane.queue, v_lane.priority, 0)) THEN
+      -- 0042: the row's own lane (its shard was chosen at insert and is kept through retries)
+      IF pg_try_advisory_xact_lock(lock_ns('enqueue'), lane_key(v_lane.queue, v_lane.priority, v_lane.shard)) THEN -- 0042
         v_q := v_q || v_lane.queue;
         v_p := v_p || v_lane.priority::int;
+        v_s := v_s || v_lane.shard::int; -- 0042
         INSERT INTO lanes (queue, priority, shard)
-        SELECT v_lane.queue, v_lane.priority, 0
-        WHERE NOT EXISTS (SELECT 1 FROM lanes l WHERE l.queue = v_lane.queue AND l.priority = v_lane.priority AND l.shard = 0)
+        SELECT v_lane.queue, v_lane.priority, v_lane.shard -- 0042
+        WHERE NOT EXISTS (SELECT 1 FROM lanes l WHERE l.queue = v_lane.queue AND l.priority = v_lane.priority AND l.shard = v_lane.shard) -- 0042
         ON CONFLICT DO NOTHING;
       ELSE
         v_busy_q := v_busy_q || v_lane.queue;
         v_busy_p := v_busy_p || v_lane.priority::int;
+        v_busy_s := v_busy_s || v_lane.shard::int; -- 0042
       END IF;
     END LOOP;
     EXIT WHEN NOT v_found OR cardinality(v_q) > 0;
@@ -3103,7 +3166,7 @@ BEGIN
   WITH due AS (
     SELECT d.job_id FROM deferred d
     WHERE d.state IN ('scheduled', 'retryable') AND d.run_at <= now()
-      AND (d.queue, d.priority) IN (SELECT * FROM unnest(v_q, v_p))
+      AND (d.queue, d.priority, d.shard) IN (SELECT * FROM unnest(v_q, v_p, v_s)) -- 0042
     ORDER BY d.run_at, d.job_id LIMIT p_limit
     FOR UPDATE SKIP LOCKED
   )
@@ -4777,6 +4840,24 @@ BEGIN
   DELETE FROM queue_samples WHERE sampled_at < v_now - p_keep_ms * interval '1 millisecond';
   DELETE FROM stat_samples WHERE sampled_at < v_now - p_keep_ms * interval '1 millisecond';
   RETURN v_now;
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.shard_draw()
+ RETURNS bigint
+ LANGUAGE plpgsql
+ SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
+AS $function$
+DECLARE
+  v_draw text := current_setting('awa.shard_draw', true);
+BEGIN
+  IF v_draw IS NULL OR v_draw = '' THEN
+    v_draw := nextval('shard_rotor')::text;
+    PERFORM set_config('awa.shard_draw', v_draw, true);
+  END IF;
+  RETURN v_draw::bigint;
 END
 $function$
 -- execute besides the owner: owner only

@@ -32,6 +32,13 @@ export interface InsertOptions {
    */
   readonly concurrencyKey?: string | undefined
   /**
+   * Sharded queues (capabilities.md §22): in a queue whose `enqueueShards` is above 1, jobs with
+   * the same ordering key go to the same shard and run in insert order among themselves. 1–1,024
+   * UTF-8 bytes. Without one, a job with a `concurrencyKey` follows that key's shard, and any
+   * other insert call takes the next shard in turn.
+   */
+  readonly orderingKey?: string | undefined
+  /**
    * Producer flow control (capabilities.md §25). `"off"` (default): no depth check, no query.
    * `"signal"`: the result carries `pressure: { queue, depth, capped }`, the queue's claimable
    * jobs counted up to 100,000 and cached per process for at most 1 s. `{ reject: { limit } }`

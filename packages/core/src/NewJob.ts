@@ -23,7 +23,9 @@ export const limits = {
   /** Default `maxArgsBytes`: encoded args larger than this are rejected. */
   defaultMaxArgsBytes: 1024 * 1024,
   /** Longest `concurrencyKey`, in UTF-8 bytes (capabilities.md §23, chosen). */
-  concurrencyKeyMaxBytes: 1024
+  concurrencyKeyMaxBytes: 1024,
+  /** Longest `orderingKey`, in UTF-8 bytes (capabilities.md §22, chosen). */
+  orderingKeyMaxBytes: 1024
 } as const
 
 /**
@@ -32,6 +34,13 @@ export const limits = {
  * the metadata object. The claim of a queue bound to a key policy digests it (`key_digest`).
  */
 export const concurrencyKeyMetadata = "awa:concurrencyKey"
+
+/**
+ * Metadata entry carrying a job's ordering key (capabilities.md §22): set from
+ * `NewJob.orderingKey`. In a queue with `enqueueShards` > 1 the insert digests it to choose the
+ * job's shard, so jobs with one ordering key share a lane and run in insert order among themselves.
+ */
+export const orderingKeyMetadata = "awa:orderingKey"
 
 export interface UniqueOptions {
   /** Include the queue in the key. Default false. */
@@ -65,6 +74,13 @@ export interface NewJob {
    * bytes, no NUL. Ignored by queues without a key policy (the key is still stored).
    */
   readonly concurrencyKey?: string | undefined
+  /**
+   * Sharded queues (capabilities.md §22): jobs with the same ordering key go to the same shard of
+   * a queue whose `enqueueShards` is above 1, so they keep insert order among themselves (without
+   * one, a job with a `concurrencyKey` follows that key). 1–1,024 UTF-8 bytes, no NUL. Stored
+   * with the job; no effect on a queue of one shard.
+   */
+  readonly orderingKey?: string | undefined
 }
 
 /** A job that passed every check, with its JSON already rendered. */
@@ -200,6 +216,11 @@ export const checkNewJobSync = (
     if (keyed instanceof ValidationError) return keyed
     metadataJson = keyed
   }
+  if (job.orderingKey !== undefined) {
+    const ordered = withOrderingKey(job.orderingKey, metadataJson)
+    if (ordered instanceof ValidationError) return ordered
+    metadataJson = ordered
+  }
   const tags = job.tags ?? noTags
   let tagsCopy: ReadonlyArray<string>
   if (memo !== undefined && tags === memo.tags) tagsCopy = memo.tagsCopy
@@ -308,3 +329,14 @@ export const checkNewJob = (job: NewJob, options: CheckOptions): Effect.Effect<C
 
 export const uniqueKeyHex = (job: CheckedJob): string | undefined =>
   job.uniqueKey ? toHex(job.uniqueKey) : undefined
+
+/** The metadata JSON with the job's ordering key added (rendered per job, as the concurrency key). */
+const withOrderingKey = (key: unknown, metadataJson: string): string | ValidationError => {
+  if (typeof key !== "string") return fail("orderingKey", "must be a string")
+  const bytes = Buffer.byteLength(key)
+  if (bytes < 1 || bytes > limits.orderingKeyMaxBytes) {
+    return fail("orderingKey", `must be 1–${limits.orderingKeyMaxBytes} UTF-8 bytes (got ${bytes})`)
+  }
+  if (key.includes("\u0000")) return fail("orderingKey", "must not contain NUL")
+  return json({ ...(JSON.parse(metadataJson) as object), [orderingKeyMetadata]: key }, "metadata")
+}

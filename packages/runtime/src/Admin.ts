@@ -53,6 +53,9 @@ const make = Effect.fnUntraced(function* (options: AdminOptions = {}) {
     migrate: withSql(Migrations.migrate(schema)),
     pauseQueue: storage.pauseQueue,
     resumeQueue: storage.resumeQueue,
+    /** Spreads each priority of the queue over `shards` lanes (1–64), capabilities.md §22. */
+    setEnqueueShards: (queue: string, shards: number) =>
+      storage.configureQueue(queue, { enqueueShards: shards }),
     drainQueue: (queue: string, reason = "drained by operator", progress?: BulkProgress) =>
       storage.drainQueue(queue, reason, progress),
     listJobs: (filter: ListFilter) => storage.listJobs(filter),

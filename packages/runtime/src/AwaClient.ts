@@ -78,6 +78,16 @@ export class AwaClient extends Context.Service<
     readonly getQueueOverrides: (
       queue?: string
     ) => Effect.Effect<ReadonlyArray<QueueOverrides.QueueOverridesView>, SqlError.SqlError>
+    /**
+     * Spreads each priority of the queue over `shards` lanes from the next insert on (capabilities.md
+     * §22, `QueueSettings.enqueueShards`): concurrent producers and claimers of one hot queue stop
+     * waiting for each other's lane; FIFO holds per shard, and per `orderingKey`. Integer 1–64
+     * (1, the default: one lane, strict FIFO per priority); else `ValidationError`, nothing written.
+     */
+    readonly setEnqueueShards: (
+      queue: string,
+      shards: number
+    ) => Effect.Effect<void, ValidationError | SqlError.SqlError>
     readonly storage: QueueStorage["Service"]
   }
 >()("@awa/runtime/AwaClient") {}
@@ -188,7 +198,8 @@ export const make = Effect.fnUntraced(function* (options: AwaClientOptions = {})
             tags: merged.tags,
             runAt,
             unique: merged.unique,
-            concurrencyKey: keys === undefined ? merged.concurrencyKey : keys[i]
+            concurrencyKey: keys === undefined ? merged.concurrencyKey : keys[i],
+            orderingKey: merged.orderingKey
           }))
         )
       const written = Effect.flatMap(
@@ -266,6 +277,7 @@ export const make = Effect.fnUntraced(function* (options: AwaClientOptions = {})
     setQueueOverrides: (queue, overrides) => withFlow(QueueOverrides.set(queue, overrides)),
     clearQueueOverrides: (queue) => withFlow(QueueOverrides.clear(queue)),
     getQueueOverrides: (queue) => withFlow(QueueOverrides.get(queue === undefined ? undefined : [queue])),
+    setEnqueueShards: (queue, shards) => storage.configureQueue(queue, { enqueueShards: shards }),
     storage
   })
 })

@@ -294,6 +294,12 @@ export const createClient = async (options: ClientOptions) => {
     retry: (id: bigint) => run(Effect.flatMap(AwaClient, (c) => c.storage.retryJob(id))),
     pauseQueue: (queue: string) => run(Effect.flatMap(AwaClient, (c) => c.storage.pauseQueue(queue))),
     resumeQueue: (queue: string) => run(Effect.flatMap(AwaClient, (c) => c.storage.resumeQueue(queue))),
+    /**
+     * Spreads each priority of the queue over `shards` lanes (1–64) from the next insert on: FIFO
+     * per shard and per `orderingKey` instead of per queue (capabilities.md §22).
+     */
+    setEnqueueShards: (queue: string, shards: number) =>
+      run(Effect.flatMap(AwaClient, (c) => c.setEnqueueShards(queue, shards))),
     drainQueue: (queue: string, reason = "queue drained") =>
       run(Effect.flatMap(AwaClient, (c) => c.storage.drainQueue(queue, reason))),
     listDlq: (filter: DlqFilter = {}) => run(Effect.flatMap(AwaClient, (c) => c.storage.listDlq(filter))),

@@ -86,6 +86,7 @@ import {
   checkStatsWindow,
   maxClaimBatch,
   maxDlqRetentionMs,
+  maxEnqueueShards,
   maxErrorMessageLength,
   pruneCarryAfterMsRange,
   rotateMaxAgeMsRange,
@@ -1010,14 +1011,17 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
       const retention = settings.dlqRetentionMs
       if (retention !== undefined && retention !== null)
         yield* checkInteger("dlqRetentionMs", retention, 1, maxDlqRetentionMs)
+      const shards = settings.enqueueShards
+      if (shards !== undefined) yield* checkInteger("enqueueShards", shards, 1, maxEnqueueShards)
       const interval = (ms: number | null) => (ms === null ? null : `${ms} milliseconds`)
       // Only the fields given change: the others keep their stored value.
       yield* sql`
-        INSERT INTO ${s}.queue_meta (queue, dlq_enabled, dlq_retention)
-        VALUES (${queue}, ${settings.dlq ?? null}, ${interval(retention ?? null)}::interval)
+        INSERT INTO ${s}.queue_meta (queue, dlq_enabled, dlq_retention, enqueue_shards)
+        VALUES (${queue}, ${settings.dlq ?? null}, ${interval(retention ?? null)}::interval, ${shards ?? 1})
         ON CONFLICT (queue) DO UPDATE SET
           dlq_enabled = CASE WHEN ${settings.dlq !== undefined} THEN excluded.dlq_enabled ELSE queue_meta.dlq_enabled END,
           dlq_retention = CASE WHEN ${retention !== undefined} THEN excluded.dlq_retention ELSE queue_meta.dlq_retention END,
+          enqueue_shards = CASE WHEN ${shards !== undefined} THEN excluded.enqueue_shards ELSE queue_meta.enqueue_shards END,
           updated_at = now()`
     })
 

@@ -294,6 +294,17 @@ export interface QueueSettings {
   readonly dlq?: boolean | null | undefined
   /** How long DLQ entries of this queue are kept; `null` falls back to the cleanup default. */
   readonly dlqRetentionMs?: number | null | undefined
+  /**
+   * Sharded enqueue heads (capabilities.md §22): each priority of the queue is spread over this
+   * many lanes from the next insert on, so concurrent producers and claimers of one hot queue do
+   * not wait for each other's lane. Strict FIFO per priority becomes FIFO per shard: jobs with one
+   * `orderingKey` (else one `concurrencyKey`) share a shard and keep insert order; other insert
+   * transactions take the shards in turn. Integer 1–64; default 1 (one lane, strict FIFO).
+   * Lowering it is safe: the jobs of the old shards are still claimed. The Postgres layer only;
+   * the simulation layer stores it and keeps one lane per priority (strict FIFO, which is every
+   * order a sharded queue may show).
+   */
+  readonly enqueueShards?: number | undefined
 }
 
 export interface QueueStateCount {

@@ -139,6 +139,7 @@ import {
   defaultListLimit,
   maxClaimBatch,
   maxDlqRetentionMs,
+  maxEnqueueShards,
   maxErrorMessageLength,
   pruneCarryAfterMsRange,
   rotateMaxAgeMsRange,
@@ -1194,6 +1195,11 @@ export const makeWithCallbacks: Effect.Effect<{
     const retentionMs = settings.dlqRetentionMs
     if (retentionMs !== undefined && retentionMs !== null) {
       yield* checkInteger("dlqRetentionMs", retentionMs, 1, maxDlqRetentionMs)
+    }
+    // Checked as on Postgres; not used: one lane per priority is strict FIFO, which is every order
+    // a sharded queue may show (QueueSettings.enqueueShards).
+    if (settings.enqueueShards !== undefined) {
+      yield* checkInteger("enqueueShards", settings.enqueueShards, 1, maxEnqueueShards)
     }
     yield* Effect.sync(() => {
       const current = queueSettings.get(name) ?? { dlq: null, dlqRetentionMs: null }

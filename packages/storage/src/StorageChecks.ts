@@ -60,6 +60,9 @@ export const checkListLimit = (filter: ListFilter) =>
 /** Longest DLQ retention a queue may ask for: 3,650 days. */
 export const maxDlqRetentionMs = 3650 * 24 * 60 * 60 * 1000
 
+/** Widest `enqueueShards` (capabilities.md §22; claims probe every lane, so cost grows with it). */
+export const maxEnqueueShards = 64
+
 export const checkDlqLimit = (filter: DlqFilter) => checkInteger("limit", filter.limit ?? 50, 1, maxListLimit)
 
 /** A bulk DLQ action with no condition at all must say `all: true`. */
