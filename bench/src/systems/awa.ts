@@ -32,6 +32,13 @@ const keys = Number(process.env.AWA_BENCH_KEYS ?? "0")
 const keyLimit = Number(process.env.AWA_BENCH_KEY_LIMIT ?? "2")
 const keyPolicy = keys > 0 ? { keyPolicy: "bench" } : {}
 
+/**
+ * For issue 17's sharding figures: `AWA_BENCH_SHARDS=n` sets the bench queue's `enqueueShards`
+ * (capabilities.md §22) before any phase, so its inserts spread over n lanes. Recorded in the
+ * settings. The eight queues of `enqueue-one-8q` keep one lane each.
+ */
+const shards = Number(process.env.AWA_BENCH_SHARDS ?? "1")
+
 const BenchJob = Job.define({
   kind: "bench",
   args: Schema.Struct({ seq: Schema.Number }),
@@ -66,6 +73,8 @@ export const make: AdapterFactory = async (url, options = { profile: "tuned" }) 
       Effect.flatMap(KeyGrants, (g) => g.create({ id: "bench", maxInFlight: keyLimit }))
     )
   const client = await runtime.runPromise(Effect.service(AwaClient.AwaClient))
+  // idempotent too: every process of the scale phase sets the same width
+  if (shards > 1) await runtime.runPromise(client.setEnqueueShards(queue, shards))
   let workers: Scope.Closeable | undefined
 
   return {
@@ -85,7 +94,8 @@ export const make: AdapterFactory = async (url, options = { profile: "tuned" }) 
         "default (leader: rotate check 1 s, rotating at 10,000 rows or 10 s; promote 250 ms; completed retention 1 day)",
       poolSize,
       ...(Object.keys(overrides).length > 0 ? { overrides } : {}),
-      ...(keys > 0 ? { concurrencyKeys: keys, keyPolicy: `bench, maxInFlight ${keyLimit}` } : {})
+      ...(keys > 0 ? { concurrencyKeys: keys, keyPolicy: `bench, maxInFlight ${keyLimit}` } : {}),
+      ...(shards > 1 ? { enqueueShards: shards } : {})
     },
     // migrateOnStart did it when the runtime was built
     install: async () => {},
