@@ -418,26 +418,29 @@ export const suite = (it: Vitest.MethodsNonLive<QueueStorage>, { advance, scale 
     })
   )
 
-  it.effect("a queue's enqueueShards out of 1–64 is a ValidationError; in range, every job is still claimed", () =>
-    Effect.gen(function* () {
-      const storage = yield* QueueStorage
-      const q = freshQueue("shards")
-      for (const bad of [0, 65, 2.5]) {
-        const error = yield* Effect.flip(storage.configureQueue(q, { enqueueShards: bad }))
-        assert.strictEqual(error._tag, "ValidationError", String(bad))
-        if (error._tag === "ValidationError") assert.strictEqual(error.field, "enqueueShards")
-      }
-      yield* storage.configureQueue(q, { enqueueShards: 3 })
-      for (let n = 0; n < 6; n++) yield* storage.enqueueMany([job(q, { args: { n }, orderingKey: `k${n % 2}` })])
-      const claimed = yield* storage.claim(claimOf(q, 10))
-      assert.deepStrictEqual(
-        claimed.map((c) => (c.args as { n: number }).n).sort((a, b) => a - b),
-        [0, 1, 2, 3, 4, 5]
-      )
-      // one key's jobs in insert order, whatever the shards
-      const ofKey0 = claimed.map((c) => (c.args as { n: number }).n).filter((n) => n % 2 === 0)
-      assert.deepStrictEqual(ofKey0, [0, 2, 4])
-    })
+  it.effect(
+    "a queue's enqueueShards out of 1–64 is a ValidationError; in range, every job is still claimed",
+    () =>
+      Effect.gen(function* () {
+        const storage = yield* QueueStorage
+        const q = freshQueue("shards")
+        for (const bad of [0, 65, 2.5]) {
+          const error = yield* Effect.flip(storage.configureQueue(q, { enqueueShards: bad }))
+          assert.strictEqual(error._tag, "ValidationError", String(bad))
+          if (error._tag === "ValidationError") assert.strictEqual(error.field, "enqueueShards")
+        }
+        yield* storage.configureQueue(q, { enqueueShards: 3 })
+        for (let n = 0; n < 6; n++)
+          yield* storage.enqueueMany([job(q, { args: { n }, orderingKey: `k${n % 2}` })])
+        const claimed = yield* storage.claim(claimOf(q, 10))
+        assert.deepStrictEqual(
+          claimed.map((c) => (c.args as { n: number }).n).sort((a, b) => a - b),
+          [0, 1, 2, 3, 4, 5]
+        )
+        // one key's jobs in insert order, whatever the shards
+        const ofKey0 = claimed.map((c) => (c.args as { n: number }).n).filter((n) => n % 2 === 0)
+        assert.deepStrictEqual(ofKey0, [0, 2, 4])
+      })
   )
 
   it.effect("a maintenance policy out of range is a ValidationError naming the field", () =>
