@@ -922,6 +922,13 @@ DECLARE
   v_got int; -- 0024: rows returned for the current lane, over its picks
   v_keyed boolean; -- 0024: the last pick left out rows whose key is taken at claim
   v_mark bigint; -- 0024: the lane's cursor after that pick
+  -- 0042: the slot ranges for the ranking's head probes, read before it (the pick's own, v_lo1 …,
+  -- are still read after its lane's cursor: a range read earlier could miss a row carried since,
+  -- and the mark would pass it; a ranking that misses a head only leaves the lane for a later call)
+  v_rlo1 int; -- 0042
+  v_rhi1 int; -- 0042
+  v_rlo2 int; -- 0042
+  v_rhi2 int; -- 0042
   v_j int; -- 0042: the last lane of a busy lane's run of same-priority lanes
   v_passed text[] := '{}'; -- 0042: busy lanes moved behind their shards ('priority:shard')
 BEGIN
@@ -943,9 +950,17 @@ BEGIN
     v_ordered := true;
     -- Several lanes: those with a claimable head, in claim order. (With one lane the order is
     -- trivial and the pick below finds out whether it has anything.)
+    SELECT s.lo1, s.hi1, s.lo2, s.hi2 INTO v_rlo1, v_rhi1, v_rlo2, v_rhi2 FROM queue_slot_ranges() s; -- 0042
+    -- 0042: the cursors by a lateral read of claim_marks (lane_cursor's query), not a call of
+    -- lane_cursor per lane: its SET clauses and its own executor start cost ~0.1 ms a lane, so a
+    -- claim of an 8-shard queue ran at a third of one lane's rate (pgbench, one client).
     WITH cur AS MATERIALIZED (
-      SELECT l.queue, l.priority, l.shard, lane_cursor(l.queue, l.priority, l.shard) AS c
-      FROM lanes l WHERE l.queue = p_queue
+      SELECT l.queue, l.priority, l.shard, coalesce(mk.c, 0) AS c -- 0042
+      FROM lanes l
+      LEFT JOIN LATERAL (SELECT m.next_lane_seq AS c FROM claim_marks m -- 0042
+                         WHERE m.queue = l.queue AND m.priority = l.priority AND m.shard = l.shard -- 0042
+                         ORDER BY m.next_lane_seq DESC LIMIT 1) mk ON true -- 0042
+      WHERE l.queue = p_queue
     )
     SELECT array_agg(o.priority ORDER BY o.n), array_agg(o.shard ORDER BY o.n) INTO v_prios, v_shards
     FROM (
@@ -958,8 +973,10 @@ BEGIN
       CROSS JOIN LATERAL (
         SELECT r.run_at FROM ready r
         WHERE r.queue = cur.queue AND r.priority = cur.priority AND r.shard = cur.shard AND r.lane_seq >= cur.c
+          AND (r.slot BETWEEN v_rlo1 AND v_rhi1 OR r.slot BETWEEN v_rlo2 AND v_rhi2) -- 0042: the live slots only
           AND NOT EXISTS (SELECT 1 FROM ready_tombstones t
-                          WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard AND t.lane_seq = r.lane_seq)
+                          WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard AND t.lane_seq = r.lane_seq
+                            AND (t.slot BETWEEN v_rlo1 AND v_rhi1 OR t.slot BETWEEN v_rlo2 AND v_rhi2)) -- 0042
         ORDER BY r.lane_seq LIMIT 1
       ) head
     ) o;
@@ -4846,19 +4863,10 @@ $function$
 
 CREATE OR REPLACE FUNCTION awa.shard_draw()
  RETURNS bigint
- LANGUAGE plpgsql
- SET search_path TO 'awa', 'pg_catalog'
- SET jit TO 'off'
+ LANGUAGE sql
 AS $function$
-DECLARE
-  v_draw text := current_setting('awa.shard_draw', true);
-BEGIN
-  IF v_draw IS NULL OR v_draw = '' THEN
-    v_draw := nextval('shard_rotor')::text;
-    PERFORM set_config('awa.shard_draw', v_draw, true);
-  END IF;
-  RETURN v_draw::bigint;
-END
+  SELECT coalesce(nullif(pg_catalog.current_setting('awa.shard_draw', true), '')::bigint,
+                  pg_catalog.set_config('awa.shard_draw', pg_catalog.nextval('awa.shard_rotor')::text, true)::bigint)
 $function$
 -- execute besides the owner: owner only
 
