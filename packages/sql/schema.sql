@@ -1232,6 +1232,10 @@ DECLARE
   v_khi1 int; -- 0036
   v_klo2 int; -- 0036
   v_khi2 int; -- 0036
+  v_rlo1 int; -- 0042: the ranking's slot ranges (as claim's)
+  v_rhi1 int; -- 0042
+  v_rlo2 int; -- 0042
+  v_rhi2 int; -- 0042
   v_gen bigint; -- 0036: the queue ring's newest generation before the pick's ranges were read
   v_gen2 bigint; -- 0036: and after a lane's key locks
   v_ids bigint[];
@@ -1282,9 +1286,15 @@ BEGIN
   IF cardinality(v_prios) > 1 THEN -- 0036
   v_ranked := true; -- 0036
   -- The queue's lanes with a claimable head, in claim order; none when paused.
+  SELECT s.lo1, s.hi1, s.lo2, s.hi2 INTO v_rlo1, v_rhi1, v_rlo2, v_rhi2 FROM queue_slot_ranges() s; -- 0042
+  -- 0042: the cursors by a lateral read of claim_marks, not a lane_cursor call per lane (as claim)
   WITH cur AS MATERIALIZED (
-    SELECT l.queue, l.priority, l.shard, lane_cursor(l.queue, l.priority, l.shard) AS c
-    FROM lanes l WHERE l.queue = p_queue
+    SELECT l.queue, l.priority, l.shard, coalesce(mk.c, 0) AS c -- 0042
+    FROM lanes l
+    LEFT JOIN LATERAL (SELECT m.next_lane_seq AS c FROM claim_marks m -- 0042
+                       WHERE m.queue = l.queue AND m.priority = l.priority AND m.shard = l.shard -- 0042
+                       ORDER BY m.next_lane_seq DESC LIMIT 1) mk ON true -- 0042
+    WHERE l.queue = p_queue
       AND NOT EXISTS (SELECT 1 FROM queue_meta m WHERE m.queue = p_queue AND m.paused)
   )
   SELECT array_agg(o.priority ORDER BY o.n), array_agg(o.shard ORDER BY o.n) INTO v_prios, v_shards
@@ -1298,8 +1308,10 @@ BEGIN
     CROSS JOIN LATERAL (
       SELECT r.run_at FROM ready r
       WHERE r.queue = cur.queue AND r.priority = cur.priority AND r.shard = cur.shard AND r.lane_seq >= cur.c
+        AND (r.slot BETWEEN v_rlo1 AND v_rhi1 OR r.slot BETWEEN v_rlo2 AND v_rhi2) -- 0042: the live slots only
         AND NOT EXISTS (SELECT 1 FROM ready_tombstones t
-                        WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard AND t.lane_seq = r.lane_seq)
+                        WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard AND t.lane_seq = r.lane_seq
+                          AND (t.slot BETWEEN v_rlo1 AND v_rhi1 OR t.slot BETWEEN v_rlo2 AND v_rhi2)) -- 0042
       ORDER BY r.lane_seq LIMIT 1
     ) head
   ) o;
