@@ -377,6 +377,27 @@ const queueResume = Command.make("resume", { queue: queueArgument }, ({ queue })
   )
 ).pipe(Command.withDescription("let workers claim from a paused queue again"))
 
+const queueShards = Command.make(
+  "shards",
+  {
+    queue: queueArgument,
+    shards: Argument.Int("shards").pipe(
+      Argument.withDescription("lanes per priority from the next insert on: 1–64 (1: one lane, strict FIFO)")
+    )
+  },
+  ({ queue, shards }) =>
+    withAdmin((admin, json) =>
+      Effect.andThen(
+        admin.setEnqueueShards(queue, shards),
+        print(json, { queue, enqueueShards: shards }, () => `queue ${queue}: ${shards} shard(s) per priority`)
+      )
+    )
+).pipe(
+  Command.withDescription(
+    "spread a hot queue over several lanes (FIFO per shard and per orderingKey; lowering it is safe)"
+  )
+)
+
 const queueDrain = Command.make(
   "drain",
   {
@@ -514,7 +535,7 @@ const queueOverrides = Command.make("overrides").pipe(
 )
 
 const queue = Command.make("queue").pipe(
-  Command.withSubcommands([queuePause, queueResume, queueDrain, queueOverrides]),
+  Command.withSubcommands([queuePause, queueResume, queueShards, queueDrain, queueOverrides]),
   Command.withDescription("pause, resume or drain one queue; its hot overrides")
 )
 

@@ -6,6 +6,7 @@
 import { CronStorage, QueueStorage } from "@awa/storage"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect, Fiber } from "effect"
+import { SqlClient } from "effect/sql"
 import { awa, cronDeclaration, fresh, httpGet, json, until, withDatabase } from "./support.ts"
 
 describe("awa CLI", () => {
@@ -149,6 +150,31 @@ describe("awa CLI", () => {
         assert.deepStrictEqual(json(yield* awa(url, "--json", "queue", "drain", q)), {
           queue: q,
           cancelled: 0
+        })
+      })
+    )
+  )
+
+  it.live("queue shards sets the width every producer reads; out of range is a ValidationError", () =>
+    withDatabase((url) =>
+      Effect.gen(function* () {
+        const storage = yield* QueueStorage
+        const sql = yield* SqlClient.SqlClient
+        const q = fresh("cli-shards")
+        assert.deepStrictEqual(yield* awa(url, "queue", "shards", q, "4"), {
+          code: 0,
+          out: `queue ${q}: 4 shard(s) per priority`,
+          err: ""
+        })
+        for (let n = 0; n < 4; n++) yield* storage.enqueueMany([{ kind: "k", queue: q, args: { n } }])
+        const [lanes] = yield* sql<{ n: number }>`SELECT count(*)::int AS n FROM awa.lanes WHERE queue = ${q}`
+        assert.strictEqual(lanes!.n, 4)
+        const bad = yield* awa(url, "queue", "shards", q, "65")
+        assert.strictEqual(bad.code, 1)
+        assert.include(bad.err, "ValidationError")
+        assert.deepStrictEqual(json(yield* awa(url, "--json", "queue", "shards", q, "1")), {
+          queue: q,
+          enqueueShards: 1
         })
       })
     )

@@ -179,7 +179,7 @@ const storageOn = (url: string) =>
 
 /** Runs `body` with a fresh database's URL and storage on it (migrated unless told otherwise). */
 export const withDatabase = <A, E>(
-  body: (url: string) => Effect.Effect<A, E, QueueStorage | CronStorage.CronStorage>,
+  body: (url: string) => Effect.Effect<A, E, QueueStorage | CronStorage.CronStorage | SqlClient.SqlClient>,
   migrated = true
 ) =>
   Effect.scoped(
