@@ -78,6 +78,14 @@ const executionsReach = (target: number, timeoutMs: number): Promise<number> =>
     }
   })
 
+/** Resolves once the adapter's acknowledged completions reach `target` (polled every millisecond). */
+const untilCompletions = async (completions: () => number, target: number, deadline: number) => {
+  while (completions() < target) {
+    if (now() > deadline) throw new Error(`timed out at ${completions()} of ${target} completions`)
+    await sleep(1)
+  }
+}
+
 const untilNoOpenJobs = async (adapter: SystemAdapter, deadline: number) => {
   for (;;) {
     const open = await adapter.openJobs()
@@ -159,9 +167,14 @@ const main = async () => {
         const deadline = start + request.timeoutMs
         firstAfter = { since: start, at: undefined }
         const reached = executionsReach(total + request.expected, request.timeoutMs)
+        // the system's own count of acknowledged completions where it has one (the phase checks
+        // storage for open jobs after the interval); else storage's open jobs, polled
+        const completions = adapter.completions
+        const target = completions === undefined ? 0 : completions() + request.expected
         await startWorkers()
         const lastStart = await reached
-        await untilNoOpenJobs(adapter, deadline)
+        if (completions !== undefined) await untilCompletions(completions, target, deadline)
+        else await untilNoOpenJobs(adapter, deadline)
         const end = now()
         const first = firstAfter.at ?? lastStart
         firstAfter = undefined
@@ -258,6 +271,8 @@ const main = async () => {
         } satisfies Executions
       case "total":
         return total
+      case "completions":
+        return adapter.completions?.() ?? -1
       case "produce": {
         await startWorkers()
         const n = Math.round(request.rate * request.seconds)

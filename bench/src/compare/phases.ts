@@ -477,6 +477,11 @@ export const scale = (ctx: PhaseContext, processes: number) =>
       all((c) => c.call<number>({ op: "total" }, minute)),
       (totals) => sum(totals)
     )
+    // acknowledged completions over the processes, or undefined when the system does not count them
+    const totalCompletions = Effect.map(
+      all((c) => c.call<number>({ op: "completions" }, minute)),
+      (counts) => (counts.some((c) => c < 0) ? undefined : sum(counts))
+    )
     /** Starts every process's workers; resolves once `target` handler starts and none open. */
     const runUntil = (target: number, timeoutMs: number) =>
       Effect.gen(function* () {
@@ -486,6 +491,20 @@ export const scale = (ctx: PhaseContext, processes: number) =>
           if (now() - start > timeoutMs)
             return yield* Effect.fail(new ChildError(`scale: timed out before ${target} handler starts`))
           yield* Effect.sleep(10)
+        }
+        // the system's own count where it has one (storage's open jobs are checked after the
+        // interval, for correctness); else storage's open jobs
+        let done = yield* totalCompletions
+        if (done !== undefined) {
+          while ((done ?? 0) < target) {
+            if (now() - start > timeoutMs)
+              return yield* Effect.fail(
+                new ChildError(`scale: timed out at ${done} of ${target} completions`)
+              )
+            yield* Effect.sleep(10)
+            done = yield* totalCompletions
+          }
+          return now() - start
         }
         while ((yield* ctx.child.call<number>({ op: "openJobs" }, minute)) > 0) {
           if (now() - start > timeoutMs)

@@ -42,6 +42,8 @@ export type Request =
     }
   /** Handler starts in all. */
   | { readonly op: "total" }
+  /** Completions acknowledged by storage in all (`SystemAdapter.completions`), or -1 without a count. */
+  | { readonly op: "completions" }
   /** Soak: offers `rate` jobs/s for `seconds` (open loop); resolves once every insert returned. */
   | { readonly op: "produce"; readonly from: number; readonly rate: number; readonly seconds: number }
   /** Soak: counters, and pickup latency of the jobs started since the previous sample. */

@@ -60,6 +60,13 @@ export interface SystemAdapter {
   readonly stopWorkers: () => Promise<void>
   /** Jobs of the `bench` queues (`queueName`) that are not completed (queued, running, retrying or failed). */
   readonly openJobs: () => Promise<number>
+  /**
+   * Attempts this process's workers completed whose completion storage has acknowledged (the
+   * system's own count, read in process). Where a system has one, the drain's timed interval
+   * ends when it reaches the backlog, and `openJobs` (exact, but a query over storage that may
+   * cost more than the settle it measures) runs after the interval, for correctness only.
+   */
+  readonly completions?: () => number
   readonly close: () => Promise<void>
 }
 
