@@ -6,9 +6,8 @@
  */
 import { assert, describe, it } from "@effect/vitest"
 import { Deferred, Effect, Fiber, Schedule } from "effect"
-import { SqlClient } from "effect/sql"
 import { QueueStorage } from "../src/QueueStorage.ts"
-import { claimOf, fresh, holdOpenUntil, withEagerDatabase } from "./pgFixtures.ts"
+import { claimOf, fresh, holdOpenUntil, someoneWaits, withEagerDatabase } from "./pgFixtures.ts"
 
 const job = (queue: string, priority: number, n: number) => ({ kind: "order", queue, priority, args: { n } })
 
@@ -19,13 +18,6 @@ const holdLane = (url: string, queue: string, priority: number, release: Deferre
     `SELECT pg_advisory_xact_lock(awa.lock_ns('claim'), awa.lane_key('${queue}', ${priority}, 0))`,
     release
   )
-
-/** True once some session waits for an advisory lock. */
-const someoneWaits = Effect.flatMap(
-  SqlClient.SqlClient,
-  (sql) =>
-    sql<{ n: number }>`SELECT count(*)::int AS n FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`
-).pipe(Effect.map(([row]) => row!.n > 0))
 
 /** Waits until `claimer` queues behind a held lane (with 0025) or has come back (without it). */
 const queuedOrDone = <A, E>(claimer: Fiber.Fiber<A, E>) =>

@@ -10,7 +10,7 @@ import { assert, describe, it } from "@effect/vitest"
 import { Deferred, Effect, Fiber, Schedule } from "effect"
 import { SqlClient } from "effect/sql"
 import { QueueStorage } from "../src/QueueStorage.ts"
-import { claimOf, completeAll, fresh, holdOpenUntil, withEagerDatabase } from "./pgFixtures.ts"
+import { claimOf, completeAll, fresh, holdOpenUntil, someoneWaits, withEagerDatabase } from "./pgFixtures.ts"
 
 const job = (
   queue: string,
@@ -42,13 +42,6 @@ const shardByN = (queue: string) =>
       Effect.map((rows) => new Map(rows.map((r) => [r.n, r.shard])))
     )
   )
-
-/** True once some session waits for an advisory lock (a lane's claim or enqueue lock). */
-const someoneWaits = Effect.flatMap(
-  SqlClient.SqlClient,
-  (sql) =>
-    sql<{ n: number }>`SELECT count(*)::int AS n FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`
-).pipe(Effect.map(([row]) => row!.n > 0))
 
 /** Whether `fiber` was ever seen waiting for an advisory lock before it finished. */
 const waitedForALane = <A, E>(fiber: Fiber.Fiber<A, E>) =>

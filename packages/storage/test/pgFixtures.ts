@@ -103,3 +103,10 @@ export const unanalyzedChanges = (url: string) =>
       SELECT coalesce(sum(n_mod_since_analyze), 0)::int AS n FROM pg_stat_user_tables WHERE schemaname = 'awa'`
     return row!.n
   }).pipe(Effect.provide(PgClient.layer({ url: Redacted.make(url), maxConnections: 1 })))
+
+/** True while some session waits for an advisory lock (a lane's claim or enqueue lock). */
+export const someoneWaits = Effect.flatMap(
+  SqlClient.SqlClient,
+  (sql) =>
+    sql<{ n: number }>`SELECT count(*)::int AS n FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`
+).pipe(Effect.map(([row]) => row!.n > 0))
