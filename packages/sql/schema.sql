@@ -1895,11 +1895,14 @@ BEGIN
   END IF;
 
   -- the target lanes' enqueue locks, sorted, before the unique keys (enqueue's order)
+  -- 0042: each entry's shard as retry_from_dlq chooses it (shard_for: the same answer for the
+  -- insert below, within this transaction)
   FOR v_lane IN
-    SELECT DISTINCT d.queue COLLATE "C" AS queue, d.priority FROM dlq d WHERE d.job_id = ANY (v_ids) ORDER BY 1, 2
+    SELECT DISTINCT d.queue COLLATE "C" AS queue, d.priority, shard_for(d.queue, d.metadata) AS shard -- 0042
+    FROM dlq d WHERE d.job_id = ANY (v_ids) ORDER BY 1, 2, 3 -- 0042
   LOOP
-    PERFORM pg_advisory_xact_lock(lock_ns('enqueue'), lane_key(v_lane.queue, v_lane.priority, 0));
-    INSERT INTO lanes (queue, priority, shard) VALUES (v_lane.queue, v_lane.priority, 0) ON CONFLICT DO NOTHING;
+    PERFORM pg_advisory_xact_lock(lock_ns('enqueue'), lane_key(v_lane.queue, v_lane.priority, v_lane.shard)); -- 0042
+    INSERT INTO lanes (queue, priority, shard) VALUES (v_lane.queue, v_lane.priority, v_lane.shard) ON CONFLICT DO NOTHING; -- 0042
   END LOOP;
 
   -- Keys the retried jobs must hold ('available' in their mask); an entry whose key another job
@@ -1928,7 +1931,7 @@ BEGIN
   ins AS (
     INSERT INTO ready (slot, generation, job_id, kind, queue, priority, shard, lane_seq, args, metadata, tags,
                        errors, progress, attempt, run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
-    SELECT v_slot, v_generation, r.job_id, r.kind, r.queue, r.priority, 0, v_pos[r.rank], r.args, r.metadata, r.tags,
+    SELECT v_slot, v_generation, r.job_id, r.kind, r.queue, r.priority, shard_for(r.queue, r.metadata), v_pos[r.rank], r.args, r.metadata, r.tags, -- 0042
            r.errors, r.progress, 0, r.original_run_lease, r.max_attempts, v_now, r.created_at, r.unique_key, r.unique_states
     FROM ranked r
     RETURNING queue
@@ -4560,6 +4563,7 @@ DECLARE
   v_state text;
   v_holder bigint;
   v_ring record;
+  v_shard smallint; -- 0042
 BEGIN
   -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
   IF current_setting('transaction_isolation') <> 'read committed' THEN
@@ -4575,8 +4579,11 @@ BEGIN
   v_priority := coalesce(p_priority, v_row.priority);
   v_run_at := coalesce(p_run_at, v_now);
   v_state := CASE WHEN v_run_at > v_now THEN 'scheduled' ELSE 'available' END;
+  -- 0042: the destination queue's shard for the job's ordering (else concurrency) key, as an insert
+  -- chooses it: a key's retried job joins its key's lane; at width 1, shard 0 as before
+  v_shard := shard_for(v_queue, v_row.metadata); -- 0042
   IF v_state = 'available' THEN
-    PERFORM pg_advisory_xact_lock(lock_ns('enqueue'), lane_key(v_queue, v_priority, 0));
+    PERFORM pg_advisory_xact_lock(lock_ns('enqueue'), lane_key(v_queue, v_priority, v_shard)); -- 0042
   END IF;
   IF v_row.unique_key IS NOT NULL AND (v_row.unique_states & state_bit(v_state)) <> 0 THEN
     INSERT INTO unique_claims (unique_key, job_id) VALUES (v_row.unique_key, p_job_id) ON CONFLICT DO NOTHING;
@@ -4589,16 +4596,16 @@ BEGIN
   IF v_state = 'scheduled' THEN
     INSERT INTO deferred (job_id, state, kind, queue, priority, shard, args, metadata, tags, errors, progress, attempt,
                           run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
-    VALUES (p_job_id, 'scheduled', v_row.kind, v_queue, v_priority, 0, v_row.args, v_row.metadata, v_row.tags, v_row.errors,
+    VALUES (p_job_id, 'scheduled', v_row.kind, v_queue, v_priority, v_shard, v_row.args, v_row.metadata, v_row.tags, v_row.errors, -- 0042
             v_row.progress, 0, v_row.original_run_lease, v_row.max_attempts, v_run_at, v_row.created_at,
             v_row.unique_key, v_row.unique_states);
     RETURN v_state;
   END IF;
-  INSERT INTO lanes (queue, priority, shard) VALUES (v_queue, v_priority, 0) ON CONFLICT DO NOTHING;
+  INSERT INTO lanes (queue, priority, shard) VALUES (v_queue, v_priority, v_shard) ON CONFLICT DO NOTHING; -- 0042
   SELECT o_generation AS generation, o_slot AS slot INTO v_ring FROM lock_current_slot('ready');
   INSERT INTO ready (slot, generation, job_id, kind, queue, priority, shard, lane_seq, args, metadata, tags,
                      errors, progress, attempt, run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
-  VALUES (v_ring.slot, v_ring.generation, p_job_id, v_row.kind, v_queue, v_priority, 0, nextval('lane_seq'),
+  VALUES (v_ring.slot, v_ring.generation, p_job_id, v_row.kind, v_queue, v_priority, v_shard, nextval('lane_seq'), -- 0042
           v_row.args, v_row.metadata, v_row.tags, v_row.errors, v_row.progress, 0, v_row.original_run_lease,
           v_row.max_attempts, v_run_at, v_row.created_at, v_row.unique_key, v_row.unique_states);
   PERFORM pg_notify('awa_wake_awa', v_queue);
@@ -4620,6 +4627,7 @@ DECLARE
   v_key record;
   v_ring record;
   v_holder bigint;
+  v_shard smallint; -- 0042
 BEGIN
   -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
   IF current_setting('transaction_isolation') <> 'read committed' THEN
@@ -4645,7 +4653,8 @@ BEGIN
     UNION ALL
     SELECT h.unique_key, h.unique_states, h.run_lease, h.finalized_at FROM history h WHERE h.job_id = p_job_id
   ) x ORDER BY x.run_lease DESC, x.finalized_at DESC LIMIT 1;
-  PERFORM pg_advisory_xact_lock(lock_ns('enqueue'), lane_key(v_job.queue, v_job.priority, 0));
+  v_shard := shard_for(v_job.queue, v_job.metadata); -- 0042: as retry_from_dlq
+  PERFORM pg_advisory_xact_lock(lock_ns('enqueue'), lane_key(v_job.queue, v_job.priority, v_shard)); -- 0042
   IF v_key.unique_key IS NOT NULL AND (v_key.unique_states & state_bit('available')) <> 0 THEN
     INSERT INTO unique_claims (unique_key, job_id) VALUES (v_key.unique_key, p_job_id) ON CONFLICT DO NOTHING;
     SELECT u.job_id INTO v_holder FROM unique_claims u WHERE u.unique_key = v_key.unique_key;
@@ -4654,11 +4663,11 @@ BEGIN
         USING ERRCODE = 'AWU01', DETAIL = encode(v_key.unique_key, 'hex'), HINT = v_holder::text;
     END IF;
   END IF;
-  INSERT INTO lanes (queue, priority, shard) VALUES (v_job.queue, v_job.priority, 0) ON CONFLICT DO NOTHING;
+  INSERT INTO lanes (queue, priority, shard) VALUES (v_job.queue, v_job.priority, v_shard) ON CONFLICT DO NOTHING; -- 0042
   SELECT o_generation AS generation, o_slot AS slot INTO v_ring FROM lock_current_slot('ready');
   INSERT INTO ready (slot, generation, job_id, kind, queue, priority, shard, lane_seq, args, metadata, tags,
                      errors, progress, attempt, run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
-  VALUES (v_ring.slot, v_ring.generation, p_job_id, v_job.kind, v_job.queue, v_job.priority, 0, nextval('lane_seq'),
+  VALUES (v_ring.slot, v_ring.generation, p_job_id, v_job.kind, v_job.queue, v_job.priority, v_shard, nextval('lane_seq'), -- 0042
           v_job.args, v_job.metadata, v_job.tags, v_job.errors, v_job.progress, 0, v_job.run_lease, v_job.max_attempts,
           v_now, v_job.created_at, v_key.unique_key, coalesce(v_key.unique_states, 0));
   PERFORM pg_notify('awa_wake_awa', v_job.queue);
@@ -4879,6 +4888,27 @@ CREATE OR REPLACE FUNCTION awa.shard_draw()
 AS $function$
   SELECT coalesce(nullif(pg_catalog.current_setting('awa.shard_draw', true), '')::bigint,
                   pg_catalog.set_config('awa.shard_draw', pg_catalog.nextval('awa.shard_rotor')::text, true)::bigint)
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.shard_for(p_queue text, p_metadata jsonb)
+ RETURNS smallint
+ LANGUAGE plpgsql
+ SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
+AS $function$
+DECLARE
+  v_width int;
+  v_key text := coalesce(p_metadata ->> 'awa:orderingKey', p_metadata ->> 'awa:concurrencyKey');
+BEGIN
+  SELECT m.enqueue_shards INTO v_width FROM queue_meta m WHERE m.queue = p_queue;
+  IF v_width IS NULL OR v_width <= 1 THEN
+    RETURN 0;
+  END IF;
+  RETURN CASE WHEN v_key IS NOT NULL
+              THEN (hashtextextended('shard' || chr(31) || v_key, 0) & 9223372036854775807) % v_width
+              ELSE shard_draw() % v_width END;
+END
 $function$
 -- execute besides the owner: owner only
 

@@ -16004,8 +16004,10 @@ REVOKE EXECUTE ON FUNCTION :AWA_SCHEMA.claim_keyed(text, text, int, bigint, bigi
 -- modulo the width, domain 'shard'; else the transaction's draw of the sequence shard_rotor
 -- (shard_draw: one per transaction) modulo the width. The shard is stored on the row and
 -- kept through retries (finalize and rescue copy it to deferred; promote now puts a deferred row
--- back in its own lane). Rows re-entered by an operator (retry_job, the DLQ retries) and cron's
--- inserts go to shard 0, as before: a lane the queue always has.
+-- back in its own lane). Rows re-entered by an operator (retry_job, the DLQ retries) take their
+-- shard by the same rule (shard_for) in the queue they re-enter, so a key's job joins its key's
+-- lane; the DLQ keeps no shard (a keyless entry takes the transaction's draw). Cron's inserts
+-- (enqueue) go to shard 0, as before: a lane every queue has.
 --
 -- One draw per transaction rather than per call: the chunks of one large insertMany (5,000 rows
 -- each, one transaction) then share one lane per (queue, priority), and their lane locks keep the
@@ -16029,6 +16031,7 @@ REVOKE EXECUTE ON FUNCTION :AWA_SCHEMA.claim_keyed(text, text, int, bigint, bigi
 --   once instead of being waited for (0025's wait of up to 100 ms is for priority inversion,
 --   which shards of one priority cannot cause). Met again, it is waited for as before.
 --
+-- - retry_from_dlq, dlq_retry_batch, retry_job: the shard of shard_for (new) instead of 0.
 -- - claim_keyed: its ranking as claim's (cursors in its own statement, heads in the live slots).
 --   It already skipped a busy lane without waiting.
 --
@@ -17089,6 +17092,246 @@ BEGIN
 END
 $function$;
 REVOKE EXECUTE ON FUNCTION :AWA_SCHEMA.claim_keyed(text, text, int, bigint, bigint) FROM PUBLIC;
+
+-- The shard a re-entered job takes (retry_from_dlq, dlq_retry_batch, retry_job): the rule of
+-- enqueue_one and enqueue_batch, which inline it on their hot paths. Reads queue_meta and draws
+-- from the rotor; no other table.
+CREATE FUNCTION :AWA_SCHEMA.shard_for(p_queue text, p_metadata jsonb)
+  RETURNS smallint
+  LANGUAGE plpgsql
+  SET search_path = :AWA_SCHEMA, pg_catalog
+  SET jit = off
+AS $function$
+DECLARE
+  v_width int;
+  v_key text := coalesce(p_metadata ->> 'awa:orderingKey', p_metadata ->> 'awa:concurrencyKey');
+BEGIN
+  SELECT m.enqueue_shards INTO v_width FROM queue_meta m WHERE m.queue = p_queue;
+  IF v_width IS NULL OR v_width <= 1 THEN
+    RETURN 0;
+  END IF;
+  RETURN CASE WHEN v_key IS NOT NULL
+              THEN (hashtextextended('shard' || chr(31) || v_key, 0) & 9223372036854775807) % v_width
+              ELSE shard_draw() % v_width END;
+END
+$function$;
+REVOKE EXECUTE ON FUNCTION :AWA_SCHEMA.shard_for(text, jsonb) FROM PUBLIC;
+
+-- :AWA_SCHEMA.retry_from_dlq: its text as installed before 0042, lines marked 0042 (the shard).
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.retry_from_dlq(p_job_id bigint, p_queue text, p_priority integer, p_run_at timestamp with time zone)
+ RETURNS text
+ LANGUAGE plpgsql
+ SET search_path = :AWA_SCHEMA, pg_catalog
+ SET jit = off
+AS $function$
+#variable_conflict use_column
+DECLARE
+  v_now timestamptz := now();
+  v_row dlq%ROWTYPE;
+  v_queue text;
+  v_priority smallint;
+  v_run_at timestamptz;
+  v_state text;
+  v_holder bigint;
+  v_ring record;
+  v_shard smallint; -- 0042
+BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'retry_from_dlq needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  PERFORM pg_advisory_xact_lock(lock_ns('job'), hashint8(p_job_id));
+  DELETE FROM dlq d WHERE d.job_id = p_job_id RETURNING d.* INTO v_row;
+  IF NOT FOUND THEN
+    RETURN NULL;
+  END IF;
+  v_queue := coalesce(p_queue, v_row.queue);
+  v_priority := coalesce(p_priority, v_row.priority);
+  v_run_at := coalesce(p_run_at, v_now);
+  v_state := CASE WHEN v_run_at > v_now THEN 'scheduled' ELSE 'available' END;
+  -- 0042: the destination queue's shard for the job's ordering (else concurrency) key, as an insert
+  -- chooses it: a key's retried job joins its key's lane; at width 1, shard 0 as before
+  v_shard := shard_for(v_queue, v_row.metadata); -- 0042
+  IF v_state = 'available' THEN
+    PERFORM pg_advisory_xact_lock(lock_ns('enqueue'), lane_key(v_queue, v_priority, v_shard)); -- 0042
+  END IF;
+  IF v_row.unique_key IS NOT NULL AND (v_row.unique_states & state_bit(v_state)) <> 0 THEN
+    INSERT INTO unique_claims (unique_key, job_id) VALUES (v_row.unique_key, p_job_id) ON CONFLICT DO NOTHING;
+    SELECT u.job_id INTO v_holder FROM unique_claims u WHERE u.unique_key = v_row.unique_key;
+    IF v_holder <> p_job_id THEN
+      RAISE EXCEPTION 'unique key % is held by job %', encode(v_row.unique_key, 'hex'), v_holder
+        USING ERRCODE = 'AWU01', DETAIL = encode(v_row.unique_key, 'hex'), HINT = v_holder::text;
+    END IF;
+  END IF;
+  IF v_state = 'scheduled' THEN
+    INSERT INTO deferred (job_id, state, kind, queue, priority, shard, args, metadata, tags, errors, progress, attempt,
+                          run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
+    VALUES (p_job_id, 'scheduled', v_row.kind, v_queue, v_priority, v_shard, v_row.args, v_row.metadata, v_row.tags, v_row.errors, -- 0042
+            v_row.progress, 0, v_row.original_run_lease, v_row.max_attempts, v_run_at, v_row.created_at,
+            v_row.unique_key, v_row.unique_states);
+    RETURN v_state;
+  END IF;
+  INSERT INTO lanes (queue, priority, shard) VALUES (v_queue, v_priority, v_shard) ON CONFLICT DO NOTHING; -- 0042
+  SELECT o_generation AS generation, o_slot AS slot INTO v_ring FROM lock_current_slot('ready');
+  INSERT INTO ready (slot, generation, job_id, kind, queue, priority, shard, lane_seq, args, metadata, tags,
+                     errors, progress, attempt, run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
+  VALUES (v_ring.slot, v_ring.generation, p_job_id, v_row.kind, v_queue, v_priority, v_shard, nextval('lane_seq'), -- 0042
+          v_row.args, v_row.metadata, v_row.tags, v_row.errors, v_row.progress, 0, v_row.original_run_lease,
+          v_row.max_attempts, v_run_at, v_row.created_at, v_row.unique_key, v_row.unique_states);
+  PERFORM pg_notify('awa_wake_:AWA_SCHEMA', v_queue);
+  RETURN v_state;
+END
+$function$;
+REVOKE EXECUTE ON FUNCTION :AWA_SCHEMA.retry_from_dlq(bigint, text, int, timestamptz) FROM PUBLIC;
+
+-- :AWA_SCHEMA.retry_job: its text as installed before 0042, lines marked 0042 (the shard).
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.retry_job(p_job_id bigint)
+ RETURNS text
+ LANGUAGE plpgsql
+ SET search_path = :AWA_SCHEMA, pg_catalog
+ SET jit = off
+AS $function$
+#variable_conflict use_column
+DECLARE
+  v_now timestamptz := now();
+  v_job record;
+  v_key record;
+  v_ring record;
+  v_holder bigint;
+  v_shard smallint; -- 0042
+BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'retry_job needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  PERFORM pg_advisory_xact_lock(lock_ns('job'), hashint8(p_job_id));
+  SELECT * INTO v_job FROM jobs j WHERE j.job_id = p_job_id;
+  IF NOT FOUND THEN
+    RETURN NULL;
+  END IF;
+  IF v_job.dlq_reason IS NOT NULL THEN
+    -- the newest representation is the DLQ row: move it out, never copy it beside the entry
+    RETURN retry_from_dlq(p_job_id, NULL, NULL, NULL);
+  END IF;
+  IF v_job.state NOT IN ('failed', 'cancelled') THEN
+    RETURN v_job.state;
+  END IF;
+  SELECT x.unique_key, x.unique_states INTO v_key FROM (
+    SELECT coalesce(t.unique_key, r.unique_key) AS unique_key, coalesce(t.unique_states, r.unique_states) AS unique_states, t.run_lease, t.finalized_at
+    FROM terminal t LEFT JOIN ready r ON NOT t.wide AND r.slot = t.slot AND r.job_id = t.job_id AND r.lane_seq = t.lane_seq
+    WHERE t.job_id = p_job_id
+    UNION ALL
+    SELECT h.unique_key, h.unique_states, h.run_lease, h.finalized_at FROM history h WHERE h.job_id = p_job_id
+  ) x ORDER BY x.run_lease DESC, x.finalized_at DESC LIMIT 1;
+  v_shard := shard_for(v_job.queue, v_job.metadata); -- 0042: as retry_from_dlq
+  PERFORM pg_advisory_xact_lock(lock_ns('enqueue'), lane_key(v_job.queue, v_job.priority, v_shard)); -- 0042
+  IF v_key.unique_key IS NOT NULL AND (v_key.unique_states & state_bit('available')) <> 0 THEN
+    INSERT INTO unique_claims (unique_key, job_id) VALUES (v_key.unique_key, p_job_id) ON CONFLICT DO NOTHING;
+    SELECT u.job_id INTO v_holder FROM unique_claims u WHERE u.unique_key = v_key.unique_key;
+    IF v_holder <> p_job_id THEN
+      RAISE EXCEPTION 'unique key % is held by job %', encode(v_key.unique_key, 'hex'), v_holder
+        USING ERRCODE = 'AWU01', DETAIL = encode(v_key.unique_key, 'hex'), HINT = v_holder::text;
+    END IF;
+  END IF;
+  INSERT INTO lanes (queue, priority, shard) VALUES (v_job.queue, v_job.priority, v_shard) ON CONFLICT DO NOTHING; -- 0042
+  SELECT o_generation AS generation, o_slot AS slot INTO v_ring FROM lock_current_slot('ready');
+  INSERT INTO ready (slot, generation, job_id, kind, queue, priority, shard, lane_seq, args, metadata, tags,
+                     errors, progress, attempt, run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
+  VALUES (v_ring.slot, v_ring.generation, p_job_id, v_job.kind, v_job.queue, v_job.priority, v_shard, nextval('lane_seq'), -- 0042
+          v_job.args, v_job.metadata, v_job.tags, v_job.errors, v_job.progress, 0, v_job.run_lease, v_job.max_attempts,
+          v_now, v_job.created_at, v_key.unique_key, coalesce(v_key.unique_states, 0));
+  PERFORM pg_notify('awa_wake_:AWA_SCHEMA', v_job.queue);
+  RETURN 'available';
+END
+$function$;
+REVOKE EXECUTE ON FUNCTION :AWA_SCHEMA.retry_job(bigint) FROM PUBLIC;
+
+-- :AWA_SCHEMA.dlq_retry_batch: its text as installed before 0042, lines marked 0042 (the shard).
+CREATE OR REPLACE FUNCTION :AWA_SCHEMA.dlq_retry_batch(p_queue text, p_kind text, p_tag text, p_since timestamp with time zone, p_until timestamp with time zone, p_before bigint, p_after_job_id bigint, p_limit integer, OUT retried integer, OUT last_job_id bigint)
+ RETURNS record
+ LANGUAGE plpgsql
+ SET search_path = :AWA_SCHEMA, pg_catalog
+ SET jit = off
+AS $function$
+#variable_conflict use_column
+DECLARE
+  v_now timestamptz := now();
+  v_ids bigint[];
+  v_lane record;
+  v_slot int;
+  v_generation bigint;
+  v_pos bigint[];
+  v_queues text[];
+BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'dlq_retry_batch needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  retried := 0;
+  SELECT array_agg(d.job_id ORDER BY d.job_id), max(d.job_id) INTO v_ids, last_job_id
+  FROM (
+    SELECT m.job_id FROM dlq m
+    WHERE (p_queue IS NULL OR m.queue = p_queue) AND (p_kind IS NULL OR m.kind = p_kind)
+      AND (p_tag IS NULL OR p_tag = ANY (m.tags)) AND (p_since IS NULL OR m.dlq_at >= p_since)
+      AND (p_until IS NULL OR m.dlq_at < p_until) AND (p_before IS NULL OR m.job_id < p_before)
+      AND m.job_id > coalesce(p_after_job_id, 0)
+    ORDER BY m.job_id LIMIT p_limit
+    FOR UPDATE SKIP LOCKED
+  ) d;
+  IF v_ids IS NULL THEN
+    RETURN;
+  END IF;
+
+  -- the target lanes' enqueue locks, sorted, before the unique keys (enqueue's order)
+  -- 0042: each entry's shard as retry_from_dlq chooses it (shard_for: the same answer for the
+  -- insert below, within this transaction)
+  FOR v_lane IN
+    SELECT DISTINCT d.queue COLLATE "C" AS queue, d.priority, shard_for(d.queue, d.metadata) AS shard -- 0042
+    FROM dlq d WHERE d.job_id = ANY (v_ids) ORDER BY 1, 2, 3 -- 0042
+  LOOP
+    PERFORM pg_advisory_xact_lock(lock_ns('enqueue'), lane_key(v_lane.queue, v_lane.priority, v_lane.shard)); -- 0042
+    INSERT INTO lanes (queue, priority, shard) VALUES (v_lane.queue, v_lane.priority, v_lane.shard) ON CONFLICT DO NOTHING; -- 0042
+  END LOOP;
+
+  -- Keys the retried jobs must hold ('available' in their mask); an entry whose key another job
+  -- holds stays in the DLQ (retry_from_dlq raises AWU01 for it; a bulk retry passes it over).
+  INSERT INTO unique_claims (unique_key, job_id)
+  SELECT d.unique_key, d.job_id FROM dlq d
+  WHERE d.job_id = ANY (v_ids) AND d.unique_key IS NOT NULL AND (d.unique_states & state_bit('available')) <> 0
+  ORDER BY d.job_id
+  ON CONFLICT (unique_key) DO NOTHING;
+  SELECT array_agg(d.job_id ORDER BY d.job_id) INTO v_ids FROM dlq d
+  WHERE d.job_id = ANY (v_ids)
+    AND (d.unique_key IS NULL OR (d.unique_states & state_bit('available')) = 0
+         OR EXISTS (SELECT 1 FROM unique_claims u WHERE u.unique_key = d.unique_key AND u.job_id = d.job_id));
+  IF v_ids IS NULL THEN
+    RETURN;
+  END IF;
+
+  SELECT o_generation, o_slot INTO v_generation, v_slot FROM enqueue_ready_slot();
+  SELECT array_agg(v ORDER BY v) INTO v_pos FROM (SELECT nextval('lane_seq') AS v FROM generate_series(1, cardinality(v_ids))) s;
+  WITH gone AS (
+    DELETE FROM dlq d WHERE d.job_id = ANY (v_ids) RETURNING d.*
+  ),
+  ranked AS (
+    SELECT g.*, row_number() OVER (ORDER BY g.job_id) AS rank FROM gone g
+  ),
+  ins AS (
+    INSERT INTO ready (slot, generation, job_id, kind, queue, priority, shard, lane_seq, args, metadata, tags,
+                       errors, progress, attempt, run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
+    SELECT v_slot, v_generation, r.job_id, r.kind, r.queue, r.priority, shard_for(r.queue, r.metadata), v_pos[r.rank], r.args, r.metadata, r.tags, -- 0042
+           r.errors, r.progress, 0, r.original_run_lease, r.max_attempts, v_now, r.created_at, r.unique_key, r.unique_states
+    FROM ranked r
+    RETURNING queue
+  )
+  SELECT count(*)::int, array_agg(DISTINCT ins.queue) INTO retried, v_queues FROM ins;
+  PERFORM pg_notify('awa_wake_:AWA_SCHEMA', q) FROM unnest(v_queues) AS q;
+END
+$function$;
+REVOKE EXECUTE ON FUNCTION :AWA_SCHEMA.dlq_retry_batch(text, text, text, timestamptz, timestamptz, bigint, bigint, int) FROM PUBLIC;
 `
   }
 ]

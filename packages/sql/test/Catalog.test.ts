@@ -29,6 +29,8 @@ const isolationAgnostic: Record<string, string> = {
   enqueue: "runs in the caller's transaction: outside READ COMMITTED it defers the job (0018)",
   enqueue_one: "as enqueue",
   enqueue_batch: "as enqueue",
+  shard_for:
+    "reads one queue_meta row and draws from a sequence; called inside retry functions that check the level (0042)",
   shard_draw:
     "a sequence draw kept in a transaction-local setting, no table; called inside enqueue_one and enqueue_batch (0042)",
   lane_cursor: "a read, called only inside checked functions",

@@ -239,6 +239,71 @@ describe("sharded enqueue heads", () => {
     )
   )
 
+  it.live("a retried failed job and a DLQ retry join their key's shard, also in another queue", () =>
+    withEagerDatabase({}, () =>
+      Effect.gen(function* () {
+        const storage = yield* QueueStorage
+        const sql = yield* SqlClient.SqlClient
+        const q = fresh("reenter")
+        const other = fresh("moved")
+        yield* storage.configureQueue(q, { enqueueShards: 4 })
+        yield* storage.configureQueue(other, { enqueueShards: 3 })
+        /** The shard of job `n`'s newest ready row in `queue`. */
+        const newestShard = (queue: string, n: number) =>
+          Effect.map(
+            sql<{ shard: number }>`
+              SELECT r.shard FROM awa.ready r WHERE r.queue = ${queue} AND (r.args ->> 'n')::int = ${n}
+              ORDER BY r.lane_seq DESC LIMIT 1`,
+            (rows) => rows[0]?.shard
+          )
+        // a key whose shard is not 0 in either queue (so a re-entry at shard 0 would show)
+        const keys = ["a", "b", "c", "d", "e", "f", "g", "h"]
+        for (const [i, k] of keys.entries()) {
+          yield* storage.enqueueMany([job(q, 100 + i, { orderingKey: k })])
+          yield* storage.enqueueMany([job(other, 100 + i, { orderingKey: k })])
+        }
+        const inQ = yield* shardByN(q)
+        const inOther = yield* shardByN(other)
+        const i = keys.findIndex((_, i) => inQ.get(100 + i) !== 0 && inOther.get(100 + i) !== 0)
+        assert.isAtLeast(i, 0, "no key off shard 0 in both queues")
+        const key = keys[i]!
+        const failAll = (max: number) =>
+          Effect.flatMap(storage.claim(claimOf(q, max)), (claimed) =>
+            storage.finalizeMany(
+              claimed.map((c) => ({
+                jobId: c.jobId,
+                runLease: c.runLease,
+                outcome: { _tag: "Fail" as const, error: "x" }
+              }))
+            )
+          )
+        yield* completeAll(yield* storage.claim(claimOf(q, 50)))
+        // retry_job: a failed job (no DLQ) made available again
+        const [first] = yield* storage.enqueueMany([job(q, 1, { orderingKey: key })])
+        yield* failAll(1)
+        yield* storage.retryJob(first!.id)
+        assert.strictEqual(yield* newestShard(q, 1), inQ.get(100 + i), "retry_job left the key's shard")
+        // the DLQ: one entry moved to the other queue, one retried in bulk in place
+        yield* storage.configureQueue(q, { dlq: true })
+        const [second] = yield* storage.enqueueMany([job(q, 2, { orderingKey: key })])
+        yield* failAll(2)
+        yield* storage.retryFromDlq(first!.id, { queue: other })
+        assert.strictEqual(
+          yield* newestShard(other, 1),
+          inOther.get(100 + i),
+          "a DLQ retry left the key's shard"
+        )
+        yield* storage.retryDlqBulk({ queue: q }, {})
+        assert.strictEqual(
+          yield* newestShard(q, 2),
+          inQ.get(100 + i),
+          "a bulk DLQ retry left the key's shard"
+        )
+        assert.strictEqual((yield* storage.getJob(second!.id)).state, "available")
+      })
+    )
+  )
+
   it.live("lowering the width loses nothing: the old shards are still claimed", () =>
     withEagerDatabase({}, () =>
       Effect.gen(function* () {
