@@ -65,6 +65,8 @@ export interface JobDefinition<A, I = A> {
    * `insertMany` can carry a key per job). `undefined`: that job has no key.
    */
   readonly concurrencyKey?: ((args: A) => string | undefined) | undefined
+  /** Each job's `orderingKey` from its args, as `concurrencyKey` (capabilities.md §22). */
+  readonly orderingKey?: ((args: A) => string | undefined) | undefined
 }
 
 export interface DefineOptions<A, I> {
@@ -80,6 +82,13 @@ export interface DefineOptions<A, I> {
    * throw (a throw fails the insert with a `ValidationError`, nothing written).
    */
   readonly concurrencyKey?: ((args: A) => string | undefined) | undefined
+  /**
+   * Each job's `orderingKey` from its args (capabilities.md §22), e.g. `(a) => a.userId`: in a
+   * sharded queue, one key's jobs share a shard and keep insert order. Used when an insert's
+   * options name none; `undefined` for a job without one; a throw fails the insert with a
+   * `ValidationError`, nothing written.
+   */
+  readonly orderingKey?: ((args: A) => string | undefined) | undefined
 }
 
 const jsonCodecs = new WeakMap<Schema.Top, Schema.Codec<unknown, unknown>>()
@@ -107,7 +116,8 @@ export const define = <A, I>(options: DefineOptions<A, I>): JobDefinition<A, I> 
   args: options.args,
   defaults: { ...options.defaults, ...(options.queue === undefined ? {} : { queue: options.queue }) },
   backoff: options.backoff,
-  ...(options.concurrencyKey === undefined ? {} : { concurrencyKey: options.concurrencyKey })
+  ...(options.concurrencyKey === undefined ? {} : { concurrencyKey: options.concurrencyKey }),
+  ...(options.orderingKey === undefined ? {} : { orderingKey: options.orderingKey })
 })
 
 /**

@@ -162,18 +162,25 @@ export const make = Effect.fnUntraced(function* (options: AwaClientOptions = {})
     )
   }
 
-  // Each job's key: the insert's own, else the definition's function of its args (its answer,
-  // `undefined` included, is the key), else the definition's default. The function is user code:
-  // a throw is bad input, not a defect. An insert without a key function pays nothing for it.
-  const keysFrom = <A>(keyOf: (args: A) => string | undefined, args: ReadonlyArray<A>) =>
-    Effect.try({
-      try: () => args.map(keyOf),
-      catch: (e) =>
-        new ValidationError({
-          field: "concurrencyKey",
-          reason: `the definition's concurrencyKey function threw: ${e instanceof Error ? e.message : String(e)}`
+  // Each job's concurrency and ordering key: the insert's own, else the definition's function of
+  // its args (its answer, `undefined` included, is the key), else the definition's default. The
+  // function is user code: a throw is bad input, not a defect. An insert without a key function
+  // pays nothing for it.
+  const keysFrom = <A>(
+    field: "concurrencyKey" | "orderingKey",
+    keyOf: ((args: A) => string | undefined) | undefined,
+    args: ReadonlyArray<A>
+  ): Effect.Effect<ReadonlyArray<string | undefined> | undefined, ValidationError> =>
+    keyOf === undefined
+      ? Effect.succeed(undefined)
+      : Effect.try({
+          try: () => args.map(keyOf),
+          catch: (e) =>
+            new ValidationError({
+              field,
+              reason: `the definition's ${field} function threw: ${e instanceof Error ? e.message : String(e)}`
+            })
         })
-    })
 
   const send = <A, I>(
     job: Job.JobDefinition<A, I>,
@@ -182,9 +189,11 @@ export const make = Effect.fnUntraced(function* (options: AwaClientOptions = {})
   ): Effect.Effect<ReadonlyArray<InsertResult>, InsertError> =>
     Effect.flatMap(prepare(job, options), ({ merged, runAt, metadata }) => {
       const keyOf = options?.concurrencyKey === undefined ? job.concurrencyKey : undefined
+      const orderOf = options?.orderingKey === undefined ? job.orderingKey : undefined
       const enqueue = (
         encoded: ReadonlyArray<unknown>,
-        keys: ReadonlyArray<string | undefined> | undefined
+        keys: ReadonlyArray<string | undefined> | undefined,
+        orders: ReadonlyArray<string | undefined> | undefined
       ) =>
         // one metadata and one tags object for the whole batch: storage checks them once
         storage.enqueueMany(
@@ -199,15 +208,18 @@ export const make = Effect.fnUntraced(function* (options: AwaClientOptions = {})
             runAt,
             unique: merged.unique,
             concurrencyKey: keys === undefined ? merged.concurrencyKey : keys[i],
-            orderingKey: merged.orderingKey
+            orderingKey: orders === undefined ? merged.orderingKey : orders[i]
           }))
         )
       const written = Effect.flatMap(
         args.length === 1 ? Effect.map(encode(job, args[0]!), (e) => [e]) : encodeAll(job, args),
         (encoded: ReadonlyArray<unknown>) =>
-          keyOf === undefined
-            ? enqueue(encoded, undefined)
-            : Effect.flatMap(keysFrom(keyOf, args), (keys) => enqueue(encoded, keys))
+          keyOf === undefined && orderOf === undefined
+            ? enqueue(encoded, undefined, undefined)
+            : Effect.flatMap(
+                Effect.zip(keysFrom("concurrencyKey", keyOf, args), keysFrom("orderingKey", orderOf, args)),
+                ([keys, orders]) => enqueue(encoded, keys, orders)
+              )
         // counted when the call returned: the caller's transaction may still roll it back
       ).pipe(
         Effect.map((jobs) => {

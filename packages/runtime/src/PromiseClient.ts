@@ -227,6 +227,7 @@ export const createClient = async (options: ClientOptions) => {
     readonly defaults?: Job.InsertOptions
     readonly backoff?: (attempt: number) => number
     readonly concurrencyKey?: (args: A) => string | undefined
+    readonly orderingKey?: (args: A) => string | undefined
   }): Job.JobDefinition<A, I> => {
     if (!isStandard(spec.args)) return Job.define({ ...spec, args: spec.args })
     checkSynchronous(spec.kind, spec.args)
