@@ -458,8 +458,9 @@ export const latency = (ctx: PhaseContext) =>
  * Scale-out: the drain's workload with `processes` worker processes on one database, the 50 jobs
  * in flight split between them (`shares`). The backlog is enqueued by the first process. The
  * orchestrator times from the calls that start every process's workers until the processes'
- * handler starts add up to the backlog (polled over IPC every 10 ms) and storage shows none open;
- * so even the one-process figure is timed differently from `drain` (and without its table
+ * handler starts add up to the backlog (polled over IPC every 10 ms) and then their acknowledged
+ * completions do (a system that counts them, `SystemAdapter.completions`), else storage shows none
+ * open; so even the one-process figure is timed differently from `drain` (and without its table
  * statistics). Exactly once: handler starts per seq summed over the processes.
  */
 export const scale = (ctx: PhaseContext, processes: number) =>
@@ -482,7 +483,7 @@ export const scale = (ctx: PhaseContext, processes: number) =>
       all((c) => c.call<number>({ op: "completions" }, minute)),
       (counts) => (counts.some((c) => c < 0) ? undefined : sum(counts))
     )
-    /** Starts every process's workers; resolves once `target` handler starts and none open. */
+    /** Starts every process's workers; resolves once `target` handler starts and completions (or none open). */
     const runUntil = (target: number, timeoutMs: number) =>
       Effect.gen(function* () {
         const start = now()
@@ -494,15 +495,11 @@ export const scale = (ctx: PhaseContext, processes: number) =>
         }
         // the system's own count where it has one (storage's open jobs are checked after the
         // interval, for correctness); else storage's open jobs
-        let done = yield* totalCompletions
-        if (done !== undefined) {
-          while ((done ?? 0) < target) {
+        if ((yield* totalCompletions) !== undefined) {
+          while (((yield* totalCompletions) ?? 0) < target) {
             if (now() - start > timeoutMs)
-              return yield* Effect.fail(
-                new ChildError(`scale: timed out at ${done} of ${target} completions`)
-              )
+              return yield* Effect.fail(new ChildError(`scale: timed out before ${target} completions`))
             yield* Effect.sleep(10)
-            done = yield* totalCompletions
           }
           return now() - start
         }

@@ -298,12 +298,8 @@ export const checkNewJobSync = (
  */
 const withConcurrencyKey = (job: NewJob, metadataJson: string): string | ValidationError => {
   const key = job.concurrencyKey
-  if (typeof key !== "string") return fail("concurrencyKey", "must be a string")
-  const bytes = Buffer.byteLength(key)
-  if (bytes < 1 || bytes > limits.concurrencyKeyMaxBytes) {
-    return fail("concurrencyKey", `must be 1–${limits.concurrencyKeyMaxBytes} UTF-8 bytes (got ${bytes})`)
-  }
-  if (key.includes("\u0000")) return fail("concurrencyKey", "must not contain NUL")
+  const bad = checkKey("concurrencyKey", key, limits.concurrencyKeyMaxBytes)
+  if (bad !== undefined) return bad
   // A unique mask that takes its key at claim ('running' without 'available') is claimed by a
   // path the keyed claim does not take (docs/adr/0029-key-execution-grants.md).
   const states = job.unique === undefined ? undefined : (job.unique.states ?? defaultUniqueStates)
@@ -313,11 +309,7 @@ const withConcurrencyKey = (job: NewJob, metadataJson: string): string | Validat
       "cannot be combined with a unique mask holding 'running' but not 'available'"
     )
   }
-  const rendered = json(
-    { ...(JSON.parse(metadataJson) as object), [concurrencyKeyMetadata]: key },
-    "metadata"
-  )
-  return rendered
+  return json({ ...(JSON.parse(metadataJson) as object), [concurrencyKeyMetadata]: key }, "metadata")
 }
 
 /** Runs every check of capabilities.md §1 on a job; nothing is written by anyone before this passes. */
@@ -331,12 +323,15 @@ export const uniqueKeyHex = (job: CheckedJob): string | undefined =>
   job.uniqueKey ? toHex(job.uniqueKey) : undefined
 
 /** The metadata JSON with the job's ordering key added (rendered per job, as the concurrency key). */
-const withOrderingKey = (key: unknown, metadataJson: string): string | ValidationError => {
-  if (typeof key !== "string") return fail("orderingKey", "must be a string")
+const withOrderingKey = (key: unknown, metadataJson: string): string | ValidationError =>
+  checkKey("orderingKey", key, limits.orderingKeyMaxBytes) ??
+  json({ ...(JSON.parse(metadataJson) as object), [orderingKeyMetadata]: key }, "metadata")
+
+/** A concurrency or ordering key: a string of 1–`maxBytes` UTF-8 bytes without NUL. */
+const checkKey = (field: string, key: unknown, maxBytes: number): ValidationError | undefined => {
+  if (typeof key !== "string") return fail(field, "must be a string")
   const bytes = Buffer.byteLength(key)
-  if (bytes < 1 || bytes > limits.orderingKeyMaxBytes) {
-    return fail("orderingKey", `must be 1–${limits.orderingKeyMaxBytes} UTF-8 bytes (got ${bytes})`)
-  }
-  if (key.includes("\u0000")) return fail("orderingKey", "must not contain NUL")
-  return json({ ...(JSON.parse(metadataJson) as object), [orderingKeyMetadata]: key }, "metadata")
+  if (bytes < 1 || bytes > maxBytes) return fail(field, `must be 1–${maxBytes} UTF-8 bytes (got ${bytes})`)
+  if (key.includes("\u0000")) return fail(field, "must not contain NUL")
+  return undefined
 }
