@@ -365,6 +365,9 @@ export const make = Effect.fnUntraced(function* <R>(
     idleClaims = idle ? idleClaims + 1 : 0
     if (idle) permits?.idle()
     if (claimed === 0 && busy === "contended") return yield* KeyedDispatch.contendedBackoff
+    // Stopped short at a key another claimer's lock held: that claimer's commit sends no signal (a
+    // claim is not a closure), so retry after the same back-off rather than the poll interval.
+    if (stoppedAtKey === "contended" && !capped) return yield* KeyedDispatch.contendedBackoff
     // A full batch (or a keyed claim cut at its per-call cap) means more may be waiting: claim
     // again at once. Gated: until a closure's wake-up, or the poll interval at the latest.
     if (claimed < batch - resumedCount && !capped) yield* waitForWork

@@ -6,7 +6,8 @@
  * - **Claim** A queue with a `keyPolicy` claims through `KeyGrants.claim`. `KeyGated` and
  *   `KeyLockContended` are busy, not idle: the dispatcher does not back its poll off for them.
  *   Gated waits for a wake-up (a closure of a keyed attempt notifies its queue) or the poll
- *   interval as a safety net; contended retries after 2–20 ms (jittered).
+ *   interval as a safety net; contended retries after 2–20 ms (jittered), as does a claim that
+ *   took some jobs but stopped short at a contended key.
  * - **Closure notifications** Each finalization of a keyed attempt that storage applied queues
  *   its queue; one notification per burst (coalesced, StorageSignals `Closed`) reaches the
  *   dispatchers of every process, and those whose last claim left nothing behind ignore it
