@@ -121,7 +121,8 @@ export class CheckMemo {
 
 const fail = (field: string, reason: string) => new ValidationError({ field, reason })
 
-const checkName = (field: string, value: unknown, trimmed: boolean): ValidationError | undefined => {
+/** A name by the documented rules (`trimmed`: no leading or trailing whitespace), or why not. */
+export const checkName = (field: string, value: unknown, trimmed = true): ValidationError | undefined => {
   if (typeof value !== "string") return fail(field, "must be a string")
   if (value.length < 1 || value.length > limits.nameMaxLength) {
     return fail(field, `must be 1–${limits.nameMaxLength} characters (got ${value.length})`)
