@@ -7,21 +7,13 @@
  * signals driven by the test, keyed claims counted.
  */
 import { Job } from "@awa/core"
-import {
-  CronStorage,
-  FlowStorage,
-  KeyGrants,
-  LeaderLock,
-  SimKeyGrants,
-  SimQueueStorage,
-  StorageSignals
-} from "@awa/storage"
+import { KeyGrants } from "@awa/storage"
 import { assert, describe, it } from "@effect/vitest"
-import { Clock, Deferred, Effect, Exit, Layer, Queue, Schema, Scope, Stream } from "effect"
+import { Clock, Deferred, Effect, Exit, Layer, Schema, Scope } from "effect"
 import * as Awa from "../src/Awa.ts"
 import * as AwaClient from "../src/AwaClient.ts"
 import { handler } from "../src/Handler.ts"
-import { advance } from "./support.ts"
+import { advance, keyedSimulation } from "./support.ts"
 
 const Task = Job.define({
   kind: "closed_task",
@@ -33,45 +25,15 @@ const Task = Job.define({
 /** The simulation with keyed claims counted and signals the test sends. */
 const harness = Effect.gen(function* () {
   let claims = 0
-  const signals = yield* Queue.unbounded<StorageSignals.Signal>()
-  const counting = Layer.effect(
-    KeyGrants,
-    Effect.map(KeyGrants, (g) =>
-      KeyGrants.of({
-        ...g,
-        claim: (params) =>
-          Effect.suspend(() => {
-            claims++
-            return g.claim(params)
-          })
+  const sim = yield* keyedSimulation((g) => ({
+    ...g,
+    claim: (params) =>
+      Effect.suspend(() => {
+        claims++
+        return g.claim(params)
       })
-    )
-  ).pipe(Layer.provide(SimKeyGrants.layer))
-  const driven = Layer.succeed(
-    StorageSignals.StorageSignals,
-    StorageSignals.StorageSignals.of({
-      signals: Stream.concat(
-        Stream.succeed<StorageSignals.Signal>({ _tag: "Subscribed" }),
-        Stream.fromQueue(signals)
-      )
-    })
-  )
-  const layer = AwaClient.layer().pipe(
-    Layer.provideMerge(
-      Layer.mergeAll(
-        CronStorage.layerSim,
-        FlowStorage.layerSim,
-        LeaderLock.layerMemory,
-        counting,
-        driven
-      ).pipe(Layer.provideMerge(SimQueueStorage.layer))
-    )
-  )
-  return {
-    layer,
-    claims: () => claims,
-    send: (signal: StorageSignals.Signal) => Queue.offer(signals, signal)
-  }
+  }))
+  return { ...sim, claims: () => claims }
 })
 
 describe("closure wake-ups of a keyed queue", () => {

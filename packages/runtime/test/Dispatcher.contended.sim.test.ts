@@ -7,21 +7,13 @@
  * that finds work, since the simulation's claims never contend.
  */
 import { Job } from "@awa/core"
-import {
-  CronStorage,
-  FlowStorage,
-  KeyGrants,
-  LeaderLock,
-  SimKeyGrants,
-  SimQueueStorage,
-  StorageSignals
-} from "@awa/storage"
+import { KeyGrants } from "@awa/storage"
 import { assert, describe, it } from "@effect/vitest"
-import { Clock, Effect, Exit, Layer, Queue, Schema, Scope, Stream } from "effect"
+import { Clock, Effect, Exit, Layer, Schema, Scope } from "effect"
 import * as Awa from "../src/Awa.ts"
 import * as AwaClient from "../src/AwaClient.ts"
 import { handler } from "../src/Handler.ts"
-import { advance } from "./support.ts"
+import { advance, keyedSimulation } from "./support.ts"
 
 const Task = Job.define({
   kind: "contended_task",
@@ -36,45 +28,18 @@ const Task = Job.define({
  */
 const harness = Effect.gen(function* () {
   let contendedOnce = false
-  const signals = yield* Queue.unbounded<StorageSignals.Signal>()
-  const contending = Layer.effect(
-    KeyGrants,
-    Effect.map(KeyGrants, (g) =>
-      KeyGrants.of({
-        ...g,
-        claim: (params) =>
-          Effect.suspend(() => {
-            if (contendedOnce) return g.claim(params)
-            return Effect.map(g.claim({ ...params, max: 1 }), (c) => {
-              if (c._tag !== "Claimed") return c
-              contendedOnce = true
-              return { ...c, blocked: "contended" as const }
-            })
-          })
+  return yield* keyedSimulation((g) => ({
+    ...g,
+    claim: (params) =>
+      Effect.suspend(() => {
+        if (contendedOnce) return g.claim(params)
+        return Effect.map(g.claim({ ...params, max: 1 }), (c) => {
+          if (c._tag !== "Claimed") return c
+          contendedOnce = true
+          return { ...c, blocked: "contended" as const }
+        })
       })
-    )
-  ).pipe(Layer.provide(SimKeyGrants.layer))
-  const driven = Layer.succeed(
-    StorageSignals.StorageSignals,
-    StorageSignals.StorageSignals.of({
-      signals: Stream.concat(
-        Stream.succeed<StorageSignals.Signal>({ _tag: "Subscribed" }),
-        Stream.fromQueue(signals)
-      )
-    })
-  )
-  const layer = AwaClient.layer().pipe(
-    Layer.provideMerge(
-      Layer.mergeAll(
-        CronStorage.layerSim,
-        FlowStorage.layerSim,
-        LeaderLock.layerMemory,
-        contending,
-        driven
-      ).pipe(Layer.provideMerge(SimQueueStorage.layer))
-    )
-  )
-  return { layer, send: (signal: StorageSignals.Signal) => Queue.offer(signals, signal) }
+  }))
 })
 
 describe("a keyed claim stopped at a contended key", () => {

@@ -1,6 +1,16 @@
 /** Helpers shared by the runtime tests. */
-import { Effect, Schedule, Tracer } from "effect"
+import {
+  CronStorage,
+  FlowStorage,
+  KeyGrants,
+  LeaderLock,
+  SimKeyGrants,
+  SimQueueStorage,
+  StorageSignals
+} from "@awa/storage"
+import { Effect, Layer, Queue, Schedule, Stream, Tracer } from "effect"
 import { TestClock } from "effect/testing"
+import * as AwaClient from "../src/AwaClient.ts"
 
 /** Re-runs `check` until it returns true, or fails after `timeoutMs` (real time). */
 export const eventually = <E, R>(
@@ -37,4 +47,38 @@ export const advance = (ms: number, stepMs = 10) =>
       yield* TestClock.adjust(Math.min(stepMs, ms - t))
       for (let i = 0; i < 5; i++) yield* Effect.yieldNow
     }
+  })
+
+/**
+ * The simulation layer for keyed-dispatch tests: the key-grant service as `wrap` makes it from
+ * the simulation's, and storage signals only the test sends (after a first `Subscribed`).
+ */
+export const keyedSimulation = (wrap: (grants: KeyGrants["Service"]) => KeyGrants["Service"]) =>
+  Effect.gen(function* () {
+    const signals = yield* Queue.unbounded<StorageSignals.Signal>()
+    const grants = Layer.effect(
+      KeyGrants,
+      Effect.map(KeyGrants, (g) => KeyGrants.of(wrap(g)))
+    ).pipe(Layer.provide(SimKeyGrants.layer))
+    const driven = Layer.succeed(
+      StorageSignals.StorageSignals,
+      StorageSignals.StorageSignals.of({
+        signals: Stream.concat(
+          Stream.succeed<StorageSignals.Signal>({ _tag: "Subscribed" }),
+          Stream.fromQueue(signals)
+        )
+      })
+    )
+    const layer = AwaClient.layer().pipe(
+      Layer.provideMerge(
+        Layer.mergeAll(
+          CronStorage.layerSim,
+          FlowStorage.layerSim,
+          LeaderLock.layerMemory,
+          grants,
+          driven
+        ).pipe(Layer.provideMerge(SimQueueStorage.layer))
+      )
+    )
+    return { layer, send: (signal: StorageSignals.Signal) => Queue.offer(signals, signal) }
   })
