@@ -297,6 +297,13 @@ CREATE TABLE awa.queue_samples (
 );
 -- privileges besides the owner: owner only
 
+CREATE TABLE awa.rate_marks (
+  queue text NOT NULL,
+  tat double precision NOT NULL,
+  marked_at timestamp with time zone DEFAULT now() NOT NULL
+);
+-- privileges besides the owner: owner only
+
 CREATE TABLE awa.ready (
   slot integer NOT NULL,
   generation bigint NOT NULL,
@@ -458,6 +465,8 @@ CREATE INDEX history_job_id_idx ON ONLY awa.history USING btree (job_id);
 CREATE INDEX history_queue_state_finalized_at_idx ON ONLY awa.history USING btree (queue, state, finalized_at);
 
 CREATE INDEX parked_job_id_idx ON awa.parked USING btree (job_id);
+
+CREATE INDEX rate_marks_queue_tat ON awa.rate_marks USING btree (queue, tat DESC);
 
 CREATE INDEX ready_job_id_idx ON ONLY awa.ready USING btree (job_id);
 
@@ -1500,6 +1509,64 @@ BEGIN
                         NULL::jsonb, NULL::text[], NULL::jsonb, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz,
                         NULL::timestamptz, NULL::jsonb,
                         CASE WHEN v_contended THEN 'keyLockContended' ELSE 'keyGated' END;
+  END IF;
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.claim_rated(p_queue text, p_max integer, p_deadline_ms bigint, p_aging_ms bigint, p_rate double precision, p_burst integer)
+ RETURNS TABLE(job_id bigint, run_lease bigint, attempt integer, max_attempts integer, kind text, queue text, priority smallint, args jsonb, metadata jsonb, tags text[], errors jsonb, run_at timestamp with time zone, created_at timestamp with time zone, claimed_at timestamp with time zone, deadline_at timestamp with time zone, progress jsonb, next_token_at timestamp with time zone)
+ LANGUAGE plpgsql
+ SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
+AS $function$
+#variable_conflict use_column
+DECLARE
+  v_t double precision := extract(epoch FROM now());
+  v_period double precision;
+  v_burst int;
+  v_tat double precision;
+  v_read tid; -- the mark read (its tuple id)
+  v_base double precision;
+  v_tokens int;
+  v_n int;
+BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'claim_rated needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  IF p_rate IS NULL OR NOT (p_rate > 0 AND p_rate <= 100000) OR p_burst IS NULL OR p_burst < 0 THEN
+    RAISE EXCEPTION 'claim_rated needs 0 < rate <= 100000 and burst >= 0 (got %, %)', p_rate, p_burst
+      USING ERRCODE = '22023';
+  END IF;
+  IF p_max <= 0 THEN
+    RETURN;
+  END IF;
+  v_period := 1 / p_rate;
+  v_burst := CASE WHEN p_burst = 0 THEN greatest(1, ceil(p_rate)::int) ELSE p_burst END;
+  PERFORM pg_advisory_xact_lock(lock_ns('rate'), hashtext(p_queue));
+  -- after the lock: the mark the previous holder committed
+  SELECT m.tat, m.ctid INTO v_tat, v_read FROM rate_marks m WHERE m.queue = p_queue ORDER BY m.tat DESC LIMIT 1;
+  v_tokens := least(v_burst, floor((v_t + v_burst * v_period - greatest(coalesce(v_tat, v_t), v_t)) / v_period + 1e-9)::int);
+  IF v_tokens <= 0 THEN
+    RETURN QUERY SELECT NULL::bigint, NULL::bigint, NULL::int, NULL::int, NULL::text, p_queue, NULL::smallint, NULL::jsonb,
+                        NULL::jsonb, NULL::text[], NULL::jsonb, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz,
+                        NULL::timestamptz, NULL::jsonb,
+                        to_timestamp(v_tat - v_burst * v_period + v_period);
+    RETURN;
+  END IF;
+  v_base := greatest(coalesce(v_tat, v_t), v_t);
+  -- cut by the tokens (fewer than asked): each row says when the next token is due once these
+  -- are taken, so the worker claims again then rather than at its poll
+  RETURN QUERY SELECT c.*, CASE WHEN v_tokens < p_max THEN to_timestamp(v_base + (v_tokens - v_burst + 1) * v_period) END
+               FROM claim(p_queue, least(p_max, v_tokens), p_deadline_ms, p_aging_ms) c;
+  GET DIAGNOSTICS v_n = ROW_COUNT;
+  IF v_n > 0 THEN
+    INSERT INTO rate_marks (queue, tat) VALUES (p_queue, v_base + v_n * v_period);
+    -- the mark read is superseded: deleted by its tuple id, one row, never a scan (a range delete
+    -- would walk every mark a pinned horizon keeps dead, on every claim)
+    DELETE FROM rate_marks m WHERE m.ctid = v_read;
   END IF;
 END
 $function$

@@ -42,7 +42,7 @@
  * retried after the poll interval (the dispatcher never dies on a database error). On `stop`,
  * jobs still waiting are given back (snoozed with no delay) instead of starting.
  */
-import { CallbackStorage } from "@awa/storage"
+import { CallbackStorage, type FlowStorage } from "@awa/storage"
 import { Clock, Effect, type FiberSet, Option, Queue, Random } from "effect"
 import type { QueueShare } from "./ConcurrencyPermits.ts"
 import type { Executor, RunningAttempt } from "./Executor.ts"
@@ -64,6 +64,8 @@ export interface DispatcherConfig {
   readonly backgroundSpans: boolean
   /** Claim through this key policy (capabilities.md §23 tier 2; KeyedDispatch.ts). */
   readonly keyPolicy?: string | undefined
+  /** Claim within this fleet-wide rate (FlowStorage.claimRated, docs/adr/0036-fleet-rate-limit.md). */
+  readonly fleetRate?: FlowStorage.FleetRate | undefined
   /** At most this many running attempts per concurrency key in this process (tier 1). */
   readonly localKeyLimit?: number | undefined
 }
@@ -119,7 +121,7 @@ export const make = Effect.fnUntraced(function* <R>(
   wakes: WakeSource = alwaysPoll,
   flow: DispatcherFlow = {}
 ) {
-  const claimBatch = yield* KeyedDispatch.claimer(config.queue, config.keyPolicy)
+  const claimBatch = yield* KeyedDispatch.claimer(config.queue, config.keyPolicy, config.fleetRate)
   const callbacks = Option.getOrUndefined(yield* Effect.serviceOption(CallbackStorage))
   // Resumed parked attempts (capabilities.md §17): taken back when a notification says so, and
   // every resumeCheckMs in case it was lost (well inside the stale sweep's 90 s, which would
@@ -346,7 +348,10 @@ export const make = Effect.fnUntraced(function* <R>(
     }
     // (an interruption leaves it set: the loop is being torn down, and a set flag only rings)
     claiming = true
-    const { claimed, busy, capped, stoppedAtKey, failed } = yield* claimAttempts(now, batch - resumedCount)
+    const { claimed, busy, capped, stoppedAtKey, nextTokenAt, failed } = yield* claimAttempts(
+      now,
+      batch - resumedCount
+    )
     claiming = false
     yield* startBuffered
     // A failed claim waits its poll interval here, after its release step gave back the permits
@@ -355,6 +360,14 @@ export const make = Effect.fnUntraced(function* <R>(
     if (failed) {
       permits?.idle()
       return yield* Effect.sleep(live.pollIntervalMs)
+    }
+    // The fleet's rate cut the claim short: claim again when the next token is due (not at the
+    // poll: starts spaced at the rate), with no idle backoff (ADR 0036).
+    if (nextTokenAt !== undefined) {
+      nothingLeft = false
+      idleClaims = 0
+      const waitMs = nextTokenAt - (yield* Clock.currentTimeMillis)
+      return yield* Effect.sleep(Math.min(live.pollIntervalMs, Math.max(1, Math.ceil(waitMs))))
     }
     // Keys at their limit or a busy key lock are not an idle queue: no idle backoff (§23).
     const idle = claimed + resumedCount === 0 && busy === undefined
@@ -383,6 +396,7 @@ export const make = Effect.fnUntraced(function* <R>(
     let busy: KeyedDispatch.ClaimBatch["busy"]
     let capped = false
     let stoppedAtKey: KeyedDispatch.ClaimBatch["stoppedAtKey"]
+    let nextTokenAt: number | undefined
     let failed = false
     return Effect.acquireUseRelease(
       Effect.void,
@@ -413,6 +427,7 @@ export const make = Effect.fnUntraced(function* <R>(
               busy = claimedBatch.busy
               capped = claimedBatch.capped
               stoppedAtKey = claimedBatch.stoppedAtKey
+              nextTokenAt = claimedBatch.nextTokenAt
               return held
             })
           ),
@@ -423,7 +438,7 @@ export const make = Effect.fnUntraced(function* <R>(
               cause
             ).pipe(Effect.andThen(Effect.sync(() => (failed = true))), Effect.as(0))
           ),
-          Effect.map((claimed) => ({ claimed, busy, capped, stoppedAtKey, failed }))
+          Effect.map((claimed) => ({ claimed, busy, capped, stoppedAtKey, nextTokenAt, failed }))
         ),
       () =>
         Effect.suspend(() => {

@@ -18,7 +18,7 @@
  *   fleet-wide: up to `limit × processes`; nothing is stored.
  */
 import { concurrencyKeyMetadata } from "@awa/core"
-import { type ClaimedJob, type ClaimParams, KeyGrants, QueueStorage } from "@awa/storage"
+import { type ClaimedJob, type ClaimParams, FlowStorage, KeyGrants, QueueStorage } from "@awa/storage"
 import { Effect, Metric, Option, Queue, Random } from "effect"
 
 /** Claim outcomes of keyed queues that found nothing claimable, by queue and outcome. */
@@ -38,6 +38,8 @@ export interface ClaimBatch {
    * another claimer): more may be claimable once a grant closes or the lock is released.
    */
   readonly stoppedAtKey: "gated" | "contended" | undefined
+  /** A fleet rate cut the claim short (or left it no token): the next token is due then (epoch ms). */
+  readonly nextTokenAt?: number | undefined
 }
 
 /** A keyed claim takes at most this many keys per call (claim_keyed, migration 0036; 32 before)... */
@@ -53,9 +55,31 @@ const nothing = (busy: ClaimBatch["busy"]): ClaimBatch => ({
   stoppedAtKey: undefined
 })
 
-/** The claim of one queue: the plain claim, or the keyed claim of its policy. */
-export const claimer = Effect.fnUntraced(function* (queue: string, keyPolicy: string | undefined) {
+/** The claim of one queue: the plain claim, the keyed claim of its policy, or the rated claim. */
+export const claimer = Effect.fnUntraced(function* (
+  queue: string,
+  keyPolicy: string | undefined,
+  fleetRate?: FlowStorage.FleetRate | undefined
+) {
   const storage = yield* QueueStorage
+  if (fleetRate !== undefined) {
+    const flow = yield* Effect.serviceOption(FlowStorage.FlowStorage)
+    if (Option.isNone(flow))
+      return yield* Effect.die(
+        new Error(`queue ${queue} has fleetRateLimit but no FlowStorage layer is provided`)
+      )
+    return (params: ClaimParams) =>
+      Effect.map(
+        flow.value.claimRated({ ...params, rate: fleetRate }),
+        (c): ClaimBatch => ({
+          jobs: c.jobs,
+          busy: undefined,
+          capped: false,
+          stoppedAtKey: undefined,
+          nextTokenAt: c.nextTokenAt?.getTime()
+        })
+      )
+  }
   if (keyPolicy === undefined) {
     return (params: ClaimParams) =>
       Effect.map(

@@ -60,6 +60,14 @@ export interface QueueOptions {
    * Default none. Hot overrides can retune it (not create one).
    */
   readonly rateLimit?: { readonly maxRate: number; readonly burst?: number | undefined } | undefined
+  /**
+   * Most jobs of this queue claimed per second across every process (docs/adr/0036-fleet-rate-limit.md):
+   * at most `burst + maxRate × W` in any window of W seconds, exact (a token bucket kept in the
+   * database, migration 0043). `maxRate` > 0 and ≤ 100,000; `burst` integer 0–1,000,000 (0:
+   * `max(1, ceil(maxRate))`). Every process serving the queue should set the same values (each
+   * claim applies its own). Not with `keyPolicy`. Default none.
+   */
+  readonly fleetRateLimit?: { readonly maxRate: number; readonly burst?: number | undefined } | undefined
   /** Most jobs one claim takes (1–10,000). Default: what the free capacity and prefetch allow. */
   readonly claimBatchSize?: number | undefined
   /** Weighted mode only: permits reserved for this queue (0 – `globalMaxWorkers`). Default 0. */
@@ -330,6 +338,12 @@ export const resolveConfig = <R>(options: WorkerOptions<R>) =>
       )
       const rateReason = q.rateLimit === undefined ? undefined : RateLimiter.invalidReason(q.rateLimit)
       if (rateReason !== undefined) issues.push({ path: `queues.${queue}.rateLimit`, reason: rateReason })
+      const fleetReason =
+        q.fleetRateLimit === undefined ? undefined : RateLimiter.invalidReason(q.fleetRateLimit)
+      if (fleetReason !== undefined)
+        issues.push({ path: `queues.${queue}.fleetRateLimit`, reason: fleetReason })
+      if (q.fleetRateLimit !== undefined && q.keyPolicy !== undefined)
+        issues.push({ path: `queues.${queue}.fleetRateLimit`, reason: "cannot be combined with keyPolicy" })
       const claimBatchSize =
         q.claimBatchSize === undefined
           ? undefined
@@ -391,6 +405,10 @@ export const resolveConfig = <R>(options: WorkerOptions<R>) =>
         ),
         backgroundSpans: options.backgroundSpans ?? false,
         keyPolicy: q.keyPolicy,
+        fleetRate:
+          q.fleetRateLimit === undefined
+            ? undefined
+            : { maxRate: q.fleetRateLimit.maxRate, burst: q.fleetRateLimit.burst ?? 0 },
         localKeyLimit:
           q.localKeyConcurrency === undefined
             ? undefined

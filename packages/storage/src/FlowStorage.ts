@@ -9,19 +9,45 @@
  *   (`@awa/runtime` `QueueOverrides`), which validates what it writes and ignores (with a log
  *   line) what someone wrote around it in SQL.
  *
+ * - `claimRated` is the claim of a queue under a fleet-wide rate limit (migration 0043,
+ *   docs/adr/0036-fleet-rate-limit.md): at most `burst + maxRate × W` jobs of the queue in any
+ *   window of W seconds, over every claimer that shares this storage (the database, or the
+ *   simulation's process). With no token left it claims nothing and says when the next is due.
+ *
  * Two layers with the same semantics: `layerPg` and `layerSim` (in memory; its depth is the
  * simulation's available count, capped).
  */
-import { checkQueueName, ValidationError } from "@awa/core"
+import { checkQueueName, type ReadCommittedRequired, ValidationError } from "@awa/core"
 import { Migrations } from "@awa/sql"
-import { Context, Effect, Layer } from "effect"
+import { Clock, Context, Effect, Layer } from "effect"
 import { SqlClient, type SqlError } from "effect/sql"
-import { QueueStorage } from "./QueueStorage.ts"
+import { type ClaimRow, claimedJobOf } from "./PgQueueStorage.ts"
+import { type ClaimedJob, type ClaimParams, QueueStorage } from "./QueueStorage.ts"
+import * as ReadCommitted from "./ReadCommitted.ts"
+import { checkInteger, maxClaimBatch } from "./StorageChecks.ts"
 
 /** A capped count: `count` = min(depth, cap); `capped` = the depth is at least `cap`. */
 export interface CappedDepth {
   readonly count: number
   readonly capped: boolean
+}
+
+/** A fleet-wide rate limit: `maxRate` jobs a second, after a `burst` (0 = max(1, ceil(maxRate))). */
+export interface FleetRate {
+  readonly maxRate: number
+  readonly burst: number
+}
+
+/** Limits of `FleetRate` (as the per-process limiter's, capabilities.md §12). */
+export const fleetRateLimits = { maxRate: 100_000, maxBurst: 1_000_000 } as const
+
+/**
+ * What a rated claim took, and when the next token is due if the rate cut it short of `max`
+ * (no token at all: no jobs). Undefined: the tokens did not limit it.
+ */
+export interface RatedClaim {
+  readonly jobs: ReadonlyArray<ClaimedJob>
+  readonly nextTokenAt: Date | undefined
 }
 
 /** One queue's stored overrides, as stored (not validated). */
@@ -53,6 +79,10 @@ export class FlowStorage extends Context.Service<
     readonly getOverrides: (
       queues?: ReadonlyArray<string>
     ) => Effect.Effect<ReadonlyArray<StoredOverrides>, SqlError.SqlError>
+    /** Claims up to `max` jobs of the queue within its fleet-wide rate (`rate`). */
+    readonly claimRated: (
+      params: ClaimParams & { readonly rate: FleetRate }
+    ) => Effect.Effect<RatedClaim, ValidationError | ReadCommittedRequired | SqlError.SqlError>
   }
 >()("@awa/storage/FlowStorage") {}
 
@@ -65,6 +95,23 @@ const checkObject = (overrides: unknown) =>
   typeof overrides === "object" && overrides !== null && !Array.isArray(overrides)
     ? Effect.void
     : Effect.fail(new ValidationError({ field: "overrides", reason: "must be an object" }))
+
+/** A `FleetRate` in range, or a `ValidationError` naming the field. */
+export const checkFleetRate = (rate: FleetRate) =>
+  Number.isFinite(rate.maxRate) && rate.maxRate > 0 && rate.maxRate <= fleetRateLimits.maxRate
+    ? checkInteger("fleetRateLimit.burst", rate.burst, 0, fleetRateLimits.maxBurst)
+    : Effect.fail(
+        new ValidationError({
+          field: "fleetRateLimit.maxRate",
+          reason: `must be > 0 and ≤ ${fleetRateLimits.maxRate} (got ${rate.maxRate})`
+        })
+      )
+
+const checkRatedClaim = (params: ClaimParams & { readonly rate: FleetRate }) =>
+  Effect.andThen(
+    Effect.andThen(checkQueueName(params.queue), checkInteger("max", params.max, 0, maxClaimBatch)),
+    checkFleetRate(params.rate)
+  )
 
 const byName = (a: StoredOverrides, b: StoredOverrides) =>
   a.queue < b.queue ? -1 : a.queue > b.queue ? 1 : 0
@@ -121,7 +168,22 @@ export const makePg = Effect.fnUntraced(function* (options: { readonly schema?: 
         }))
     )
 
-  return FlowStorage.of({ depth, setOverrides, clearOverrides, getOverrides })
+  const rc = ReadCommitted.make(sql)
+  const claimRated = (params: ClaimParams & { readonly rate: FleetRate }) =>
+    Effect.gen(function* () {
+      yield* checkRatedClaim(params)
+      const rows = yield* rc(
+        "claimRated",
+        sql<ClaimRow & { next_token_at: Date | null }>`
+          SELECT * FROM ${s}.claim_rated(${params.queue}, ${params.max}, ${params.deadlineMs}::bigint,
+            ${params.agingIntervalMs}::bigint, ${params.rate.maxRate}::float8, ${params.rate.burst})`
+      )
+      if (rows.length === 1 && rows[0]!.job_id === null)
+        return { jobs: [], nextTokenAt: rows[0]!.next_token_at ?? undefined }
+      return { jobs: rows.map(claimedJobOf), nextTokenAt: rows[0]?.next_token_at ?? undefined }
+    })
+
+  return FlowStorage.of({ depth, setOverrides, clearOverrides, getOverrides, claimRated })
 })
 
 export const layerPg = (options: { readonly schema?: string | undefined } = {}) =>
@@ -130,6 +192,7 @@ export const layerPg = (options: { readonly schema?: string | undefined } = {}) 
 export const makeSim = Effect.gen(function* () {
   const storage = yield* QueueStorage
   const stored = new Map<string, StoredOverrides>()
+  const tats = new Map<string, number>()
   let calls = 0
   const service = FlowStorage.of({
     depth: (queue, cap) =>
@@ -151,7 +214,27 @@ export const makeSim = Effect.gen(function* () {
     getOverrides: (queues) =>
       Effect.sync(() =>
         [...stored.values()].filter((o) => queues === undefined || queues.includes(o.queue)).sort(byName)
-      )
+      ),
+    // GCRA as claim_rated (migration 0043), on the simulation's clock: one fiber at a time runs
+    // this between its reads and writes, so no lock is needed
+    claimRated: (params) =>
+      Effect.gen(function* () {
+        yield* checkRatedClaim(params)
+        const t = (yield* Clock.currentTimeMillis) / 1000
+        const period = 1 / params.rate.maxRate
+        const burst =
+          params.rate.burst === 0 ? Math.max(1, Math.ceil(params.rate.maxRate)) : params.rate.burst
+        const base = Math.max(tats.get(params.queue) ?? t, t)
+        const tokens = Math.min(burst, Math.floor((t + burst * period - base) / period + 1e-9))
+        if (tokens <= 0) return { jobs: [], nextTokenAt: new Date((base - burst * period + period) * 1000) }
+        const jobs = yield* storage.claim({ ...params, max: Math.min(params.max, tokens) })
+        if (jobs.length > 0) tats.set(params.queue, base + jobs.length * period)
+        return {
+          jobs,
+          nextTokenAt:
+            tokens < params.max ? new Date((base + (tokens - burst + 1) * period) * 1000) : undefined
+        }
+      })
   })
   return { service, depthCalls: () => calls }
 })

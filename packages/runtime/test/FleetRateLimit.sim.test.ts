@@ -1,0 +1,91 @@
+/**
+ * The fleet-wide rate limit (docs/adr/0036-fleet-rate-limit.md) on the simulation layer with
+ * virtual time: two workers sharing one storage (the simulation's fleet) start 30 jobs at 10/s
+ * burst 10 together, not 10/s each; starts are spaced at the rate (the claim says when the next
+ * token is due), never more than `burst + rate × W` in a window of W; bad settings fail the layer.
+ */
+import { AwaConfigError, Job } from "@awa/core"
+import { assert, describe, it } from "@effect/vitest"
+import { Clock, Effect, Exit, Layer, Schema, Scope } from "effect"
+import * as Awa from "../src/Awa.ts"
+import { AwaClient } from "../src/AwaClient.ts"
+import { handler } from "../src/Handler.ts"
+import type { QueueOptions } from "../src/Worker.ts"
+import { advance } from "./support.ts"
+
+const Tick = Job.define({ kind: "fleet_tick", args: Schema.Struct({ n: Schema.Number }), queue: "fleet" })
+
+/** A worker on queue "fleet" whose handler records its start instant (virtual ms). */
+const startWorker = (queue: QueueOptions, starts: Array<number>) =>
+  Effect.gen(function* () {
+    const scope = yield* Scope.make()
+    yield* Layer.buildWithScope(
+      Awa.worker({
+        queues: { fleet: { pollInterval: "1 second", maxConcurrency: 50, ...queue } },
+        handlers: [
+          handler(Tick, () =>
+            Effect.flatMap(Clock.currentTimeMillis, (t) => Effect.sync(() => void starts.push(t)))
+          )
+        ],
+        maintenance: false
+      }),
+      scope
+    )
+    return Scope.close(scope, Exit.void)
+  })
+
+const range = (n: number) => Array.from({ length: n }, (_, i) => ({ n: i }))
+
+describe("fleet-wide rate limit (simulation layer, TestClock)", () => {
+  it.effect(
+    "two workers, 30 jobs at 10/s burst 10: 10 at once, then one per 100 ms over both; 2 s in all",
+    () =>
+      Effect.gen(function* () {
+        const client = yield* AwaClient
+        yield* client.insertMany(Tick, range(30))
+        const starts: Array<number> = []
+        const t0 = yield* Clock.currentTimeMillis
+        const limit = { fleetRateLimit: { maxRate: 10, burst: 10 } }
+        const stopA = yield* startWorker(limit, starts)
+        const stopB = yield* startWorker(limit, starts)
+        yield* advance(4000, 5)
+        assert.strictEqual(starts.length, 30)
+        const at = starts.map((t) => t - t0).sort((a, b) => a - b)
+        // per process it would take 1 s (each worker 10/s); for the fleet, 20 tokens after the burst: 2 s
+        assert.isAtLeast(at[29]!, 2000, "the two workers shared one limit")
+        assert.isAtMost(at[29]!, 2100, "the next token's time, not the 1 s poll, woke the claims")
+        // spaced at the rate: the 10 of the burst at once, then each start within 50 ms of its token
+        // (at the 1 s poll they would come ten at a time)
+        assert.isAtMost(at[9]!, 20)
+        for (let i = 10; i < 30; i++)
+          assert.isAtMost(at[i]!, (i - 9) * 100 + 50, `start ${i}: ${JSON.stringify(at)}`)
+        // the bound over every window: at most burst + rate × W starts in [at[i], at[j]]
+        for (let i = 0; i < at.length; i++)
+          for (let j = i; j < at.length; j++)
+            assert.isAtMost(j - i + 1, 10 + Math.floor((at[j]! - at[i]!) / 100) + 1e-9, `window ${i}..${j}`)
+        yield* stopA
+        yield* stopB
+      }).pipe(Effect.provide(Awa.layerSim()))
+  )
+
+  it.effect("invalid settings, or with keyPolicy, fail the layer with AwaConfigError", () =>
+    Effect.gen(function* () {
+      for (const queue of [
+        { fleetRateLimit: { maxRate: 0 } },
+        { fleetRateLimit: { maxRate: 100_001 } },
+        { fleetRateLimit: { maxRate: 5, burst: -1 } },
+        { fleetRateLimit: { maxRate: 5 }, keyPolicy: "p" }
+      ]) {
+        const exit = yield* Effect.exit(startWorker(queue, []))
+        assert.isTrue(Exit.isFailure(exit), JSON.stringify(queue))
+        const failure = Exit.isFailure(exit) ? exit.cause.reasons[0] : undefined
+        const error = failure?._tag === "Fail" ? failure.error : undefined
+        assert.instanceOf(error, AwaConfigError, JSON.stringify(queue))
+        assert.isTrue(
+          (error as AwaConfigError).issues.some((i) => i.path === "queues.fleet.fleetRateLimit"),
+          JSON.stringify((error as AwaConfigError).issues)
+        )
+      }
+    }).pipe(Effect.provide(Awa.layerSim()))
+  )
+})
