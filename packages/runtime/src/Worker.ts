@@ -339,7 +339,12 @@ export const resolveConfig = <R>(options: WorkerOptions<R>) =>
       const rateReason = q.rateLimit === undefined ? undefined : RateLimiter.invalidReason(q.rateLimit)
       if (rateReason !== undefined) issues.push({ path: `queues.${queue}.rateLimit`, reason: rateReason })
       const fleetReason =
-        q.fleetRateLimit === undefined ? undefined : RateLimiter.invalidReason(q.fleetRateLimit)
+        q.fleetRateLimit === undefined
+          ? undefined
+          : (RateLimiter.invalidReason(q.fleetRateLimit) ??
+            ((q.fleetRateLimit.burst ?? 0) > FlowStorage.fleetRateLimits.maxBurst
+              ? `burst must be at most ${FlowStorage.fleetRateLimits.maxBurst}`
+              : undefined))
       if (fleetReason !== undefined)
         issues.push({ path: `queues.${queue}.fleetRateLimit`, reason: fleetReason })
       if (q.fleetRateLimit !== undefined && q.keyPolicy !== undefined)

@@ -74,6 +74,7 @@ describe("fleet-wide rate limit (simulation layer, TestClock)", () => {
         { fleetRateLimit: { maxRate: 0 } },
         { fleetRateLimit: { maxRate: 100_001 } },
         { fleetRateLimit: { maxRate: 5, burst: -1 } },
+        { fleetRateLimit: { maxRate: 5, burst: 1_000_001 } },
         { fleetRateLimit: { maxRate: 5 }, keyPolicy: "p" }
       ]) {
         const exit = yield* Effect.exit(startWorker(queue, []))
