@@ -364,6 +364,7 @@ export const make = Effect.fnUntraced(function* <R>(
     // The fleet's rate cut the claim short: claim again when the next token is due (not at the
     // poll: starts spaced at the rate), with no idle backoff (ADR 0036).
     if (nextTokenAt !== undefined) {
+      if (claimed === 0) metrics?.throttled(config.queue)
       nothingLeft = false
       idleClaims = 0
       const waitMs = nextTokenAt - (yield* Clock.currentTimeMillis)

@@ -3,7 +3,8 @@
  * runtime's own in `RuntimeMetrics.ts`: per process, attribute `awa.queue`.
  *
  * - `awa.claim.throttled`: times a dispatcher found its queue's token bucket empty and waited
- *   for the next token instead of claiming (rate limit).
+ *   for the next token instead of claiming (rate limit: the process's bucket, or the fleet's, when
+ *   a rated claim found no token).
  * - `awa.concurrency.permits_held` / `awa.concurrency.overflow_held`: in weighted mode, the
  *   permits each queue holds (claimed attempts of this process) and how many of them come from
  *   the shared overflow rather than its floor; set whenever they change hands.

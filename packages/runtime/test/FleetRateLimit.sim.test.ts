@@ -6,9 +6,10 @@
  */
 import { AwaConfigError, Job } from "@awa/core"
 import { assert, describe, it } from "@effect/vitest"
-import { Clock, Effect, Exit, Layer, Schema, Scope } from "effect"
+import { Clock, Effect, Exit, Layer, Metric, Schema, Scope } from "effect"
 import * as Awa from "../src/Awa.ts"
 import { AwaClient } from "../src/AwaClient.ts"
+import * as FlowMetrics from "../src/FlowMetrics.ts"
 import { handler } from "../src/Handler.ts"
 import type { QueueOptions } from "../src/Worker.ts"
 import { advance } from "./support.ts"
@@ -63,9 +64,14 @@ describe("fleet-wide rate limit (simulation layer, TestClock)", () => {
         for (let i = 0; i < at.length; i++)
           for (let j = i; j < at.length; j++)
             assert.isAtMost(j - i + 1, 10 + Math.floor((at[j]! - at[i]!) / 100) + 1e-9, `window ${i}..${j}`)
+        // claims that found no token are counted as throttled
+        const throttled = yield* Metric.value(
+          FlowMetrics.claimThrottled.pipe(Metric.withAttributes({ "awa.queue": "fleet" }))
+        )
+        assert.isAtLeast(throttled.count, 1)
         yield* stopA
         yield* stopB
-      }).pipe(Effect.provide(Awa.layerSim()))
+      }).pipe(Effect.provide(Awa.layerSim()), Effect.provideService(Metric.MetricRegistry, new Map()))
   )
 
   it.effect("invalid settings, or with keyPolicy, fail the layer with AwaConfigError", () =>
