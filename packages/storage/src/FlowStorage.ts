@@ -19,7 +19,7 @@
  */
 import { checkQueueName, type ReadCommittedRequired, ValidationError } from "@awa/core"
 import { Migrations } from "@awa/sql"
-import { Clock, Context, Effect, Layer } from "effect"
+import { Clock, Context, Effect, Layer, Semaphore } from "effect"
 import { SqlClient, type SqlError } from "effect/sql"
 import { type ClaimRow, claimedJobOf } from "./PgQueueStorage.ts"
 import { type ClaimedJob, type ClaimParams, QueueStorage } from "./QueueStorage.ts"
@@ -193,6 +193,7 @@ export const makeSim = Effect.gen(function* () {
   const storage = yield* QueueStorage
   const stored = new Map<string, StoredOverrides>()
   const tats = new Map<string, number>()
+  const rateLock = yield* Semaphore.make(1)
   let calls = 0
   const service = FlowStorage.of({
     depth: (queue, cap) =>
@@ -215,8 +216,9 @@ export const makeSim = Effect.gen(function* () {
       Effect.sync(() =>
         [...stored.values()].filter((o) => queues === undefined || queues.includes(o.queue)).sort(byName)
       ),
-    // GCRA as claim_rated (migration 0043), on the simulation's clock: one fiber at a time runs
-    // this between its reads and writes, so no lock is needed
+    // GCRA as claim_rated (migration 0043), on the simulation's clock. The claim between the
+    // read of tat and its write can yield to another claimer's fiber: one lock for the rated
+    // claims, as claim_rated's advisory lock
     claimRated: (params) =>
       Effect.gen(function* () {
         yield* checkRatedClaim(params)
@@ -234,7 +236,7 @@ export const makeSim = Effect.gen(function* () {
           nextTokenAt:
             tokens < params.max ? new Date((base + (tokens - burst + 1) * period) * 1000) : undefined
         }
-      })
+      }).pipe(rateLock.withPermits(1))
   })
   return { service, depthCalls: () => calls }
 })
