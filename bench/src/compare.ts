@@ -96,6 +96,8 @@ interface Options {
   readonly statements: boolean
   /** Measure the server's raw multi-row INSERT rate with pgbench (with the enqueue-batch phase). */
   readonly pgbench: boolean
+  /** `--drain` / `--drain-warm`: the drain phase's backlog and warm-up, instead of the mode's sizes. */
+  readonly drain: { readonly jobs: number | undefined; readonly warm: number | undefined }
 }
 
 const parseDuration = (text: string): number => {
@@ -119,6 +121,10 @@ const help = `npm run bench -- [options]   (Awa, graphile-worker and pg-boss sid
                             (quick: tuned)
   --cpu-prof <systems>      V8 CPU profile of those systems' children, per phase
   --statements              top pg_stat_statements per phase (server preloads it)
+  --drain <n> --drain-warm <n>   the drain phase's backlog and the warm-up drained before it (default
+                            20,000 and 1,000; quick 5,000 and 500). A steady drain, for example
+                            --drain 150000 --drain-warm 20000: V8 has compiled the hot path, and the
+                            rings rotate and prune inside the measured interval
   --no-pgbench              skip the raw multi-row INSERT rate (pgbench, 1,000 rows per statement)
                             measured after the phases when enqueue-batch is among them
   --max-other-cores <n>     start a phase once other processes use fewer cores (default 0.5)
@@ -138,6 +144,14 @@ const parseArgs = (argv: ReadonlyArray<string>): Options => {
     for (const item of items)
       if (!all.includes(item)) throw new Error(`${flag}: unknown ${item} (${all.join(", ")})`)
     return all.filter((a) => items.includes(a))
+  }
+  const count = (flag: string) => {
+    const v = value(flag)
+    if (v === undefined) return undefined
+    const n = Number(v)
+    if (!Number.isInteger(n) || n < (flag === "--drain" ? 1 : 0) || n > 10_000_000)
+      throw new Error(`${flag}: an integer ${flag === "--drain" ? 1 : 0}–10,000,000, not ${v}`)
+    return n
   }
   const quick = argv.includes("--quick")
   const soak = value("--soak")
@@ -166,7 +180,8 @@ const parseArgs = (argv: ReadonlyArray<string>): Options => {
             rate: Number(value("--rate") ?? 200)
           },
     statements: argv.includes("--statements"),
-    pgbench: !argv.includes("--no-pgbench")
+    pgbench: !argv.includes("--no-pgbench"),
+    drain: { jobs: count("--drain"), warm: count("--drain-warm") }
   }
 }
 
@@ -265,7 +280,12 @@ const program = Effect.gen(function* () {
   if (process.argv.includes("--help")) return yield* Console.log(help)
   const options = parseArgs(process.argv.slice(2))
   const entrants = entrantsOf(options)
-  const sizes = options.quick ? quickSizes : fullSizes
+  const modeSizes = options.quick ? quickSizes : fullSizes
+  const sizes = {
+    ...modeSizes,
+    drain: options.drain.jobs ?? modeSizes.drain,
+    drainWarm: options.drain.warm ?? modeSizes.drainWarm
+  }
   const startedAt = new Date()
   const stamp = startedAt.toISOString().replace(/[:.]/g, "-")
   const loadBefore = loadAverage()

@@ -9,6 +9,8 @@
  * user gets (tracing on with no tracer installed); see systems/awa.ts. Default `tuned`.
  * `--warm`: jobs drained by a first worker, started and stopped before the measured drain.
  * `--keep-database`: leave the drained database in place (its name is printed) to query it after.
+ * `--statements`: `pg_stat_statements` (if the server loads it) reset as the drain starts, and the
+ * database's top statements by time at its end (nested ones too when it tracks them).
  * `--alloc`: also a sampling allocation profile (.heapprofile beside the CPU profile), summarized
  * as bytes allocated per job by the allocating function.
  *
@@ -27,6 +29,7 @@ import { Session } from "node:inspector/promises"
 import { join } from "node:path"
 import { EmbeddedPostgres } from "@awa/testing"
 import { Effect } from "effect"
+import { resetStatements, topStatements } from "./compare/observer.ts"
 import { createDatabase, databaseName, dropDatabase, withClient } from "./lib.ts"
 import type { Profile, SystemName } from "./systems/types.ts"
 
@@ -40,6 +43,7 @@ const awaProfile = arg("--profile", "tuned") as Profile
 const warm = Number(arg("--warm", "1000"))
 const keepDatabase = process.argv.includes("--keep-database")
 const allocations = process.argv.includes("--alloc")
+const statements = process.argv.includes("--statements")
 const resultsDir = join(import.meta.dirname, "..", "results")
 
 /**
@@ -195,6 +199,7 @@ const main = async () => {
         includeObjectsCollectedByMajorGC: true,
         includeObjectsCollectedByMinorGC: true
       })
+    if (statements) await Effect.runPromise(resetStatements(baseUrl))
     const completed0 = adapter.completions?.() ?? 0
     const server0 = postgresCpu()
     const threads0 = threadCpu()
@@ -250,7 +255,8 @@ const main = async () => {
     const cpuMs = (cpu.user + cpu.system) / 1000
     console.log(
       `${system}${system === "awa" ? ` (${awaProfile})` : ""}: ${jobs} jobs in ${ms.toFixed(0)} ms = ${Math.round((jobs / ms) * 1000)} jobs/s; ` +
-        `this process ${((cpuMs / jobs) * 1000).toFixed(1)} ms CPU per 1,000 jobs; ` +
+        `this process ${((cpuMs / jobs) * 1000).toFixed(1)} ms CPU per 1,000 jobs ` +
+        `(user ${((cpu.user / 1000 / jobs) * 1000).toFixed(1)}, system ${((cpu.system / 1000 / jobs) * 1000).toFixed(1)}); ` +
         `~${transactions} transactions on the server (${(jobs / transactions).toFixed(1)} jobs each)\nprofile: ${file}`
     )
     // 10 ms clock ticks: read the figures as ±10 ms per process
@@ -267,6 +273,12 @@ const main = async () => {
       .filter((t) => t.ms > 0)
       .sort((a, b) => b.ms - a.ms)
     console.log(`this process by thread: ${threadReport.map((t) => `${t.name} ${t.ms} ms`).join(", ")}`)
+    if (statements)
+      for (const st of await Effect.runPromise(topStatements(baseUrl, url, jobs, 12)))
+        console.log(
+          `  statement ${String(st.msPer1000Jobs).padStart(4)} ms/1,000 jobs  ${String(st.calls).padStart(6)} calls  ` +
+            `exec ${st.execMs} ms, plan ${st.planMs} ms  ${st.query.slice(0, 90)}`
+        )
     for (const { pid, query } of lastQueries) {
       const spent = (server1.get(pid)?.ms ?? 0) - (server0.get(pid)?.ms ?? 0)
       if (spent > 0) console.log(`  ${String(spent).padStart(5)} ms  ${query}`)
