@@ -3697,6 +3697,7 @@ DECLARE
   v_saved_nestloop text := current_setting('enable_nestloop');
   v_saved_sort text := current_setting('enable_sort'); -- 0040
   v_young boolean; -- 0040
+  v_all_closed boolean; -- 0044: every claim of the slot has its closure
 BEGIN
   -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
   IF current_setting('transaction_isolation') <> 'read committed' THEN
@@ -3717,6 +3718,12 @@ BEGIN
   END IF;
   v_slot := (v_old % v_n)::int;
 
+  -- 0044: are all the slot's attempts closed? Counted, not anti-joined (see the header): when
+  -- they are, there is nothing young to wait for and nothing to lock, and the two anti-joins
+  -- below (each a probe of closures per claim, 20-80 ms for a 20,000-claim slot) are skipped.
+  SELECT (SELECT count(*) FROM claims c WHERE c.slot = v_slot) = (SELECT count(*) FROM closures z WHERE z.slot = v_slot) -- 0044
+    INTO v_all_closed; -- 0044
+  IF NOT v_all_closed THEN -- 0044
   -- An attempt claimed moments ago will most likely close by itself (0014).
   -- 0040: newest claim first, the first open one answers. Unordered, the EXISTS walked the
   -- window from its oldest claim, and in a slot being drained those are all closed: a probe of
@@ -3751,6 +3758,7 @@ BEGIN
     RETURN QUERY SELECT 'Blocked:locked_attempt', v_old, 0, 0, 0;
     RETURN;
   END;
+  END IF; -- 0044
 
   v_children := format('%1$I.ready_%2$s, %1$I.ready_tombstones_%2$s, %1$I.claims_%2$s, %1$I.claim_marks_%2$s, %1$I.closures_%2$s, %1$I.terminal_%2$s',
                        'awa', v_slot);
@@ -3769,8 +3777,14 @@ BEGIN
 
   -- Open attempts: claims without a closure (ours since the tried locks, or claimed after them
   -- from rows that arrived late; either way their finalizers need the slot, which is frozen).
+  -- 0044: counted again first (the slot is frozen now: the counts hold until we commit); the
+  -- anti-join only when some attempt is open.
+  SELECT (SELECT count(*) FROM claims c WHERE c.slot = v_slot) = (SELECT count(*) FROM closures z WHERE z.slot = v_slot) -- 0044
+    INTO v_all_closed; -- 0044
+  IF NOT v_all_closed THEN -- 0044
   SELECT array_agg(c) INTO v_open_claims FROM claims c
   WHERE c.slot = v_slot AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.slot = v_slot AND z.job_id = c.job_id AND z.run_lease = c.run_lease);
+  END IF; -- 0044
   IF v_open_claims IS NOT NULL THEN
     SELECT array_agg(r) INTO v_open_ready
     FROM unnest(v_open_claims) o
