@@ -55,14 +55,17 @@ const nothing = (busy: ClaimBatch["busy"]): ClaimBatch => ({
   stoppedAtKey: undefined
 })
 
-/** The claim of one queue: the plain claim, the keyed claim of its policy, or the rated claim. */
+/**
+ * The claim of one queue: the plain claim, the keyed claim of its policy, the rated claim, or the
+ * keyed claim within the rate's tokens.
+ */
 export const claimer = Effect.fnUntraced(function* (
   queue: string,
   keyPolicy: string | undefined,
   fleetRate?: FlowStorage.FleetRate | undefined
 ) {
   const storage = yield* QueueStorage
-  if (fleetRate !== undefined) {
+  if (fleetRate !== undefined && keyPolicy === undefined) {
     const flow = yield* Effect.serviceOption(FlowStorage.FlowStorage)
     if (Option.isNone(flow))
       return yield* Effect.die(
@@ -93,8 +96,10 @@ export const claimer = Effect.fnUntraced(function* (
   }
   const gated = keyClaimsBusy.pipe(Metric.withAttributes({ "awa.queue": queue, outcome: "gated" }))
   const contended = keyClaimsBusy.pipe(Metric.withAttributes({ "awa.queue": queue, outcome: "contended" }))
+  // a fleet rate as well: the keyed claim within the queue's tokens (migration 0045)
+  const keyed = fleetRate === undefined ? { policy: keyPolicy } : { policy: keyPolicy, rate: fleetRate }
   return (params: ClaimParams) =>
-    Effect.flatMap(grants.value.claim({ ...params, policy: keyPolicy }), (c): Effect.Effect<ClaimBatch> => {
+    Effect.flatMap(grants.value.claim({ ...params, ...keyed }), (c): Effect.Effect<ClaimBatch> => {
       switch (c._tag) {
         case "Claimed":
           return Effect.succeed({
@@ -104,10 +109,13 @@ export const claimer = Effect.fnUntraced(function* (
             capped:
               c.jobs.length < params.max &&
               (c.jobs.length >= jobsPerKeyedClaim || c.jobs.length >= keysPerClaim),
-            stoppedAtKey: c.blocked
+            stoppedAtKey: c.blocked,
+            nextTokenAt: c.nextTokenAt?.getTime()
           })
         case "Idle":
           return Effect.succeed(nothing(undefined))
+        case "Throttled":
+          return Effect.succeed({ ...nothing(undefined), nextTokenAt: c.nextTokenAt.getTime() })
         case "KeyGated":
           return Effect.as(Metric.update(gated, 1), nothing("gated"))
         case "KeyLockContended":

@@ -65,7 +65,8 @@ export interface QueueOptions {
    * at most `burst + maxRate × W` in any window of W seconds, exact (a token bucket kept in the
    * database, migration 0043). `maxRate` > 0 and ≤ 100,000; `burst` integer 0–1,000,000 (0:
    * `max(1, ceil(maxRate))`). Every process serving the queue should set the same values (each
-   * claim applies its own). Not with `keyPolicy`. Default none.
+   * claim applies its own). With `keyPolicy`, the keyed claim takes at most the tokens there are
+   * (migration 0045; the same budget as plain rated claims of the queue). Default none.
    */
   readonly fleetRateLimit?: { readonly maxRate: number; readonly burst?: number | undefined } | undefined
   /** Most jobs one claim takes (1–10,000). Default: what the free capacity and prefetch allow. */
@@ -347,8 +348,6 @@ export const resolveConfig = <R>(options: WorkerOptions<R>) =>
               : undefined))
       if (fleetReason !== undefined)
         issues.push({ path: `queues.${queue}.fleetRateLimit`, reason: fleetReason })
-      if (q.fleetRateLimit !== undefined && q.keyPolicy !== undefined)
-        issues.push({ path: `queues.${queue}.fleetRateLimit`, reason: "cannot be combined with keyPolicy" })
       const claimBatchSize =
         q.claimBatchSize === undefined
           ? undefined

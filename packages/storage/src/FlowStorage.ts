@@ -19,11 +19,12 @@
  */
 import { checkQueueName, type ReadCommittedRequired, ValidationError } from "@awa/core"
 import { Migrations } from "@awa/sql"
-import { Clock, Context, Effect, Layer, Semaphore } from "effect"
+import { Clock, Context, Effect, Layer } from "effect"
 import { SqlClient, type SqlError } from "effect/sql"
 import { type ClaimRow, claimedJobOf } from "./PgQueueStorage.ts"
 import { type ClaimedJob, type ClaimParams, QueueStorage } from "./QueueStorage.ts"
 import * as ReadCommitted from "./ReadCommitted.ts"
+import * as SimRate from "./SimRate.ts"
 import { checkInteger, maxClaimBatch } from "./StorageChecks.ts"
 
 /** A capped count: `count` = min(depth, cap); `capped` = the depth is at least `cap`. */
@@ -192,8 +193,7 @@ export const layerPg = (options: { readonly schema?: string | undefined } = {}) 
 export const makeSim = Effect.gen(function* () {
   const storage = yield* QueueStorage
   const stored = new Map<string, StoredOverrides>()
-  const tats = new Map<string, number>()
-  const rateLock = yield* Semaphore.make(1)
+  const rate = SimRate.stateOf(storage)
   let calls = 0
   const service = FlowStorage.of({
     depth: (queue, cap) =>
@@ -216,27 +216,22 @@ export const makeSim = Effect.gen(function* () {
       Effect.sync(() =>
         [...stored.values()].filter((o) => queues === undefined || queues.includes(o.queue)).sort(byName)
       ),
-    // GCRA as claim_rated (migration 0043), on the simulation's clock. The claim between the
-    // read of tat and its write can yield to another claimer's fiber: one lock for the rated
-    // claims, as claim_rated's advisory lock
+    // GCRA as claim_rated (migration 0043), on the simulation's clock, under the simulation's
+    // one rate lock (SimRate: the claim between the read of tat and its write can yield)
     claimRated: (params) =>
       Effect.gen(function* () {
         yield* checkRatedClaim(params)
         const t = (yield* Clock.currentTimeMillis) / 1000
-        const period = 1 / params.rate.maxRate
-        const burst =
-          params.rate.burst === 0 ? Math.max(1, Math.ceil(params.rate.maxRate)) : params.rate.burst
-        const base = Math.max(tats.get(params.queue) ?? t, t)
-        const tokens = Math.min(burst, Math.floor((t + burst * period - base) / period + 1e-9))
-        if (tokens <= 0) return { jobs: [], nextTokenAt: new Date((base - burst * period + period) * 1000) }
-        const jobs = yield* storage.claim({ ...params, max: Math.min(params.max, tokens) })
-        if (jobs.length > 0) tats.set(params.queue, base + jobs.length * period)
+        const a = SimRate.allowance(params.rate, rate.tats.get(params.queue), t)
+        if (a.tokens <= 0) return { jobs: [], nextTokenAt: new Date(a.nextAt * 1000) }
+        const jobs = yield* storage.claim({ ...params, max: Math.min(params.max, a.tokens) })
+        if (jobs.length > 0) rate.tats.set(params.queue, a.base + jobs.length * a.period)
         return {
           jobs,
           nextTokenAt:
-            tokens < params.max ? new Date((base + (tokens - burst + 1) * period) * 1000) : undefined
+            a.tokens < params.max ? new Date(SimRate.nextTokenAfter(a, a.tokens) * 1000) : undefined
         }
-      }).pipe(rateLock.withPermits(1))
+      }).pipe(rate.lock.withPermits(1))
   })
   return { service, depthCalls: () => calls }
 })

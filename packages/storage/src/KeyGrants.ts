@@ -25,6 +25,7 @@
 import type { ReadCommittedRequired, ValidationError } from "@awa/core"
 import { Context, type Effect, Schema } from "effect"
 import type { SqlError } from "effect/sql"
+import type { FleetRate } from "./FlowStorage.ts"
 import type { ClaimedJob, ClaimParams } from "./QueueStorage.ts"
 
 export type KeyPolicyState = "active" | "draining" | "disabled"
@@ -48,6 +49,11 @@ export interface KeyPolicyChange {
 
 export interface KeyedClaimParams extends ClaimParams {
   readonly policy: string
+  /**
+   * The queue's fleet-wide rate limit, if it has one (migration 0045): the claim takes at most the
+   * tokens there are, from the same budget as the queue's plain rated claims.
+   */
+  readonly rate?: FleetRate | undefined
 }
 
 export type KeyedClaim =
@@ -59,8 +65,12 @@ export type KeyedClaim =
        * draining), or a key's lock another claimer held. Absent when it took all it found.
        */
       readonly blocked?: "gated" | "contended" | undefined
+      /** Under a fleet rate: the tokens cut the claim short; the next one is due then. */
+      readonly nextTokenAt?: Date | undefined
     }
   | { readonly _tag: "Idle" }
+  /** Under a fleet rate: no token left; the next one is due at `nextTokenAt`. */
+  | { readonly _tag: "Throttled"; readonly nextTokenAt: Date }
   | { readonly _tag: "KeyGated" }
   | { readonly _tag: "KeyLockContended" }
 

@@ -9,6 +9,7 @@ import { checkQueueName, ValidationError } from "@awa/core"
 import { Migrations } from "@awa/sql"
 import { Clock, Effect, Layer } from "effect"
 import { SqlClient, SqlError } from "effect/sql"
+import { checkFleetRate } from "./FlowStorage.ts"
 import * as HotConnections from "./HotConnections.ts"
 import {
   type KeyedClaim,
@@ -195,16 +196,28 @@ export const make = Effect.fnUntraced(function* (options: PgKeyGrantsOptions = {
       yield* checkQueueName(params.queue)
       yield* checkPolicyId(params.policy)
       yield* checkInteger("max", params.max, 0, maxClaimBatch)
-      const statement = sql<
-        Omit<ClaimRow, "job_id"> & { readonly job_id: bigint | null; readonly gate: string | null }
-      >`SELECT * FROM ${s}.claim_keyed(${params.queue}, ${params.policy}, ${params.max}, ${params.deadlineMs}::bigint, ${params.agingIntervalMs}::bigint)`
+      if (params.rate !== undefined) yield* checkFleetRate(params.rate)
+      type Row = Omit<ClaimRow, "job_id"> & {
+        readonly job_id: bigint | null
+        readonly gate: string | null
+        readonly next_token_at?: Date | null
+      }
+      // under a fleet rate, claim_keyed within the queue's tokens (migration 0045)
+      const statement =
+        params.rate === undefined
+          ? sql<Row>`SELECT * FROM ${s}.claim_keyed(${params.queue}, ${params.policy}, ${params.max}, ${params.deadlineMs}::bigint, ${params.agingIntervalMs}::bigint)`
+          : sql<Row>`SELECT * FROM ${s}.claim_keyed_rated(${params.queue}, ${params.policy}, ${params.max}, ${params.deadlineMs}::bigint, ${params.agingIntervalMs}::bigint, ${params.rate.maxRate}::float8, ${params.rate.burst})`
       const rows = yield* hot.run(statement, rc("claim", statement)).pipe(
         ReadCommitted.mapRefusal("claim"),
         Effect.catchIf(isMissingPolicy, () => Effect.fail(new KeyPolicyNotFound({ id: params.policy })))
       )
       if (rows.length === 0) return { _tag: "Idle" } as KeyedClaim
       const gate = rows[0]!.gate
+      const nextTokenAt = rows[0]!.next_token_at ?? undefined
       if (rows[0]!.job_id === null) {
+        // 0045: a row without a job or a gate is the rate's: no token left
+        if (gate === null && nextTokenAt !== undefined)
+          return { _tag: "Throttled", nextTokenAt } as KeyedClaim
         return (
           gate === "keyLockContended" ? { _tag: "KeyLockContended" } : { _tag: "KeyGated" }
         ) as KeyedClaim
@@ -212,7 +225,7 @@ export const make = Effect.fnUntraced(function* (options: PgKeyGrantsOptions = {
       const jobs = rows.map((r) => claimedJobOf({ ...r, job_id: r.job_id! }))
       // 0041: every row carries why the call stopped short, if it did
       const blocked = gate === "keyGated" ? "gated" : gate === "keyLockContended" ? "contended" : undefined
-      return { _tag: "Claimed", jobs, blocked } as KeyedClaim
+      return { _tag: "Claimed", jobs, blocked, nextTokenAt } as KeyedClaim
     })
 
   const openGrants = (policy: string, key: string) =>

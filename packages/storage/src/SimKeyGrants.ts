@@ -7,6 +7,7 @@
  */
 import { checkQueueName, ValidationError } from "@awa/core"
 import { Clock, Effect, Layer } from "effect"
+import { checkFleetRate } from "./FlowStorage.ts"
 import {
   type KeyedClaim,
   type KeyedClaimParams,
@@ -19,8 +20,9 @@ import {
   StaleKeyPolicyEpoch
 } from "./KeyGrants.ts"
 import { checkLimit, checkPolicyId } from "./PgKeyGrants.ts"
-import { QueueStorage } from "./QueueStorage.ts"
+import { type ClaimedJob, QueueStorage } from "./QueueStorage.ts"
 import { keyHooksOf } from "./SimQueueStorage.ts"
+import * as SimRate from "./SimRate.ts"
 import { checkInteger, maxClaimBatch } from "./StorageChecks.ts"
 
 const verifyPollMs = 50
@@ -36,6 +38,7 @@ export const make = Effect.gen(function* () {
   const storage = yield* QueueStorage
   const hooks = keyHooksOf(storage)
   if (hooks === undefined) return yield* Effect.die(new Error("SimKeyGrants needs SimQueueStorage"))
+  const rateState = SimRate.stateOf(storage)
   const policies = new Map<string, Policy>()
 
   const view = (id: string, p: Policy) => ({
@@ -131,37 +134,62 @@ export const make = Effect.gen(function* () {
       return view(id, p)
     })
 
+  const keyedClaim = (params: KeyedClaimParams, max: number, p: Policy, now: number) => {
+    const open = openOf(params.policy)
+    let gated = false
+    const jobs = hooks.claimPrefix(
+      { ...params, max },
+      params.policy,
+      (key) => {
+        if (key === undefined || p.state === "disabled") return true
+        const held = open.get(key) ?? 0
+        if (p.state === "draining" || held >= p.maxInFlight) {
+          gated = true
+          return false
+        }
+        open.set(key, held + 1)
+        return true
+      },
+      now
+    )
+    return { jobs, gated }
+  }
+
   const claim = (params: KeyedClaimParams) =>
     Effect.gen(function* () {
       yield* checkQueueName(params.queue)
       yield* checkInteger("max", params.max, 0, maxClaimBatch)
+      if (params.rate !== undefined) yield* checkFleetRate(params.rate)
       const p = yield* find(params.policy)
       const now = yield* Clock.currentTimeMillis
-      const open = openOf(params.policy)
-      let gated = false
-      const jobs = hooks.claimPrefix(
-        params,
-        params.policy,
-        (key) => {
-          if (key === undefined || p.state === "disabled") return true
-          const held = open.get(key) ?? 0
-          if (p.state === "draining" || held >= p.maxInFlight) {
-            gated = true
-            return false
-          }
-          open.set(key, held + 1)
-          return true
-        },
-        now
-      )
-      const result: KeyedClaim =
-        jobs.length > 0
-          ? { _tag: "Claimed", jobs, blocked: gated ? "gated" : undefined }
-          : gated
-            ? { _tag: "KeyGated" }
-            : { _tag: "Idle" }
-      return result
+      if (params.rate === undefined) {
+        const { jobs, gated } = keyedClaim(params, params.max, p, now)
+        return claimed(jobs, gated, undefined)
+      }
+      // claim_keyed_rated (0045): GCRA on the simulation's clock, the budget shared with the
+      // plain rated claim (SimRate); the keyed claim takes no yield, but a plain rated claim
+      // holding the lock may, so this takes the lock too
+      const rate = params.rate
+      return yield* Effect.sync(() => {
+        const a = SimRate.allowance(rate, rateState.tats.get(params.queue), now / 1000)
+        if (a.tokens <= 0) return { _tag: "Throttled", nextTokenAt: new Date(a.nextAt * 1000) } as KeyedClaim
+        const { jobs, gated } = keyedClaim(params, Math.min(params.max, a.tokens), p, now)
+        if (jobs.length > 0) rateState.tats.set(params.queue, a.base + jobs.length * a.period)
+        const cut = jobs.length === a.tokens && a.tokens < params.max
+        return claimed(jobs, gated, cut ? new Date(SimRate.nextTokenAfter(a, jobs.length) * 1000) : undefined)
+      }).pipe(rateState.lock.withPermits(1))
     })
+
+  const claimed = (
+    jobs: ReadonlyArray<ClaimedJob>,
+    gated: boolean,
+    nextTokenAt: Date | undefined
+  ): KeyedClaim =>
+    jobs.length > 0
+      ? { _tag: "Claimed", jobs, blocked: gated ? "gated" : undefined, nextTokenAt }
+      : gated
+        ? { _tag: "KeyGated" }
+        : { _tag: "Idle" }
 
   const openGrants = (policy: string, key: string) => Effect.sync(() => openOf(policy).get(key) ?? 0)
 
