@@ -13,6 +13,8 @@
  *   docs/adr/0036-fleet-rate-limit.md): at most `burst + maxRate × W` jobs of the queue in any
  *   window of W seconds, over every claimer that shares this storage (the database, or the
  *   simulation's process). With no token left it claims nothing and says when the next is due.
+ *   A keyed queue under the same limit claims through `KeyGrants.claim` with `rate` (migration
+ *   0045), from the same budget.
  *
  * Two layers with the same semantics: `layerPg` and `layerSim` (in memory; its depth is the
  * simulation's available count, capped).
