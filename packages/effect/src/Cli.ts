@@ -436,6 +436,9 @@ const renderOverrides = (o: QueueOverrides.QueueOverrides) =>
     o.pollIntervalMs === undefined ? undefined : `pollInterval=${o.pollIntervalMs}ms`,
     o.claimBatchSize === undefined ? undefined : `claimBatchSize=${o.claimBatchSize}`,
     o.rateLimit === undefined ? undefined : `rateLimit=${o.rateLimit.maxRate}/s burst ${o.rateLimit.burst}`,
+    o.fleetRateLimit === undefined
+      ? undefined
+      : `fleetRateLimit=${o.fleetRateLimit.maxRate}/s burst ${o.fleetRateLimit.burst}`,
     o.deadlineMs === undefined ? undefined : `deadline=${o.deadlineMs}ms`
   ]
     .filter((x) => x !== undefined)
@@ -458,6 +461,16 @@ const overridesSet = Command.make(
     deadline: Flag.Int("deadline-ms").pipe(
       Flag.withDescription("0 (none) or 10 – 604,800,000"),
       Flag.optional
+    ),
+    fleetMaxRate: Flag.Finite("fleet-max-rate").pipe(
+      Flag.withDescription(
+        "jobs/s over every process, > 0 and ≤ 100,000 (retunes a queue's fleetRateLimit; cannot create one)"
+      ),
+      Flag.optional
+    ),
+    fleetBurst: Flag.Int("fleet-burst").pipe(
+      Flag.withDescription("with --fleet-max-rate: 0–1,000,000, 0 = max(1, ceil(fleet-max-rate))"),
+      Flag.optional
     )
   },
   (f) =>
@@ -467,11 +480,16 @@ const overridesSet = Command.make(
         const maxRate = value(f.maxRate)
         if (maxRate === undefined && Option.isSome(f.burst))
           return yield* new UsageError({ message: "--burst needs --max-rate" })
+        const fleetMaxRate = value(f.fleetMaxRate)
+        if (fleetMaxRate === undefined && Option.isSome(f.fleetBurst))
+          return yield* new UsageError({ message: "--fleet-burst needs --fleet-max-rate" })
         const stored = yield* QueueOverrides.set(f.queue, {
           pollInterval: value(f.pollInterval),
           claimBatchSize: value(f.claimBatchSize),
           rateLimit: maxRate === undefined ? undefined : { maxRate, burst: value(f.burst) },
-          deadline: value(f.deadline)
+          deadline: value(f.deadline),
+          fleetRateLimit:
+            fleetMaxRate === undefined ? undefined : { maxRate: fleetMaxRate, burst: value(f.fleetBurst) }
         })
         yield* print(
           json,
@@ -530,7 +548,7 @@ const overridesShow = Command.make(
 const queueOverrides = Command.make("overrides").pipe(
   Command.withSubcommands([overridesSet, overridesClear, overridesShow]),
   Command.withDescription(
-    "set, clear or show a queue's hot overrides (pollInterval, claimBatchSize, rateLimit, deadline)"
+    "set, clear or show a queue's hot overrides (pollInterval, claimBatchSize, rateLimit, fleetRateLimit, deadline)"
   )
 )
 

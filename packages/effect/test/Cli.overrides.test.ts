@@ -80,4 +80,44 @@ describe("awa queue overrides", () => {
         )
       )
   )
+
+  it.live(
+    "--fleet-max-rate and --fleet-burst set fleetRateLimit; out of range exits 1; --fleet-burst alone is a usage error",
+    () =>
+      Effect.scoped(
+        Effect.flatMap(TestDatabase.acquire(), ({ url }) =>
+          Effect.gen(function* () {
+            const set = yield* awa(
+              url,
+              "--json",
+              "queue",
+              "overrides",
+              "set",
+              "partner",
+              "--fleet-max-rate",
+              "50",
+              "--fleet-burst",
+              "10"
+            )
+            assert.strictEqual(set.code, 0, set.err)
+            assert.deepStrictEqual(JSON.parse(set.out), {
+              queue: "partner",
+              overrides: { fleetRateLimit: { maxRate: 50, burst: 10 } }
+            })
+            const table = yield* awa(url, "queue", "overrides", "show", "partner")
+            assert.match(table.out, /partner\s+fleetRateLimit=50\/s burst 10/)
+            const bad = yield* awa(url, "queue", "overrides", "set", "partner", "--fleet-max-rate", "0")
+            assert.strictEqual(bad.code, 1)
+            assert.include(bad.err, "fleetRateLimit")
+            const usage = yield* awa(url, "queue", "overrides", "set", "partner", "--fleet-burst", "3")
+            assert.strictEqual(usage.code, 1)
+            assert.include(usage.err, "--fleet-burst needs --fleet-max-rate")
+            const still = yield* awa(url, "--json", "queue", "overrides", "show", "partner")
+            assert.deepStrictEqual((JSON.parse(still.out) as Array<{ overrides: unknown }>)[0]?.overrides, {
+              fleetRateLimit: { maxRate: 50, burst: 10 }
+            })
+          })
+        )
+      )
+  )
 })

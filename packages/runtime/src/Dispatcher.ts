@@ -121,7 +121,6 @@ export const make = Effect.fnUntraced(function* <R>(
   wakes: WakeSource = alwaysPoll,
   flow: DispatcherFlow = {}
 ) {
-  const claimBatch = yield* KeyedDispatch.claimer(config.queue, config.keyPolicy, config.fleetRate)
   const callbacks = Option.getOrUndefined(yield* Effect.serviceOption(CallbackStorage))
   // Resumed parked attempts (capabilities.md §17): taken back when a notification says so, and
   // every resumeCheckMs in case it was lost (well inside the stale sweep's 90 s, which would
@@ -134,8 +133,15 @@ export const make = Effect.fnUntraced(function* <R>(
     pollIntervalMs: config.pollIntervalMs,
     claimBatchSize: undefined,
     deadlineMs: config.deadlineMs,
-    limiter: undefined
+    limiter: undefined,
+    fleetRate: config.fleetRate
   }
+  // a rated queue's claims apply the fleet rate in force (a hot override retunes it)
+  const claimBatch = yield* KeyedDispatch.claimer(
+    config.queue,
+    config.keyPolicy,
+    config.fleetRate === undefined ? undefined : () => live.fleetRate ?? config.fleetRate!
+  )
   const permits = flow.permits
   const metrics = flow.metrics
   /** A job this dispatcher claimed is done with (finished or given back): its permit goes back. */

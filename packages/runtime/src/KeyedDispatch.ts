@@ -62,7 +62,8 @@ const nothing = (busy: ClaimBatch["busy"]): ClaimBatch => ({
 export const claimer = Effect.fnUntraced(function* (
   queue: string,
   keyPolicy: string | undefined,
-  fleetRate?: FlowStorage.FleetRate | undefined
+  /** The fleet rate in force at each claim (read per call: hot overrides retune it); none: unrated. */
+  fleetRate?: (() => FlowStorage.FleetRate) | undefined
 ) {
   const storage = yield* QueueStorage
   if (fleetRate !== undefined && keyPolicy === undefined) {
@@ -73,7 +74,7 @@ export const claimer = Effect.fnUntraced(function* (
       )
     return (params: ClaimParams) =>
       Effect.map(
-        flow.value.claimRated({ ...params, rate: fleetRate }),
+        flow.value.claimRated({ ...params, rate: fleetRate() }),
         (c): ClaimBatch => ({
           jobs: c.jobs,
           busy: undefined,
@@ -97,31 +98,37 @@ export const claimer = Effect.fnUntraced(function* (
   const gated = keyClaimsBusy.pipe(Metric.withAttributes({ "awa.queue": queue, outcome: "gated" }))
   const contended = keyClaimsBusy.pipe(Metric.withAttributes({ "awa.queue": queue, outcome: "contended" }))
   // a fleet rate as well: the keyed claim within the queue's tokens (migration 0045)
-  const keyed = fleetRate === undefined ? { policy: keyPolicy } : { policy: keyPolicy, rate: fleetRate }
   return (params: ClaimParams) =>
-    Effect.flatMap(grants.value.claim({ ...params, ...keyed }), (c): Effect.Effect<ClaimBatch> => {
-      switch (c._tag) {
-        case "Claimed":
-          return Effect.succeed({
-            jobs: c.jobs,
-            busy: undefined,
-            // as many as a call takes, or as many keys (each job has at most one): maybe more
-            capped:
-              c.jobs.length < params.max &&
-              (c.jobs.length >= jobsPerKeyedClaim || c.jobs.length >= keysPerClaim),
-            stoppedAtKey: c.blocked,
-            nextTokenAt: c.nextTokenAt?.getTime()
-          })
-        case "Idle":
-          return Effect.succeed(nothing(undefined))
-        case "Throttled":
-          return Effect.succeed({ ...nothing(undefined), nextTokenAt: c.nextTokenAt.getTime() })
-        case "KeyGated":
-          return Effect.as(Metric.update(gated, 1), nothing("gated"))
-        case "KeyLockContended":
-          return Effect.as(Metric.update(contended, 1), nothing("contended"))
+    Effect.flatMap(
+      grants.value.claim(
+        fleetRate === undefined
+          ? { ...params, policy: keyPolicy }
+          : { ...params, policy: keyPolicy, rate: fleetRate() }
+      ),
+      (c): Effect.Effect<ClaimBatch> => {
+        switch (c._tag) {
+          case "Claimed":
+            return Effect.succeed({
+              jobs: c.jobs,
+              busy: undefined,
+              // as many as a call takes, or as many keys (each job has at most one): maybe more
+              capped:
+                c.jobs.length < params.max &&
+                (c.jobs.length >= jobsPerKeyedClaim || c.jobs.length >= keysPerClaim),
+              stoppedAtKey: c.blocked,
+              nextTokenAt: c.nextTokenAt?.getTime()
+            })
+          case "Idle":
+            return Effect.succeed(nothing(undefined))
+          case "Throttled":
+            return Effect.succeed({ ...nothing(undefined), nextTokenAt: c.nextTokenAt.getTime() })
+          case "KeyGated":
+            return Effect.as(Metric.update(gated, 1), nothing("gated"))
+          case "KeyLockContended":
+            return Effect.as(Metric.update(contended, 1), nothing("contended"))
+        }
       }
-    })
+    )
 })
 
 /** Wait of a contended keyed claim before it retries: 2–20 ms, jittered. */

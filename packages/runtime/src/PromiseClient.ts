@@ -313,7 +313,7 @@ export const createClient = async (options: ClientOptions) => {
     purgeDlqBulk: (filter: DlqFilter, options?: { readonly all?: boolean }) =>
       run(Effect.flatMap(AwaClient, (c) => c.storage.purgeDlqBulk(filter, options))),
     /**
-     * Replaces a queue's hot overrides (pollInterval, claimBatchSize, rateLimit, deadline); every
+     * Replaces a queue's hot overrides (pollInterval, claimBatchSize, rateLimit, fleetRateLimit, deadline); every
      * worker applies them within its `overrideRefreshInterval`. Rejects out-of-range values.
      */
     setQueueOverrides: (queue: string, overrides: QueueOverrides.QueueOverridesInput) =>

@@ -1,6 +1,6 @@
 /**
  * Hot queue overrides (capabilities.md §13; docs/adr/0028-flow-control.md): retune a live queue's
- * `pollInterval`, `claimBatchSize`, `rateLimit` and `deadline` without a deploy.
+ * `pollInterval`, `claimBatchSize`, `rateLimit`, `fleetRateLimit` and `deadline` without a deploy.
  *
  * They live in the database (`queue_meta.overrides`, migration 0032), so every process of the
  * fleet sees the same set: `set` replaces the queue's whole set, `clear` removes it. A worker
@@ -15,6 +15,9 @@
  * **Rate overrides retune, they do not create** A queue declared without `rateLimit` has no
  * limiter in the process; a `rateLimit` override for it is ignored with a warning (so an
  * override can never make an unlimited queue slow by surprise; declare a limit to retune it).
+ * The same holds for `fleetRateLimit` (docs/adr/0036-fleet-rate-limit.md): it retunes the
+ * fleet-wide limit of a queue declared with one, on every process at its next refresh; the limit's
+ * state (the marks) is shared whatever the values, so the new rate applies from the next claim.
  */
 import { ValidationError } from "@awa/core"
 import { FlowStorage } from "@awa/storage"
@@ -31,6 +34,8 @@ export interface QueueOverridesInput {
   readonly rateLimit?: { readonly maxRate: number; readonly burst?: number | undefined } | undefined
   /** Hard deadline per attempt: 0 (none) or 10 ms – 7 days. */
   readonly deadline?: Duration.Input | undefined
+  /** Retunes the queue's fleet-wide rate limit (a queue without one ignores it, with a warning). */
+  readonly fleetRateLimit?: { readonly maxRate: number; readonly burst?: number | undefined } | undefined
 }
 
 /** Overrides as stored and as applied: durations in milliseconds. */
@@ -39,6 +44,7 @@ export interface QueueOverrides {
   readonly claimBatchSize?: number | undefined
   readonly rateLimit?: RateLimiter.RateLimit | undefined
   readonly deadlineMs?: number | undefined
+  readonly fleetRateLimit?: FlowStorage.FleetRate | undefined
 }
 
 export interface QueueOverridesView {
@@ -71,6 +77,13 @@ const isBatch = (n: unknown): n is number =>
   Number.isInteger(n) &&
   n >= ranges.claimBatchSize.min &&
   n <= ranges.claimBatchSize.max
+/** Why a fleet rate is out of range (as the worker option's), or undefined. */
+const fleetRateReason = (limit: { readonly maxRate: unknown; readonly burst?: unknown }) =>
+  RateLimiter.invalidReason(limit) ??
+  (typeof limit.burst === "number" && limit.burst > FlowStorage.fleetRateLimits.maxBurst
+    ? `burst must be at most ${FlowStorage.fleetRateLimits.maxBurst}`
+    : undefined)
+
 const isDeadline = (ms: unknown): ms is number =>
   typeof ms === "number" &&
   Number.isInteger(ms) &&
@@ -86,10 +99,13 @@ export const validate = (input: QueueOverridesInput): Effect.Effect<QueueOverrid
   Effect.suspend(() => {
     const fail = (field: string, reason: string) => Effect.fail(new ValidationError({ field, reason }))
     if (typeof input !== "object" || input === null) return fail("overrides", "must be an object")
-    const known = new Set(["pollInterval", "claimBatchSize", "rateLimit", "deadline"])
+    const known = new Set(["pollInterval", "claimBatchSize", "rateLimit", "deadline", "fleetRateLimit"])
     for (const key of Object.keys(input))
       if (!known.has(key))
-        return fail(key, "is not an override (pollInterval, claimBatchSize, rateLimit, deadline)")
+        return fail(
+          key,
+          "is not an override (pollInterval, claimBatchSize, rateLimit, deadline, fleetRateLimit)"
+        )
     const out: { -readonly [K in keyof QueueOverrides]: QueueOverrides[K] } = {}
     if (input.pollInterval !== undefined) {
       const ms = toMs(input.pollInterval)
@@ -110,6 +126,12 @@ export const validate = (input: QueueOverridesInput): Effect.Effect<QueueOverrid
       const ms = toMs(input.deadline)
       if (!isDeadline(ms)) return fail("deadline", deadlineReason)
       out.deadlineMs = ms
+    }
+    if (input.fleetRateLimit !== undefined) {
+      const reason =
+        typeof input.fleetRateLimit === "object" ? fleetRateReason(input.fleetRateLimit) : "must be an object"
+      if (reason !== undefined) return fail("fleetRateLimit", reason)
+      out.fleetRateLimit = { maxRate: input.fleetRateLimit.maxRate, burst: input.fleetRateLimit.burst ?? 0 }
     }
     return Effect.succeed(out)
   })
@@ -139,6 +161,15 @@ export const decodeStored = (
           : "must be an object"
       if (reason === undefined)
         out.rateLimit = { maxRate: r.maxRate as number, burst: (r.burst as number | undefined) ?? 0 }
+      else invalid.push({ field, reason })
+    } else if (field === "fleetRateLimit") {
+      const r = value as { maxRate?: unknown; burst?: unknown }
+      const reason =
+        typeof value === "object"
+          ? fleetRateReason({ maxRate: r.maxRate, burst: r.burst })
+          : "must be an object"
+      if (reason === undefined)
+        out.fleetRateLimit = { maxRate: r.maxRate as number, burst: (r.burst as number | undefined) ?? 0 }
       else invalid.push({ field, reason })
     } else invalid.push({ field, reason: "is not an override" })
   }
@@ -181,6 +212,8 @@ export interface LiveSettings {
   claimBatchSize: number | undefined
   deadlineMs: number
   readonly limiter: RateLimiter.RateLimiter | undefined
+  /** The fleet-wide rate each rated claim applies (undefined: the queue has none). */
+  fleetRate: FlowStorage.FleetRate | undefined
 }
 
 export interface QueueBase {
@@ -189,13 +222,15 @@ export interface QueueBase {
   readonly claimBatchSize: number | undefined
   readonly deadlineMs: number
   readonly rateLimit: RateLimiter.RateLimit | undefined
+  readonly fleetRate?: FlowStorage.FleetRate | undefined
 }
 
 export const liveSettings = (base: QueueBase, nowMs: number): LiveSettings => ({
   pollIntervalMs: base.pollIntervalMs,
   claimBatchSize: base.claimBatchSize,
   deadlineMs: base.deadlineMs,
-  limiter: base.rateLimit === undefined ? undefined : RateLimiter.make(base.rateLimit, nowMs)
+  limiter: base.rateLimit === undefined ? undefined : RateLimiter.make(base.rateLimit, nowMs),
+  fleetRate: base.fleetRate
 })
 
 const sameLimit = (a: RateLimiter.RateLimit, b: RateLimiter.RateLimit) =>
@@ -229,6 +264,11 @@ export const apply = (
       if (!sameLimit(wanted, live.limiter.current()))
         live.limiter.retune(wanted, yield* Clock.currentTimeMillis)
     }
+    if (overrides.fleetRateLimit !== undefined && base.fleetRate === undefined)
+      warnings.push(
+        `fleetRateLimit override of queue ${base.queue} ignored: the queue has no fleetRateLimit in this process (an override retunes a limit, it cannot create one)`
+      )
+    if (base.fleetRate !== undefined) live.fleetRate = overrides.fleetRateLimit ?? base.fleetRate
     const text = warnings.join("; ")
     if (text !== (reported.get(base.queue) ?? "")) {
       reported.set(base.queue, text)

@@ -66,7 +66,8 @@ export interface QueueOptions {
    * database, migration 0043). `maxRate` > 0 and ≤ 100,000; `burst` integer 0–1,000,000 (0:
    * `max(1, ceil(maxRate))`). Every process serving the queue should set the same values (each
    * claim applies its own). With `keyPolicy`, the keyed claim takes at most the tokens there are
-   * (migration 0045; the same budget as plain rated claims of the queue). Default none.
+   * (migration 0045; the same budget as plain rated claims of the queue). Hot overrides can retune
+   * it (not create one). Default none.
    */
   readonly fleetRateLimit?: { readonly maxRate: number; readonly burst?: number | undefined } | undefined
   /** Most jobs one claim takes (1–10,000). Default: what the free capacity and prefetch allow. */
@@ -377,7 +378,11 @@ export const resolveConfig = <R>(options: WorkerOptions<R>) =>
           rateLimit:
             q.rateLimit === undefined
               ? undefined
-              : { maxRate: q.rateLimit.maxRate, burst: q.rateLimit.burst ?? 0 }
+              : { maxRate: q.rateLimit.maxRate, burst: q.rateLimit.burst ?? 0 },
+          fleetRate:
+            q.fleetRateLimit === undefined
+              ? undefined
+              : { maxRate: q.fleetRateLimit.maxRate, burst: q.fleetRateLimit.burst ?? 0 }
         },
         weight: { queue, minWorkers, weight }
       })

@@ -4,14 +4,15 @@
  * burst 10 together, not 10/s each; starts are spaced at the rate (the claim says when the next
  * token is due), never more than `burst + rate × W` in a window of W; bad settings fail the layer.
  */
-import { AwaConfigError, Job } from "@awa/core"
+import { AwaConfigError, Job, ValidationError } from "@awa/core"
 import { KeyGrants } from "@awa/storage"
 import { assert, describe, it } from "@effect/vitest"
-import { Clock, Effect, Exit, Layer, Metric, Schema, Scope } from "effect"
+import { Clock, Effect, Exit, Layer, Logger, Metric, Schema, Scope } from "effect"
 import * as Awa from "../src/Awa.ts"
 import { AwaClient } from "../src/AwaClient.ts"
 import * as FlowMetrics from "../src/FlowMetrics.ts"
 import { handler } from "../src/Handler.ts"
+import * as QueueOverrides from "../src/QueueOverrides.ts"
 import type { QueueOptions } from "../src/Worker.ts"
 import { advance } from "./support.ts"
 
@@ -139,6 +140,106 @@ describe("fleet-wide rate limit (simulation layer, TestClock)", () => {
         }
         yield* stopA
         yield* stopB
+      }).pipe(Effect.provide(Awa.layerSim()))
+  )
+
+  it.effect(
+    "a hot override retunes the fleet rate on the next refresh: 60 jobs at 10/s, then 50/s, end by ~2 s instead of 5 s",
+    () =>
+      Effect.gen(function* () {
+        const client = yield* AwaClient
+        yield* client.insertMany(Tick, range(60))
+        const starts: Array<number> = []
+        const t0 = yield* Clock.currentTimeMillis
+        const scope = yield* Scope.make()
+        yield* Layer.buildWithScope(
+          Awa.worker({
+            queues: {
+              fleet: {
+                maxConcurrency: 50,
+                pollInterval: "1 second",
+                fleetRateLimit: { maxRate: 10, burst: 10 }
+              }
+            },
+            handlers: [
+              handler(Tick, () =>
+                Effect.flatMap(Clock.currentTimeMillis, (t) => Effect.sync(() => void starts.push(t)))
+              )
+            ],
+            overrideRefreshInterval: "200 millis",
+            maintenance: false
+          }),
+          scope
+        )
+        yield* advance(50, 5)
+        assert.strictEqual(starts.length, 10, "the burst")
+        yield* client.setQueueOverrides("fleet", { fleetRateLimit: { maxRate: 50, burst: 10 } })
+        yield* advance(6000, 5)
+        assert.strictEqual(starts.length, 60)
+        const at = starts.map((t) => t - t0).sort((a, b) => a - b)
+        // at 10/s the 50 after the burst take 5 s; at 50/s (from the refresh at ≤ 200 ms) about 1 s
+        assert.isAtMost(at[59]!, 2000, `the override applied: ${JSON.stringify(at)}`)
+        // and it still limits: 50 tokens at 50/s cannot come in less than ~0.8 s after the burst
+        assert.isAtLeast(at[59]!, 800)
+        // cleared, the code's 10/s is back from the next refresh: the burst of 10, then 10/s
+        yield* client.clearQueueOverrides("fleet")
+        yield* advance(400, 5)
+        yield* client.insertMany(Tick, range(20))
+        const t1 = yield* Clock.currentTimeMillis
+        yield* advance(4000, 5)
+        assert.strictEqual(starts.length, 80)
+        const after = starts
+          .slice(60)
+          .map((t) => t - t1)
+          .sort((a, b) => a - b)
+        assert.isAtLeast(after[19]!, 900, `10/s again: ${JSON.stringify(after)}`)
+        yield* Scope.close(scope, Exit.void)
+      }).pipe(Effect.provide(Awa.layerSim()))
+  )
+
+  it.effect(
+    "a fleet rate override is validated, and ignored with a warning on a queue without a fleet rate",
+    () =>
+      Effect.gen(function* () {
+        const client = yield* AwaClient
+        for (const [fleetRateLimit, why] of [
+          [{ maxRate: 0 }, "maxRate 0"],
+          [{ maxRate: 100_001 }, "maxRate above 100,000"],
+          [{ maxRate: 5, burst: 1_000_001 }, "burst above 1,000,000"],
+          [{ maxRate: 5, burst: 1.5 }, "a fractional burst"]
+        ] as const) {
+          const exit = yield* Effect.exit(client.setQueueOverrides("fleet", { fleetRateLimit }))
+          const failure = Exit.isFailure(exit) ? exit.cause.reasons[0] : undefined
+          const error = failure?._tag === "Fail" ? failure.error : undefined
+          assert.instanceOf(error, ValidationError, why)
+          assert.strictEqual((error as ValidationError).field, "fleetRateLimit", why)
+        }
+        assert.deepStrictEqual(yield* client.getQueueOverrides("fleet"), [], "nothing was stored")
+        const warnings: Array<string> = []
+        const capture = Logger.layer([
+          Logger.make((options) => {
+            if (options.logLevel === "Warn") warnings.push(String(options.message))
+          })
+        ])
+        const base: QueueOverrides.QueueBase = {
+          queue: "plain",
+          pollIntervalMs: 200,
+          claimBatchSize: undefined,
+          deadlineMs: 1000,
+          rateLimit: undefined
+        }
+        const live = QueueOverrides.liveSettings(base, 0)
+        yield* QueueOverrides.apply(base, live, { fleetRateLimit: { maxRate: 5, burst: 1 } }, new Map()).pipe(
+          Effect.provide(capture)
+        )
+        assert.strictEqual(live.fleetRate, undefined, "an override cannot create a fleet rate")
+        assert.match(warnings[0] ?? "", /fleetRateLimit override of queue plain ignored/)
+        const rated = { ...base, queue: "rated", fleetRate: { maxRate: 10, burst: 10 } }
+        const liveRated = QueueOverrides.liveSettings(rated, 0)
+        yield* QueueOverrides.apply(rated, liveRated, { fleetRateLimit: { maxRate: 2, burst: 3 } }, new Map())
+        assert.deepStrictEqual(liveRated.fleetRate, { maxRate: 2, burst: 3 })
+        yield* QueueOverrides.apply(rated, liveRated, undefined, new Map())
+        assert.deepStrictEqual(liveRated.fleetRate, { maxRate: 10, burst: 10 })
       }).pipe(Effect.provide(Awa.layerSim()))
   )
 
