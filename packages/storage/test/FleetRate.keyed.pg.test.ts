@@ -55,25 +55,35 @@ describe("a keyed queue under a fleet-wide rate limit on Postgres (0045)", () =>
           const policy = fresh("p")
           yield* grants.create({ id: policy, maxInFlight: 1 })
           yield* backlog(queue, 20, (i) => `k${i}`)
-          const first = yield* keyedRated(queue, policy, 20, 1, 5)
+          // one token every 20 s: no machine earns one between these two claims
+          const first = yield* keyedRated(queue, policy, 20, 0.05, 5)
           assert.strictEqual(first._tag, "Claimed")
           assert.strictEqual(jobsOf(first).length, 5, "the burst")
           assert.isDefined(first._tag === "Claimed" ? first.nextTokenAt : undefined, "cut short by the rate")
-          const second = yield* keyedRated(queue, policy, 20, 1, 5)
+          const second = yield* keyedRated(queue, policy, 20, 0.05, 5)
           assert.strictEqual(second._tag, "Throttled")
           const next = second._tag === "Throttled" ? second.nextTokenAt : new Date(0)
-          // 5 tokens taken at t, the next one 1 s later (1/s: a slow machine cannot earn one between)
-          assert.isAtMost(next.getTime() - Date.now(), 1010)
-          yield* until(next)
+          // 5 tokens taken at t (the first claim's transaction start), the next one 20 s later
+          assert.isAtMost(next.getTime() - Date.now(), 20_010)
+          assert.isAtLeast(next.getTime() - Date.now(), 15_000)
+          // another queue, burst 1: the token of a rolled-back claim is there afterwards (were it
+          // not, the claim after it would be Throttled for 20 s)
+          const other = fresh("krated")
+          yield* backlog(other, 5, (i) => `other-${i}`)
           const sql = yield* SqlClient.SqlClient
           const rolledBack = yield* Effect.exit(
             sql.withTransaction(
-              Effect.andThen(keyedRated(queue, policy, 1, 1, 5), Effect.fail("roll back" as const))
+              Effect.andThen(
+                Effect.tap(keyedRated(other, policy, 1, 0.05, 1), (c) =>
+                  Effect.sync(() => assert.strictEqual(jobsOf(c).length, 1))
+                ),
+                Effect.fail("roll back" as const)
+              )
             )
           )
           assert.isTrue(Exit.isFailure(rolledBack))
-          const third = yield* keyedRated(queue, policy, 20, 1, 5)
-          assert.isAtLeast(jobsOf(third).length, 1, "the rolled-back claim's token came back")
+          const third = yield* keyedRated(other, policy, 1, 0.05, 1)
+          assert.strictEqual(jobsOf(third).length, 1, "the rolled-back claim's token came back")
         })
     )
 
