@@ -1522,57 +1522,40 @@ CREATE OR REPLACE FUNCTION awa.claim_keyed_rated(p_queue text, p_policy text, p_
 AS $function$
 #variable_conflict use_column
 DECLARE
-  v_t double precision := extract(epoch FROM now());
-  v_period double precision;
-  v_burst int;
-  v_tat double precision;
-  v_read tid; -- the mark read (its tuple id)
-  v_base double precision;
-  v_tokens int;
+  r record;
 BEGIN
   -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
   IF current_setting('transaction_isolation') <> 'read committed' THEN
     RAISE EXCEPTION 'claim_keyed_rated needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
       USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
   END IF;
-  IF p_rate IS NULL OR NOT (p_rate > 0 AND p_rate <= 100000) OR p_burst IS NULL OR p_burst < 0 THEN
-    RAISE EXCEPTION 'claim_keyed_rated needs 0 < rate <= 100000 and burst >= 0 (got %, %)', p_rate, p_burst
-      USING ERRCODE = '22023';
-  END IF;
+  SELECT * INTO r FROM rate_tokens('claim_keyed_rated', p_queue, p_max, p_rate, p_burst);
   IF p_max <= 0 THEN
     RETURN;
   END IF;
-  v_period := 1 / p_rate;
-  v_burst := CASE WHEN p_burst = 0 THEN greatest(1, ceil(p_rate)::int) ELSE p_burst END;
-  PERFORM pg_advisory_xact_lock(lock_ns('rate'), hashtext(p_queue));
-  -- after the lock: the mark the previous holder committed
-  SELECT m.tat, m.ctid INTO v_tat, v_read FROM rate_marks m WHERE m.queue = p_queue ORDER BY m.tat DESC LIMIT 1;
-  v_tokens := least(v_burst, floor((v_t + v_burst * v_period - greatest(coalesce(v_tat, v_t), v_t)) / v_period + 1e-9)::int);
-  IF v_tokens <= 0 THEN
+  IF r.tokens <= 0 THEN
     RETURN QUERY SELECT NULL::bigint, NULL::bigint, NULL::int, NULL::int, NULL::text, p_queue, NULL::smallint, NULL::jsonb,
                         NULL::jsonb, NULL::text[], NULL::jsonb, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz,
-                        NULL::timestamptz, NULL::jsonb, NULL::text,
-                        to_timestamp(v_tat - v_burst * v_period + v_period);
+                        NULL::timestamptz, NULL::jsonb, NULL::text, r.next_token_at;
     RETURN;
   END IF;
-  v_base := greatest(coalesce(v_tat, v_t), v_t);
   -- The keyed claim, the mark and the superseded mark's delete in one statement: the jobs taken
   -- (rows with a job; the gate row has none) advance tat.
   RETURN QUERY
   WITH c AS MATERIALIZED (
-    SELECT k.* FROM claim_keyed(p_queue, p_policy, least(p_max, v_tokens), p_deadline_ms, p_aging_ms) k
+    SELECT k.* FROM claim_keyed(p_queue, p_policy, least(p_max, r.tokens), p_deadline_ms, p_aging_ms) k
   ),
   taken AS MATERIALIZED (
     SELECT count(c.job_id)::int AS n FROM c
   ),
-  mark AS (
-    INSERT INTO rate_marks (queue, tat) SELECT p_queue, v_base + t.n * v_period FROM taken t WHERE t.n > 0
+  new_mark AS (
+    INSERT INTO rate_marks (queue, tat) SELECT p_queue, r.base + t.n * r.period FROM taken t WHERE t.n > 0
   ),
   -- by its tuple id, one row, never a scan (as claim_rated)
   superseded AS (
-    DELETE FROM rate_marks m WHERE m.ctid = v_read AND EXISTS (SELECT 1 FROM taken t WHERE t.n > 0)
+    DELETE FROM rate_marks m WHERE m.ctid = r.mark AND EXISTS (SELECT 1 FROM taken t WHERE t.n > 0)
   )
-  SELECT c.*, CASE WHEN t.n = v_tokens AND v_tokens < p_max THEN to_timestamp(v_base + (t.n - v_burst + 1) * v_period) END
+  SELECT c.*, CASE WHEN t.n = r.tokens AND r.tokens < p_max THEN r.next_token_at END
   FROM c CROSS JOIN taken t;
 END
 $function$
@@ -1586,13 +1569,7 @@ CREATE OR REPLACE FUNCTION awa.claim_rated(p_queue text, p_max integer, p_deadli
 AS $function$
 #variable_conflict use_column
 DECLARE
-  v_t double precision := extract(epoch FROM now());
-  v_period double precision;
-  v_burst int;
-  v_tat double precision;
-  v_read tid; -- the mark read (its tuple id)
-  v_base double precision;
-  v_tokens int;
+  r record;
   v_n int;
 BEGIN
   -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
@@ -1600,37 +1577,26 @@ BEGIN
     RAISE EXCEPTION 'claim_rated needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
       USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
   END IF;
-  IF p_rate IS NULL OR NOT (p_rate > 0 AND p_rate <= 100000) OR p_burst IS NULL OR p_burst < 0 THEN
-    RAISE EXCEPTION 'claim_rated needs 0 < rate <= 100000 and burst >= 0 (got %, %)', p_rate, p_burst
-      USING ERRCODE = '22023';
-  END IF;
+  SELECT * INTO r FROM rate_tokens('claim_rated', p_queue, p_max, p_rate, p_burst);
   IF p_max <= 0 THEN
     RETURN;
   END IF;
-  v_period := 1 / p_rate;
-  v_burst := CASE WHEN p_burst = 0 THEN greatest(1, ceil(p_rate)::int) ELSE p_burst END;
-  PERFORM pg_advisory_xact_lock(lock_ns('rate'), hashtext(p_queue));
-  -- after the lock: the mark the previous holder committed
-  SELECT m.tat, m.ctid INTO v_tat, v_read FROM rate_marks m WHERE m.queue = p_queue ORDER BY m.tat DESC LIMIT 1;
-  v_tokens := least(v_burst, floor((v_t + v_burst * v_period - greatest(coalesce(v_tat, v_t), v_t)) / v_period + 1e-9)::int);
-  IF v_tokens <= 0 THEN
+  IF r.tokens <= 0 THEN
     RETURN QUERY SELECT NULL::bigint, NULL::bigint, NULL::int, NULL::int, NULL::text, p_queue, NULL::smallint, NULL::jsonb,
                         NULL::jsonb, NULL::text[], NULL::jsonb, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz,
-                        NULL::timestamptz, NULL::jsonb,
-                        to_timestamp(v_tat - v_burst * v_period + v_period);
+                        NULL::timestamptz, NULL::jsonb, r.next_token_at;
     RETURN;
   END IF;
-  v_base := greatest(coalesce(v_tat, v_t), v_t);
   -- cut by the tokens (fewer than asked): each row says when the next token is due once these
   -- are taken, so the worker claims again then rather than at its poll
-  RETURN QUERY SELECT c.*, CASE WHEN v_tokens < p_max THEN to_timestamp(v_base + (v_tokens - v_burst + 1) * v_period) END
-               FROM claim(p_queue, least(p_max, v_tokens), p_deadline_ms, p_aging_ms) c;
+  RETURN QUERY SELECT c.*, CASE WHEN r.tokens < p_max THEN r.next_token_at END
+               FROM claim(p_queue, least(p_max, r.tokens), p_deadline_ms, p_aging_ms) c;
   GET DIAGNOSTICS v_n = ROW_COUNT;
   IF v_n > 0 THEN
-    INSERT INTO rate_marks (queue, tat) VALUES (p_queue, v_base + v_n * v_period);
+    INSERT INTO rate_marks (queue, tat) VALUES (p_queue, r.base + v_n * r.period);
     -- the mark read is superseded: deleted by its tuple id, one row, never a scan (a range delete
     -- would walk every mark a pinned horizon keeps dead, on every claim)
-    DELETE FROM rate_marks m WHERE m.ctid = v_read;
+    DELETE FROM rate_marks m WHERE m.ctid = r.mark;
   END IF;
 END
 $function$
@@ -4378,6 +4344,45 @@ BEGIN
   LEFT JOIN dlq_counts q ON q.queue = n.queue
   LEFT JOIN finals f ON f.queue = n.queue
   ORDER BY n.queue COLLATE "C";
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.rate_tokens(p_caller text, p_queue text, p_max integer, p_rate double precision, p_burst integer, OUT tokens integer, OUT base double precision, OUT period double precision, OUT mark tid, OUT next_token_at timestamp with time zone)
+ RETURNS record
+ LANGUAGE plpgsql
+ SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
+AS $function$
+DECLARE
+  v_t double precision := extract(epoch FROM now());
+  v_burst int;
+  v_tat double precision;
+BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'rate_tokens needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  IF p_rate IS NULL OR NOT (p_rate > 0 AND p_rate <= 100000) OR p_burst IS NULL OR p_burst < 0 THEN
+    RAISE EXCEPTION '% needs 0 < rate <= 100000 and burst >= 0 (got %, %)', p_caller, p_rate, p_burst
+      USING ERRCODE = '22023';
+  END IF;
+  IF p_max <= 0 THEN
+    tokens := 0;
+    RETURN;
+  END IF;
+  period := 1 / p_rate;
+  v_burst := CASE WHEN p_burst = 0 THEN greatest(1, ceil(p_rate)::int) ELSE p_burst END;
+  PERFORM pg_advisory_xact_lock(lock_ns('rate'), hashtext(p_queue));
+  -- after the lock: the mark the previous holder committed
+  SELECT m.tat, m.ctid INTO v_tat, mark FROM rate_marks m WHERE m.queue = p_queue ORDER BY m.tat DESC LIMIT 1;
+  base := greatest(coalesce(v_tat, v_t), v_t);
+  tokens := least(v_burst, floor((v_t + v_burst * period - base) / period + 1e-9)::int);
+  -- no token: the first is due when tat falls within the burst again (a claimer that waited for
+  -- the lock computes with an earlier t, so tokens may come out below 0)
+  next_token_at := to_timestamp(CASE WHEN tokens <= 0 THEN v_tat - v_burst * period + period
+                                     ELSE base + (tokens - v_burst + 1) * period END);
 END
 $function$
 -- execute besides the owner: owner only

@@ -121,5 +121,39 @@ describe("fleet-wide rate limit on Postgres", () => {
         assert.strictEqual(claimed[0]!.n, 0)
       })
     )
+
+    // A SQL caller skips the runtime's checks: the functions check for themselves (rate_tokens,
+    // migration 0046, does it for both and names the one called), and a claim of nothing takes
+    // no rate lock (so a claimer asking for 0 never waits behind one that claims).
+    it.effect("the SQL functions refuse a bad rate by name; a claim of 0 takes no rate lock", () =>
+      Effect.gen(function* () {
+        const sql = yield* SqlClient.SqlClient
+        const queue = fresh("rated")
+        yield* backlog(queue, 2)
+        for (const [fn, call] of [
+          ["claim_rated", sql`SELECT * FROM awa.claim_rated(${queue}, 5, 60000, 0, 0, 1)`],
+          ["claim_rated", sql`SELECT * FROM awa.claim_rated(${queue}, 5, 60000, 0, 5, -1)`],
+          [
+            "claim_keyed_rated",
+            sql`SELECT * FROM awa.claim_keyed_rated(${queue}, 'none', 5, 60000, 0, 100001, 1)`
+          ]
+        ] as const) {
+          const pg = (yield* Effect.flip(call)).reason as { cause?: { code?: string; message?: string } }
+          assert.strictEqual(pg.cause?.code, "22023")
+          assert.include(pg.cause?.message, `${fn} needs 0 < rate <= 100000 and burst >= 0`)
+        }
+        const locks = yield* sql.withTransaction(
+          Effect.andThen(
+            sql`SELECT * FROM awa.claim_rated(${queue}, 0, 60000, 0, 5, 1)`,
+            sql<{ n: number }>`
+              SELECT count(*)::int AS n FROM pg_locks
+              WHERE pid = pg_backend_pid() AND locktype = 'advisory'`
+          )
+        )
+        assert.strictEqual(locks[0]!.n, 0, "no rate lock for a claim of 0")
+        const taken = yield* sql<{ n: number }>`SELECT count(*)::int AS n FROM awa.rate_marks WHERE queue = ${queue}`
+        assert.strictEqual(taken[0]!.n, 0)
+      })
+    )
   })
 })
