@@ -82,7 +82,11 @@ const suites = [
   "packages/storage/test/PgCallbackStorage.test.ts",
   "packages/storage/test/PgCallbackStorage.race.test.ts",
   "packages/runtime/test/FlowControl.pg.test.ts",
-  "packages/storage/test/HotConnections.test.ts"
+  "packages/storage/test/HotConnections.test.ts",
+  "packages/storage/test/LockBudget.keyed.test.ts",
+  "packages/storage/test/PgQueueStorage.pruneCounts.test.ts",
+  "packages/storage/test/FleetRate.pg.test.ts",
+  "packages/storage/test/FleetRate.keyed.pg.test.ts"
 ]
 
 const arg = (name: string) => {
