@@ -136,11 +136,12 @@ export const make = Effect.fnUntraced(function* <R>(
     limiter: undefined,
     fleetRate: config.fleetRate
   }
-  // a rated queue's claims apply the fleet rate in force (a hot override retunes it)
+  // a rated queue's claims apply the fleet rate in force (a hot override retunes it, never removes it)
+  const configuredRate = config.fleetRate
   const claimBatch = yield* KeyedDispatch.claimer(
     config.queue,
     config.keyPolicy,
-    config.fleetRate === undefined ? undefined : () => live.fleetRate ?? config.fleetRate!
+    configuredRate === undefined ? undefined : () => live.fleetRate ?? configuredRate
   )
   const permits = flow.permits
   const metrics = flow.metrics

@@ -7,14 +7,14 @@
 import { AwaConfigError, Job, ValidationError } from "@awa/core"
 import { KeyGrants } from "@awa/storage"
 import { assert, describe, it } from "@effect/vitest"
-import { Clock, Effect, Exit, Layer, Logger, Metric, Schema, Scope } from "effect"
+import { Clock, Effect, Exit, Layer, Metric, Schema, Scope } from "effect"
 import * as Awa from "../src/Awa.ts"
 import { AwaClient } from "../src/AwaClient.ts"
 import * as FlowMetrics from "../src/FlowMetrics.ts"
 import { handler } from "../src/Handler.ts"
 import * as QueueOverrides from "../src/QueueOverrides.ts"
 import type { QueueOptions } from "../src/Worker.ts"
-import { advance } from "./support.ts"
+import { advance, captureWarnings, plainQueueBase } from "./support.ts"
 
 const Tick = Job.define({ kind: "fleet_tick", args: Schema.Struct({ n: Schema.Number }), queue: "fleet" })
 
@@ -215,19 +215,8 @@ describe("fleet-wide rate limit (simulation layer, TestClock)", () => {
           assert.strictEqual((error as ValidationError).field, "fleetRateLimit", why)
         }
         assert.deepStrictEqual(yield* client.getQueueOverrides("fleet"), [], "nothing was stored")
-        const warnings: Array<string> = []
-        const capture = Logger.layer([
-          Logger.make((options) => {
-            if (options.logLevel === "Warn") warnings.push(String(options.message))
-          })
-        ])
-        const base: QueueOverrides.QueueBase = {
-          queue: "plain",
-          pollIntervalMs: 200,
-          claimBatchSize: undefined,
-          deadlineMs: 1000,
-          rateLimit: undefined
-        }
+        const { warnings, layer: capture } = captureWarnings()
+        const base = plainQueueBase
         const live = QueueOverrides.liveSettings(base, 0)
         yield* QueueOverrides.apply(base, live, { fleetRateLimit: { maxRate: 5, burst: 1 } }, new Map()).pipe(
           Effect.provide(capture)

@@ -7,13 +7,13 @@ import { BackpressureRejected, Job, ValidationError } from "@awa/core"
 import { FlowStorage, PgQueueStorage } from "@awa/storage"
 import { TestDatabase } from "@awa/testing"
 import { assert, layer } from "@effect/vitest"
-import { Effect, Exit, Layer, Logger, Schema, Scope } from "effect"
+import { Effect, Exit, Layer, Schema, Scope } from "effect"
 import { SqlClient } from "effect/sql"
 import * as Awa from "../src/Awa.ts"
 import * as AwaClient from "../src/AwaClient.ts"
 import { handler } from "../src/Handler.ts"
 import * as QueueOverrides from "../src/QueueOverrides.ts"
-import { eventually } from "./support.ts"
+import { captureWarnings, eventually, plainQueueBase } from "./support.ts"
 
 const Deep = Job.define({ kind: "deep", args: Schema.Struct({ n: Schema.Number }), queue: "deep" })
 const Tuned = Job.define({ kind: "tuned", args: Schema.Struct({ n: Schema.Number }), queue: "tuned" })
@@ -187,19 +187,8 @@ layer(Awa.layerSim(), { excludeTestServices: true })("applying overrides", (it) 
     "a rate override on a queue without a limiter is ignored with a warning; a limiter is retuned and reverted",
     () =>
       Effect.gen(function* () {
-        const warnings: Array<string> = []
-        const capture = Logger.layer([
-          Logger.make((options) => {
-            if (options.logLevel === "Warn") warnings.push(String(options.message))
-          })
-        ])
-        const base: QueueOverrides.QueueBase = {
-          queue: "plain",
-          pollIntervalMs: 200,
-          claimBatchSize: undefined,
-          deadlineMs: 1000,
-          rateLimit: undefined
-        }
+        const { warnings, layer: capture } = captureWarnings()
+        const base = plainQueueBase
         const live = QueueOverrides.liveSettings(base, 0)
         const reported = new Map<string, string>()
         yield* QueueOverrides.apply(

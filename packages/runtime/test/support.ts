@@ -8,9 +8,30 @@ import {
   SimQueueStorage,
   StorageSignals
 } from "@awa/storage"
-import { Effect, Layer, Queue, Schedule, Stream, Tracer } from "effect"
+import { Effect, Layer, Logger, Queue, Schedule, Stream, Tracer } from "effect"
 import { TestClock } from "effect/testing"
 import * as AwaClient from "../src/AwaClient.ts"
+import type * as QueueOverrides from "../src/QueueOverrides.ts"
+
+/** A logger layer that keeps the message of every warning, to assert on what was logged. */
+export const captureWarnings = () => {
+  const warnings: Array<string> = []
+  const layer = Logger.layer([
+    Logger.make((options) => {
+      if (options.logLevel === "Warn") warnings.push(String(options.message))
+    })
+  ])
+  return { warnings, layer }
+}
+
+/** A queue's configured settings with no rate limit of either kind, for applying overrides to. */
+export const plainQueueBase: QueueOverrides.QueueBase = {
+  queue: "plain",
+  pollIntervalMs: 200,
+  claimBatchSize: undefined,
+  deadlineMs: 1000,
+  rateLimit: undefined
+}
 
 /** Re-runs `check` until it returns true, or fails after `timeoutMs` (real time). */
 export const eventually = <E, R>(
