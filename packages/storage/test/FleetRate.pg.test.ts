@@ -151,7 +151,9 @@ describe("fleet-wide rate limit on Postgres", () => {
           )
         )
         assert.strictEqual(locks[0]!.n, 0, "no rate lock for a claim of 0")
-        const taken = yield* sql<{ n: number }>`SELECT count(*)::int AS n FROM awa.rate_marks WHERE queue = ${queue}`
+        const taken = yield* sql<{
+          n: number
+        }>`SELECT count(*)::int AS n FROM awa.rate_marks WHERE queue = ${queue}`
         assert.strictEqual(taken[0]!.n, 0)
       })
     )
