@@ -426,27 +426,24 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
         }
       : undefined
     const producer = Traceparent.decode(job.metadata[Traceparent.metadataKey])
-    if (producer === undefined)
-      return Effect.withSpan(effect, `process ${job.kind}`, {
-        kind: "consumer",
-        attributes,
-        captureStackTrace: false
-      })
-    const external = Tracer.externalSpan(producer)
-    return job.attempt <= 1
-      ? Effect.withSpan(effect, `process ${job.kind}`, {
-          kind: "consumer",
-          attributes,
-          parent: external,
-          captureStackTrace: false
-        })
-      : Effect.withSpan(effect, `process ${job.kind}`, {
-          kind: "consumer",
-          attributes,
-          root: true,
-          links: [{ span: external, attributes: { "awa.link": "producer" } }],
-          captureStackTrace: false
-        })
+    const external = producer === undefined ? undefined : Tracer.externalSpan(producer)
+    const options: Tracer.SpanOptionsNoTrace =
+      external === undefined
+        ? { kind: "consumer", attributes }
+        : job.attempt <= 1
+          ? { kind: "consumer", attributes, parent: external }
+          : {
+              kind: "consumer",
+              attributes,
+              root: true,
+              links: [{ span: external, attributes: { "awa.link": "producer" } }]
+            }
+    // `useSpan` and the parent span provided directly, not `withSpan`: that also provides a
+    // stack frame for the span (a second copy of the fiber's context per attempt), which only
+    // serves a captured stack trace, and there is none here.
+    return Effect.useSpan(`process ${job.kind}`, options, (span) =>
+      Effect.provideService(effect, Tracer.ParentSpan, span)
+    )
   }
 
   /** Forgets a finished attempt: no more heartbeats, deadline or broadcasts for it. */
