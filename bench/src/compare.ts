@@ -63,9 +63,11 @@ import { loadAverage } from "./compare/proc.ts"
 import type { Description } from "./compare/protocol.ts"
 import {
   compare,
+  ratiosByRound,
   renderDrainTables,
   renderLatency,
   renderPhases,
+  renderRounds,
   renderStatements,
   renderSummary,
   type SystemSummary,
@@ -98,6 +100,8 @@ interface Options {
   readonly pgbench: boolean
   /** `--drain` / `--drain-warm`: the drain phase's backlog and warm-up, instead of the mode's sizes. */
   readonly drain: { readonly jobs: number | undefined; readonly warm: number | undefined }
+  /** `--rounds`: every phase this many times, the entrants interleaved; figures are medians. */
+  readonly rounds: number
 }
 
 const parseDuration = (text: string): number => {
@@ -125,6 +129,10 @@ const help = `npm run bench -- [options]   (Awa, graphile-worker and pg-boss sid
                             20,000 and 1,000; quick 5,000 and 500). A steady drain, for example
                             --drain 150000 --drain-warm 20000: V8 has compiled the hot path, and the
                             rings rotate and prune inside the measured interval
+  --rounds <n>              every phase n times (1–20, default 1), the systems interleaved in each:
+                            the summary takes each figure's median over the rounds, and prints
+                            Awa's ratio to the best peer round by round (this machine moves every
+                            system's rate up to 2× between minutes: a ratio is read within a round)
   --no-pgbench              skip the raw multi-row INSERT rate (pgbench, 1,000 rows per statement)
                             measured after the phases when enqueue-batch is among them
   --max-other-cores <n>     start a phase once other processes use fewer cores (default 0.5)
@@ -181,8 +189,16 @@ const parseArgs = (argv: ReadonlyArray<string>): Options => {
           },
     statements: argv.includes("--statements"),
     pgbench: !argv.includes("--no-pgbench"),
-    drain: { jobs: count("--drain"), warm: count("--drain-warm") }
+    drain: { jobs: count("--drain"), warm: count("--drain-warm") },
+    rounds: rounds(value("--rounds"))
   }
+}
+
+const rounds = (text: string | undefined): number => {
+  if (text === undefined) return 1
+  const n = Number(text)
+  if (!Number.isInteger(n) || n < 1 || n > 20) throw new Error(`--rounds: an integer 1–20, not ${text}`)
+  return n
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -353,18 +369,23 @@ const program = Effect.gen(function* () {
   const results: Array<PhaseResult> = []
   const errors = new Map<string, Array<string>>(entrants.map((e) => [e.label, []]))
   // the scale phase is one run per process count, each like a phase of its own
-  const runs = options.phases.flatMap(
+  const phaseRuns = options.phases.flatMap(
     (phase): Array<{ phase: PhaseName; processes: number }> =>
       phase === "scale"
         ? scaleProcesses.map((processes) => ({ phase, processes }))
         : [{ phase, processes: 1 }]
   )
-  for (const [index, { phase, processes }] of runs.entries()) {
+  // `--rounds`: the whole list again, so a round's figures for every system are minutes apart
+  const runs = Array.from({ length: options.rounds }, (_, r) =>
+    phaseRuns.map((run) => ({ ...run, round: r + 1 }))
+  ).flat()
+  for (const [index, { phase, processes, round: roundNo }] of runs.entries()) {
     // rotate the order of entrants from run to run
     const order = entrants.map((_, i) => entrants[(i + index) % entrants.length]!)
     for (const entrant of order) {
       const { system, label } = entrant
-      const title = phase === "scale" ? `scale ×${processes}` : phase
+      const title =
+        (phase === "scale" ? `scale ×${processes}` : phase) + (options.rounds > 1 ? ` r${roundNo}` : "")
       const name = databaseName(`bench_${phase.replaceAll("-", "_")}_${label.replaceAll("-", "")}`)
       const run = Effect.gen(function* () {
         const dbUrl = yield* retryingClone(server.url, name, templates.get(system)!)
@@ -404,7 +425,8 @@ const program = Effect.gen(function* () {
         // wall time of the whole phase (clone, child start, warm-up, waits): where a run's time goes
         const r: PhaseResult = {
           ...outcome.success,
-          wallSeconds: round((performance.now() - began) / 1000, 1)
+          wallSeconds: round((performance.now() - began) / 1000, 1),
+          ...(options.rounds > 1 ? { round: roundNo } : {})
         }
         results.push(r)
         const extra =
@@ -436,6 +458,26 @@ const program = Effect.gen(function* () {
     summarize(e.label, e.profile, descriptions.get(e.label)!, results, errors.get(e.label)!)
   )
   const awaLabels = entrants.filter((e) => e.profile !== undefined).map((e) => e.label)
+  // each round's own summaries and ratios: the peers measured in the same minutes
+  const byRound = Object.fromEntries(
+    awaLabels.map((l) => [
+      l,
+      ratiosByRound(
+        l,
+        Array.from({ length: options.rounds }, (_, i) =>
+          entrants.map((e) =>
+            summarize(
+              e.label,
+              e.profile,
+              descriptions.get(e.label)!,
+              results.filter((r) => (r.round ?? 1) === i + 1),
+              []
+            )
+          )
+        )
+      )
+    ])
+  )
   const cpus = os.cpus()
   const report = {
     startedAt: startedAt.toISOString(),
@@ -444,6 +486,7 @@ const program = Effect.gen(function* () {
     mode: options.quick ? "quick" : "full",
     profiles: options.profiles,
     sizes,
+    rounds: options.rounds,
     hygiene: options.hygiene,
     git: gitDescription(),
     database: server.started ? "embedded (durable)" : source,
@@ -461,6 +504,9 @@ const program = Effect.gen(function* () {
     systems: summaries,
     comparison: compare(summaries),
     comparisons: Object.fromEntries(awaLabels.map((l) => [l, compare(summaries, l)])),
+    ...(options.rounds > 1
+      ? { ratiosByRound: Object.fromEntries(awaLabels.map((l) => [l, byRound[l]])) }
+      : {}),
     rawInsert: raw ?? null,
     phases: results
   }
@@ -470,6 +516,7 @@ const program = Effect.gen(function* () {
       renderServer(described),
       "",
       renderSummary(summaries),
+      ...(options.rounds > 1 ? ["", renderRounds(byRound)] : []),
       ...(raw === undefined ? [] : ["", renderRawInsert(raw, summaries)]),
       "",
       "Phases (other cores: CPU used by other processes on the machine, before / during the interval):",

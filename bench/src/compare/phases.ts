@@ -179,6 +179,8 @@ export interface PhaseResult {
   readonly queues?: number | undefined
   /** Wall time of the whole phase: clone, child start, warm-up, waits, checks (set by compare.ts). */
   readonly wallSeconds?: number | undefined
+  /** `--rounds` above 1: which round (from 1) this result is of. */
+  readonly round?: number | undefined
   readonly jobs: number
   readonly seconds: number
   readonly jobsPerSec: number

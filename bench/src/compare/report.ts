@@ -222,6 +222,9 @@ export const renderSummary = (summaries: ReadonlyArray<SystemSummary>): string =
   return [table(header, rows), "", `Correctness: ${correctness.join(" · ")}`].join("\n")
 }
 
+/** ` r2` for a result of round 2 of `--rounds`, else nothing. */
+const roundOf = (r: PhaseResult) => (r.round === undefined ? "" : ` r${r.round}`)
+
 export const renderPhases = (results: ReadonlyArray<PhaseResult>): string =>
   table(
     [
@@ -240,7 +243,7 @@ export const renderPhases = (results: ReadonlyArray<PhaseResult>): string =>
       "check"
     ],
     results.map((r) => [
-      r.processes !== undefined ? `${r.phase} ×${r.processes}` : r.phase,
+      (r.processes !== undefined ? `${r.phase} ×${r.processes}` : r.phase) + roundOf(r),
       r.system,
       r.jobs,
       r.seconds,
@@ -269,7 +272,7 @@ export const renderDrainTables = (results: ReadonlyArray<PhaseResult>): string =
         d.deadAfter,
         d.vacuumed ? "yes" : ""
       ])
-      return `${r.system} drain, per job (dead = change of n_dead_tup):\n${table(
+      return `${r.system} drain${roundOf(r)}, per job (dead = change of n_dead_tup):\n${table(
         ["table", "ins", "upd", "del", "dead", "dead after", "vacuumed"],
         rows
       )}`
@@ -295,7 +298,7 @@ export const renderLatency = (results: ReadonlyArray<PhaseResult>): string =>
       .map((r) => {
         const l = r.latency!
         return [
-          r.system,
+          r.system + roundOf(r),
           l.offered,
           l.pickup.p50,
           l.pickup.p95,
@@ -309,6 +312,61 @@ export const renderLatency = (results: ReadonlyArray<PhaseResult>): string =>
       })
   )
 
+/**
+ * With `--rounds`, a phase has one result per round: the summary takes the median one (by the
+ * pickup p99 for the latency phase, else by jobs/s; of an even count, the lower middle), so its
+ * other figures (CPU, WAL) come from the same run.
+ */
+const medianResult = (runs: ReadonlyArray<PhaseResult>): PhaseResult | undefined => {
+  if (runs.length <= 1) return runs[0]
+  const key = (r: PhaseResult) => r.latency?.pickup.p99 ?? r.jobsPerSec
+  const sorted = [...runs].sort((a, b) => key(a) - key(b))
+  return sorted[Math.floor((sorted.length - 1) / 2)]
+}
+
+/** Per metric, the Awa entrant's ratio to the best peer in each round (null where one is missing). */
+export const ratiosByRound = (
+  awaLabel: string,
+  rounds: ReadonlyArray<ReadonlyArray<SystemSummary>>
+): Record<string, ReadonlyArray<number | null>> => {
+  const perRound = rounds.map((summaries) => compare(summaries, awaLabel))
+  return Object.fromEntries(
+    metrics.map((m, i) => [m.key, perRound.map((comparisons) => comparisons[i]!.ratio)] as const)
+  )
+}
+
+const median = (values: ReadonlyArray<number>): number => {
+  const sorted = [...values].sort((a, b) => a - b)
+  const mid = Math.floor(sorted.length / 2)
+  return sorted.length % 2 === 1 ? sorted[mid]! : (sorted[mid - 1]! + sorted[mid]!) / 2
+}
+
+/** Awa's ratio to the best peer round by round, with the median of the rounds, per metric measured. */
+export const renderRounds = (
+  byRound: Readonly<Record<string, Record<string, ReadonlyArray<number | null>>>>
+): string =>
+  Object.entries(byRound)
+    .map(([label, ratios]) => {
+      const rows = metrics.flatMap((m) => {
+        const values = ratios[m.key] ?? []
+        const known = values.filter(isNumber)
+        return known.length === 0
+          ? []
+          : [
+              [
+                m.label,
+                values.map((v) => (isNumber(v) ? v.toFixed(2) : "n/a")).join(" / "),
+                median(known).toFixed(2)
+              ]
+            ]
+      })
+      return `${label} ÷ best peer, round by round (the peers of the same round):\n${table(
+        ["metric", "rounds", "median"],
+        rows
+      )}`
+    })
+    .join("\n\n")
+
 /** Per entrant, the figures of its phases (null where a phase failed or was not run). */
 export const summarize = (
   system: string,
@@ -317,12 +375,21 @@ export const summarize = (
   results: ReadonlyArray<PhaseResult>,
   errors: ReadonlyArray<string>
 ): SystemSummary => {
-  const of = (phase: PhaseName) => results.find((r) => r.system === system && r.phase === phase)
+  const of = (phase: PhaseName, processes?: number) =>
+    medianResult(
+      results.filter(
+        (r) =>
+          r.system === system && r.phase === phase && (processes === undefined || r.processes === processes)
+      )
+    )
   const drain = of("drain")
   const latency = of("latency")
   const mine = results.filter((r) => r.system === system)
   const failed = mine.filter((r) => !r.correctness.ok).map((r) => `${r.phase}: ${r.correctness.detail}`)
-  const scaled = mine.filter((r) => r.phase === "scale" && r.processes !== undefined)
+  const scaled = scaleProcesses.flatMap((p) => {
+    const r = of("scale", p)
+    return r === undefined ? [] : [r]
+  })
   return {
     system,
     ...(profile === undefined ? {} : { profile }),
