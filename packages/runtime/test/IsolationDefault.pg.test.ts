@@ -65,14 +65,18 @@ for (const level of ["repeatable read", "serializable"] as const)
             )
           }
           // the leader kept the ring moving: rotated and pruned behind the work
+          let last: unknown
           yield* eventually(
-            Effect.map(
-              storage.status,
-              (s) =>
+            Effect.map(storage.status, (s) => {
+              last = s
+              return (
                 s.generation >= start.generation + 3n && (s.oldestUnpruned ?? s.generation) > start.generation
-            ),
+              )
+            }),
             30_000,
             "the ring rotated and pruned"
+          ).pipe(
+            Effect.onError(() => Effect.sync(() => console.error("ring status at the timeout", start, last)))
           )
         }).pipe(
           Effect.provide(
@@ -84,6 +88,10 @@ for (const level of ["repeatable read", "serializable"] as const)
                 promoteInterval: "20 millis",
                 rotateInterval: "50 millis",
                 rotateMinRows: 1,
+                // An empty slot rotates by age only: without this, rounds that all land between two
+                // rotation ticks (a fast machine) left the ring 10 s from its next rotation, and the
+                // three rotations this test waits for took ~20 s of its 30 (failed once in CI).
+                rotateMaxAge: "200 millis",
                 pruneCarryAfter: 0
               }
             })
