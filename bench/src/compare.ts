@@ -190,11 +190,11 @@ const parseArgs = (argv: ReadonlyArray<string>): Options => {
     statements: argv.includes("--statements"),
     pgbench: !argv.includes("--no-pgbench"),
     drain: { jobs: count("--drain"), warm: count("--drain-warm") },
-    rounds: rounds(value("--rounds"))
+    rounds: parseRounds(value("--rounds"))
   }
 }
 
-const rounds = (text: string | undefined): number => {
+const parseRounds = (text: string | undefined): number => {
   if (text === undefined) return 1
   const n = Number(text)
   if (!Number.isInteger(n) || n < 1 || n > 20) throw new Error(`--rounds: an integer 1–20, not ${text}`)
@@ -504,9 +504,7 @@ const program = Effect.gen(function* () {
     systems: summaries,
     comparison: compare(summaries),
     comparisons: Object.fromEntries(awaLabels.map((l) => [l, compare(summaries, l)])),
-    ...(options.rounds > 1
-      ? { ratiosByRound: Object.fromEntries(awaLabels.map((l) => [l, byRound[l]])) }
-      : {}),
+    ...(options.rounds > 1 ? { ratiosByRound: byRound } : {}),
     rawInsert: raw ?? null,
     phases: results
   }

@@ -88,9 +88,9 @@ for (const level of ["repeatable read", "serializable"] as const)
                 promoteInterval: "20 millis",
                 rotateInterval: "50 millis",
                 rotateMinRows: 1,
-                // An empty slot rotates by age only: without this, rounds that all land between two
-                // rotation ticks (a fast machine) left the ring 10 s from its next rotation, and the
-                // three rotations this test waits for took ~20 s of its 30 (failed once in CI).
+                // An empty slot rotates by age only (default 10 s): rounds that all land between
+                // two rotation ticks can leave the three rotations waited for below ~20 s of the 30.
+                // The likely cause of one CI failure (not proven); the status is printed if it recurs.
                 rotateMaxAge: "200 millis",
                 pruneCarryAfter: 0
               }
