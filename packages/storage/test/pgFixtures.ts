@@ -101,14 +101,33 @@ export const settleStatistics = (url: string) =>
 
 /**
  * Rows of the database at `url` written since their table was last analyzed, as the server's
- * statistics have them: what autovacuum would analyze next (0 after `settleStatistics`, until
- * someone commits a write).
+ * statistics have them (0 after `settleStatistics`, until someone commits a write).
  */
 export const unanalyzedChanges = (url: string) =>
   Effect.gen(function* () {
     const [row] = yield* (yield* SqlClient.SqlClient)<{ n: number }>`
       SELECT coalesce(sum(n_mod_since_analyze), 0)::int AS n FROM pg_stat_user_tables WHERE schemaname = 'awa'`
     return row!.n
+  }).pipe(Effect.provide(PgClient.layer({ url: Redacted.make(url), maxConnections: 1 })))
+
+/**
+ * The tables of the database at `url` that autovacuum would analyze now: more rows changed since
+ * their last analyze than `autovacuum_analyze_threshold + autovacuum_analyze_scale_factor ×
+ * reltuples` (partitioned parents excepted: autovacuum never analyzes them). Each as
+ * "table: changes > threshold"; empty when autovacuum has no reason to invalidate anyone's plans.
+ * Unlike `unanalyzedChanges`, the answer does not depend on when sessions flush their
+ * statistics: a few rows written by a warm-up are never due.
+ */
+export const dueForAnalyze = (url: string) =>
+  Effect.gen(function* () {
+    const rows = yield* (yield* SqlClient.SqlClient)<{ name: string; changes: number; threshold: number }>`
+      SELECT s.relname AS name, s.n_mod_since_analyze::int AS changes,
+             (current_setting('autovacuum_analyze_threshold')::float8
+              + current_setting('autovacuum_analyze_scale_factor')::float8 * greatest(c.reltuples, 0))::int
+               AS threshold
+      FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid
+      WHERE s.schemaname = 'awa' AND c.relkind = 'r'`
+    return rows.filter((r) => r.changes > r.threshold).map((r) => `${r.name}: ${r.changes} > ${r.threshold}`)
   }).pipe(Effect.provide(PgClient.layer({ url: Redacted.make(url), maxConnections: 1 })))
 
 /** True while some session waits for an advisory lock (a lane's claim or enqueue lock). */
