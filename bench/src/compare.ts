@@ -100,6 +100,8 @@ interface Options {
   readonly pgbench: boolean
   /** `--drain` / `--drain-warm`: the drain phase's backlog and warm-up, instead of the mode's sizes. */
   readonly drain: { readonly jobs: number | undefined; readonly warm: number | undefined }
+  /** `--enqueue-one` / `--enqueue-one-warm`: the enqueue-one phase's inserts and warm-up. */
+  readonly enqueueOne: { readonly jobs: number | undefined; readonly warm: number | undefined }
   /** `--rounds`: every phase this many times, the entrants interleaved; figures are medians. */
   readonly rounds: number
 }
@@ -129,6 +131,9 @@ const help = `npm run bench -- [options]   (Awa, graphile-worker and pg-boss sid
                             20,000 and 1,000; quick 5,000 and 500). A steady drain, for example
                             --drain 150000 --drain-warm 20000: V8 has compiled the hot path, and the
                             rings rotate and prune inside the measured interval
+  --enqueue-one <n> --enqueue-one-warm <n>   the enqueue-one phase's inserts and the warm-up before
+                            them (default 2,000 and 200; quick 500 and 100). With a warm-up of a few
+                            thousand, V8 has compiled each system's insert path
   --rounds <n>              every phase n times (1–20, default 1), the systems interleaved in each:
                             the summary takes each figure's median over the rounds, and prints
                             Awa's ratio to the best peer round by round (this machine moves every
@@ -157,8 +162,9 @@ const parseArgs = (argv: ReadonlyArray<string>): Options => {
     const v = value(flag)
     if (v === undefined) return undefined
     const n = Number(v)
-    if (!Number.isInteger(n) || n < (flag === "--drain" ? 1 : 0) || n > 10_000_000)
-      throw new Error(`${flag}: an integer ${flag === "--drain" ? 1 : 0}–10,000,000, not ${v}`)
+    const min = flag.endsWith("-warm") ? 0 : 1
+    if (!Number.isInteger(n) || n < min || n > 10_000_000)
+      throw new Error(`${flag}: an integer ${min}–10,000,000, not ${v}`)
     return n
   }
   const quick = argv.includes("--quick")
@@ -190,6 +196,7 @@ const parseArgs = (argv: ReadonlyArray<string>): Options => {
     statements: argv.includes("--statements"),
     pgbench: !argv.includes("--no-pgbench"),
     drain: { jobs: count("--drain"), warm: count("--drain-warm") },
+    enqueueOne: { jobs: count("--enqueue-one"), warm: count("--enqueue-one-warm") },
     rounds: parseRounds(value("--rounds"))
   }
 }
@@ -300,7 +307,9 @@ const program = Effect.gen(function* () {
   const sizes = {
     ...modeSizes,
     drain: options.drain.jobs ?? modeSizes.drain,
-    drainWarm: options.drain.warm ?? modeSizes.drainWarm
+    drainWarm: options.drain.warm ?? modeSizes.drainWarm,
+    enqueueOne: options.enqueueOne.jobs ?? modeSizes.enqueueOne,
+    enqueueOneWarm: options.enqueueOne.warm ?? modeSizes.enqueueOneWarm
   }
   const startedAt = new Date()
   const stamp = startedAt.toISOString().replace(/[:.]/g, "-")
