@@ -8,8 +8,10 @@
  * - `client.insert`: the public API (args encoded by the job's Schema, options merged).
  *
  * For each: this process's CPU (user + system) and the wall time per call, medians over rounds.
+ * `--batch n` (n ≥ 2): the same layers for calls of n jobs each (`enqueue_batch` with the
+ * storage's own argument text, `storage.enqueueMany`, `client.insertMany`), per job.
  *
- *   DATABASE_URL=postgres://… node bench/src/enqueueOneCost.ts [--calls 3000] [--rounds 5] [--tracing]
+ *   DATABASE_URL=postgres://… node bench/src/enqueueOneCost.ts [--calls 3000] [--rounds 5] [--tracing] [--batch 1000]
  */
 import { Job } from "@awa/core"
 import { Awa, AwaClient } from "@awa/runtime"
@@ -24,6 +26,7 @@ if (url === undefined) throw new Error("DATABASE_URL is required")
 const calls = intArg("--calls", 3000)
 const rounds = intArg("--rounds", 5)
 const tracing = process.argv.includes("--tracing")
+const batch = intArg("--batch", 1)
 
 const Probe = Job.define({ kind: "probe", args: Schema.Struct({ seq: Schema.Number }), queue: "cost_probe" })
 
@@ -34,7 +37,58 @@ const runtime = ManagedRuntime.make(
   )
 )
 
-const probes: ReadonlyArray<readonly [string, (seq: number) => Effect.Effect<unknown, unknown, any>]> = [
+type Probe = readonly [string, (seq: number) => Effect.Effect<unknown, unknown, any>]
+
+const seqs = (from: number) => Array.from({ length: batch }, (_, i) => from * batch + i)
+
+/** `enqueue_batch`'s arguments as the storage renders them for jobs of one header (migration 0012). */
+const header = JSON.stringify([
+  {
+    kind: "probe",
+    queue: "cost_probe",
+    priority: 2,
+    metadata: {},
+    tags: [],
+    max_attempts: 25,
+    run_at: null,
+    unique_states: 0
+  }
+])
+
+const batchProbes: ReadonlyArray<Probe> = [
+  ["select 1", () => Effect.flatMap(SqlClient.SqlClient, (sql) => sql`SELECT 1`)],
+  [
+    "enqueue_batch (SQL only)",
+    (seq) =>
+      Effect.flatMap(
+        SqlClient.SqlClient,
+        (sql) =>
+          sql`SELECT job_ids FROM awa.enqueue_batch(${header}::jsonb,
+          ${`[${seqs(seq)
+            .map((n) => `{"seq":${n}}`)
+            .join(",")}]`}::jsonb, ${null}::int[], ${null}::jsonb)`
+      )
+  ],
+  [
+    "storage.enqueueMany",
+    (seq) =>
+      Effect.flatMap(QueueStorage, (s) =>
+        s.enqueueMany(seqs(seq).map((n) => ({ kind: "probe", queue: "cost_probe", args: { seq: n } })))
+      )
+  ],
+  [
+    "client.insertMany",
+    (seq) =>
+      Effect.flatMap(AwaClient.AwaClient, (c) =>
+        c.insertMany(
+          Probe,
+          seqs(seq).map((n) => ({ seq: n }))
+        )
+      )
+  ]
+]
+
+const oneProbes: ReadonlyArray<Probe> = [
   ["select 1", () => Effect.flatMap(SqlClient.SqlClient, (sql) => sql`SELECT 1`)],
   [
     "enqueue_one (SQL only)",
@@ -56,6 +110,8 @@ const probes: ReadonlyArray<readonly [string, (seq: number) => Effect.Effect<unk
   ["client.insert", (seq) => Effect.flatMap(AwaClient.AwaClient, (c) => c.insert(Probe, { seq }))]
 ]
 
+const probes = batch > 1 ? batchProbes : oneProbes
+
 const measure = async (probe: (seq: number) => Effect.Effect<unknown, unknown, any>, from: number) => {
   const cpu0 = process.cpuUsage()
   const t0 = now()
@@ -68,7 +124,8 @@ const measure = async (probe: (seq: number) => Effect.Effect<unknown, unknown, a
   )
   const wall = now() - t0
   const cpu = process.cpuUsage(cpu0)
-  return { cpuUs: (cpu.user + cpu.system) / calls, wallUs: (wall * 1000) / calls }
+  // per job (a call of `batch` jobs), except for `select 1`
+  return { cpuUs: (cpu.user + cpu.system) / calls / batch, wallUs: (wall * 1000) / calls / batch }
 }
 
 const median = (xs: ReadonlyArray<number>) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!
@@ -87,11 +144,14 @@ const main = async () => {
       seq += calls
       results.set(name, [...(results.get(name) ?? []), m])
     }
-  console.log(`${calls} sequential calls × ${rounds} rounds, tracing ${tracing ? "on" : "off"}; medians:`)
+  console.log(
+    `${calls} sequential calls of ${batch} job(s) × ${rounds} rounds, tracing ${tracing ? "on" : "off"}; ` +
+      `medians per job${batch > 1 ? " (select 1: per call ÷ batch)" : ""}:`
+  )
   for (const [name, ms] of results)
     console.log(
-      `${name.padEnd(24)} CPU ${String(round(median(ms.map((m) => m.cpuUs)), 1)).padStart(6)} µs/call` +
-        `   wall ${String(round(median(ms.map((m) => m.wallUs)), 1)).padStart(6)} µs/call`
+      `${name.padEnd(24)} CPU ${String(round(median(ms.map((m) => m.cpuUs)), 2)).padStart(7)} µs` +
+        `   wall ${String(round(median(ms.map((m) => m.wallUs)), 2)).padStart(7)} µs`
     )
   await runtime.dispose()
 }
