@@ -37,7 +37,7 @@ const runtime = ManagedRuntime.make(
   )
 )
 
-type Probe = readonly [string, (seq: number) => Effect.Effect<unknown, unknown, any>]
+type CostProbe = readonly [string, (seq: number) => Effect.Effect<unknown, unknown, any>]
 
 const seqs = (from: number) => Array.from({ length: batch }, (_, i) => from * batch + i)
 
@@ -55,7 +55,7 @@ const header = JSON.stringify([
   }
 ])
 
-const batchProbes: ReadonlyArray<Probe> = [
+const batchProbes: ReadonlyArray<CostProbe> = [
   ["select 1", () => Effect.flatMap(SqlClient.SqlClient, (sql) => sql`SELECT 1`)],
   [
     "enqueue_batch (SQL only)",
@@ -88,7 +88,7 @@ const batchProbes: ReadonlyArray<Probe> = [
   ]
 ]
 
-const oneProbes: ReadonlyArray<Probe> = [
+const oneProbes: ReadonlyArray<CostProbe> = [
   ["select 1", () => Effect.flatMap(SqlClient.SqlClient, (sql) => sql`SELECT 1`)],
   [
     "enqueue_one (SQL only)",
