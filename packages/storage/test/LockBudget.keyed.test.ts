@@ -100,7 +100,7 @@ describe("lock budget of the keyed claim", () => {
         )
         const held = yield* Effect.forEach(reports, (r) => Deferred.await(r))
         // autovacuum had no reason to analyze a table, and so to invalidate the sessions' plans,
-        // while they measured (their warm-ups' few writes are far below its threshold)
+        // while they measured (the warm-ups write one row per session and table: 20, against at least 50)
         const due = yield* dueForAnalyze(url)
         const total = held.reduce((a, b) => a + b, 0)
         yield* Deferred.succeed(allReported, undefined)

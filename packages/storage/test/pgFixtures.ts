@@ -115,8 +115,8 @@ export const unanalyzedChanges = (url: string) =>
  * their last analyze than `autovacuum_analyze_threshold + autovacuum_analyze_scale_factor ×
  * reltuples` (partitioned parents excepted: autovacuum never analyzes them). Each as
  * "table: changes > threshold"; empty when autovacuum has no reason to invalidate anyone's plans.
- * Unlike `unanalyzedChanges`, the answer does not depend on when sessions flush their
- * statistics: a few rows written by a warm-up are never due.
+ * Unlike `unanalyzedChanges`, it does not turn on when sessions flush their statistics: writes
+ * below the threshold (at least 50 rows per table by default) are not due, whenever they show.
  */
 export const dueForAnalyze = (url: string) =>
   Effect.gen(function* () {
