@@ -28,7 +28,10 @@ const names = (rows: ReadonlyArray<ClaimedJob>) => rows.map((r) => (r.args as { 
 const policyOf = (q: string) => `${q}-policy`
 
 /** The two claims that read a lane's cursor: claim, and claim_keyed under a policy no key reaches. */
-const claimers = {
+const claimers: Record<
+  "claim" | "claim_keyed",
+  (q: string) => Effect.Effect<ReadonlyArray<string>, unknown, QueueStorage | KeyGrants>
+> = {
   claim: (q: string) => Effect.flatMap(QueueStorage, (s) => s.claim(claimOf(q, 10))).pipe(Effect.map(names)),
   claim_keyed: (q: string) =>
     Effect.gen(function* () {
@@ -42,7 +45,7 @@ const claimers = {
       })
       return out._tag === "Claimed" ? names(out.jobs) : []
     })
-} as const
+}
 
 const session = (url: string) => pgGrants().pipe(Layer.provideMerge(eagerStorage(url, 1)))
 
