@@ -1057,9 +1057,9 @@ BEGIN
     -- 0047: the slots that can hold this lane's marks and rows (see Slots above), with the
     -- newest generation, in one snapshot; once per call, after the first lane lock.
     IF v_lo1 IS NULL THEN
-      SELECT g.generation, s.lo1, s.hi1, s.lo2, s.hi2 INTO v_gen, v_lo1, v_hi1, v_lo2, v_hi2 -- 0047
-      FROM queue_slot_ranges() s, -- 0047: STABLE: its statements read this statement's snapshot
-           (SELECT r.generation FROM ring_rotations r WHERE r.ring = 'queue' ORDER BY r.generation DESC LIMIT 1) g; -- 0047
+      SELECT (SELECT r.generation FROM ring_rotations r WHERE r.ring = 'queue' ORDER BY r.generation DESC LIMIT 1), -- 0047
+             s.lo1, s.hi1, s.lo2, s.hi2 INTO v_gen, v_lo1, v_hi1, v_lo2, v_hi2 -- 0047
+      FROM queue_slot_ranges() s; -- 0047: STABLE: its statements read this statement's snapshot
     END IF;
     -- The cursor, in its own statement after the lane lock (see Guard and Mark slot above).
     -- ORDER BY … LIMIT 1 rather than max(): the same index scans, planned once instead of
@@ -1074,15 +1074,15 @@ BEGIN
     -- hold) both are read again: this statement's ACCESS SHARE on every claim_marks child keeps
     -- any further prune out, so ranges read now hold for the rest of the transaction, as before.
     SELECT mk.next_lane_seq, g.generation INTO v_cursor, v_gen_seen -- 0047
-    FROM (SELECT r.generation FROM ring_rotations r WHERE r.ring = 'queue' ORDER BY r.generation DESC LIMIT 1) g -- 0047
+    FROM (SELECT (SELECT r.generation FROM ring_rotations r WHERE r.ring = 'queue' ORDER BY r.generation DESC LIMIT 1) AS generation) g -- 0047: one row
     LEFT JOIN LATERAL (SELECT m.next_lane_seq FROM claim_marks m -- 0047
                        WHERE m.queue = p_queue AND m.priority = v_prios[v_k] AND m.shard = v_shards[v_k]
                          AND (m.slot BETWEEN v_lo1 AND v_hi1 OR m.slot BETWEEN v_lo2 AND v_hi2) -- 0047
                        ORDER BY m.next_lane_seq DESC LIMIT 1) mk ON true; -- 0047
     IF v_gen_seen IS DISTINCT FROM v_gen THEN -- 0047: a rotation since the ranges
-      SELECT g.generation, s.lo1, s.hi1, s.lo2, s.hi2 INTO v_gen, v_lo1, v_hi1, v_lo2, v_hi2 -- 0047
-      FROM queue_slot_ranges() s, -- 0047
-           (SELECT r.generation FROM ring_rotations r WHERE r.ring = 'queue' ORDER BY r.generation DESC LIMIT 1) g; -- 0047
+      SELECT (SELECT r.generation FROM ring_rotations r WHERE r.ring = 'queue' ORDER BY r.generation DESC LIMIT 1), -- 0047
+             s.lo1, s.hi1, s.lo2, s.hi2 INTO v_gen, v_lo1, v_hi1, v_lo2, v_hi2 -- 0047
+      FROM queue_slot_ranges() s; -- 0047
       SELECT m.next_lane_seq INTO v_cursor FROM claim_marks m -- 0047
       WHERE m.queue = p_queue AND m.priority = v_prios[v_k] AND m.shard = v_shards[v_k] -- 0047
         AND (m.slot BETWEEN v_lo1 AND v_hi1 OR m.slot BETWEEN v_lo2 AND v_hi2) -- 0047
@@ -1373,20 +1373,20 @@ BEGIN
     -- 0047: the ranges and the newest generation in one snapshot (they reach exactly up to it),
     -- read before the cursor, which is read in them and checked against a rotation, as claim.
     IF v_lo1 IS NULL THEN
-      SELECT g.generation, s.lo1, s.hi1, s.lo2, s.hi2 INTO v_gen, v_lo1, v_hi1, v_lo2, v_hi2 -- 0047
-      FROM queue_slot_ranges() s, -- 0047
-           (SELECT r.generation FROM ring_rotations r WHERE r.ring = 'queue' ORDER BY r.generation DESC LIMIT 1) g; -- 0047
+      SELECT (SELECT r.generation FROM ring_rotations r WHERE r.ring = 'queue' ORDER BY r.generation DESC LIMIT 1), -- 0047
+             s.lo1, s.hi1, s.lo2, s.hi2 INTO v_gen, v_lo1, v_hi1, v_lo2, v_hi2 -- 0047
+      FROM queue_slot_ranges() s; -- 0047
     END IF;
     SELECT mk.next_lane_seq, g.generation INTO v_cursor, v_gen_seen -- 0047
-    FROM (SELECT r.generation FROM ring_rotations r WHERE r.ring = 'queue' ORDER BY r.generation DESC LIMIT 1) g -- 0047
+    FROM (SELECT (SELECT r.generation FROM ring_rotations r WHERE r.ring = 'queue' ORDER BY r.generation DESC LIMIT 1) AS generation) g -- 0047: one row
     LEFT JOIN LATERAL (SELECT m.next_lane_seq FROM claim_marks m -- 0047
                        WHERE m.queue = p_queue AND m.priority = v_prios[v_k] AND m.shard = v_shards[v_k]
                          AND (m.slot BETWEEN v_lo1 AND v_hi1 OR m.slot BETWEEN v_lo2 AND v_hi2) -- 0047
                        ORDER BY m.next_lane_seq DESC LIMIT 1) mk ON true; -- 0047
     IF v_gen_seen IS DISTINCT FROM v_gen THEN -- 0047: a rotation since the ranges
-      SELECT g.generation, s.lo1, s.hi1, s.lo2, s.hi2 INTO v_gen, v_lo1, v_hi1, v_lo2, v_hi2 -- 0047
-      FROM queue_slot_ranges() s, -- 0047
-           (SELECT r.generation FROM ring_rotations r WHERE r.ring = 'queue' ORDER BY r.generation DESC LIMIT 1) g; -- 0047
+      SELECT (SELECT r.generation FROM ring_rotations r WHERE r.ring = 'queue' ORDER BY r.generation DESC LIMIT 1), -- 0047
+             s.lo1, s.hi1, s.lo2, s.hi2 INTO v_gen, v_lo1, v_hi1, v_lo2, v_hi2 -- 0047
+      FROM queue_slot_ranges() s; -- 0047
       SELECT m.next_lane_seq INTO v_cursor FROM claim_marks m -- 0047
       WHERE m.queue = p_queue AND m.priority = v_prios[v_k] AND m.shard = v_shards[v_k] -- 0047
         AND (m.slot BETWEEN v_lo1 AND v_hi1 OR m.slot BETWEEN v_lo2 AND v_hi2) -- 0047
