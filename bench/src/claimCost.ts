@@ -1,0 +1,140 @@
+/**
+ * A claim call's server time, measured inside one backend (no client, no round trip, no
+ * scheduler between calls): the figures behind docs/benchmarks.md, "A claim's cursor read in the
+ * live slots only". In a fresh database it enqueues three backlogs (one lane; eight shards; a
+ * `concurrencyKey` on every job under a policy no key reaches), then times `claim` and
+ * `claim_keyed` calls in a PL/pgSQL loop on one connection, each call rolled back in a
+ * subtransaction so every call finds the same backlog. Rounds alternate the calls; the table
+ * gives each call's median, minimum and maximum µs over the rounds.
+ *
+ *   node --conditions=@awa/source bench/src/claimCost.ts [--jobs 20000] [--rounds 8] [--calls 300]
+ *   DATABASE_URL=postgres://…/postgres node --conditions=@awa/source bench/src/claimCost.ts   # any server
+ *
+ * Each measurement's loop runs in one transaction (its calls are rolled back one by one, and the
+ * dead rows they leave are vacuumed before the next measurement). Read the figures as relative
+ * (one build against another, one call against another), not as a claim's latency.
+ */
+import { Awa } from "@awa/runtime"
+import { KeyGrants, QueueStorage } from "@awa/storage"
+import { PgClient } from "@effect/sql-pg"
+import { Effect, Layer, Redacted, References } from "effect"
+import { acquireServerAt, createDatabase, databaseName, intArg, round, table, withClient } from "./lib.ts"
+
+const jobs = intArg("--jobs", 20_000)
+const rounds = intArg("--rounds", 8)
+const calls = intArg("--calls", 300)
+
+const plain = "cost_plain"
+const sharded = "cost_sharded"
+const keyed = "cost_keyed"
+const policy = "cost_policy"
+
+/** The calls timed: a label and the statement one loop iteration runs. */
+const probes: ReadonlyArray<readonly [string, string]> = [
+  ["claim(1), one lane", `SELECT count(*) FROM awa.claim('${plain}', 1, 0, 0)`],
+  ["claim(50), one lane", `SELECT count(*) FROM awa.claim('${plain}', 50, 0, 0)`],
+  ["claim(1), 8 shards", `SELECT count(*) FROM awa.claim('${sharded}', 1, 0, 0)`],
+  ["claim(50), 8 shards", `SELECT count(*) FROM awa.claim('${sharded}', 50, 0, 0)`],
+  ["claim_keyed(1), one lane", `SELECT count(*) FROM awa.claim_keyed('${keyed}', '${policy}', 1, 0, 0)`],
+  ["claim_keyed(50), one lane", `SELECT count(*) FROM awa.claim_keyed('${keyed}', '${policy}', 50, 0, 0)`]
+]
+
+const chunk = 5_000
+
+/** The three backlogs and the policy, through the storage layer. */
+const load = (url: string) =>
+  Effect.gen(function* () {
+    const storage = yield* QueueStorage
+    yield* (yield* KeyGrants).create({ id: policy, maxInFlight: 1_000_000 })
+    yield* storage.configureQueue(sharded, { enqueueShards: 8 })
+    for (let from = 0; from < jobs; from += chunk) {
+      const seqs = Array.from({ length: Math.min(chunk, jobs - from) }, (_, i) => from + i)
+      yield* storage.enqueueMany(seqs.map((n) => ({ kind: "cost", queue: plain, args: { n } })))
+      yield* storage.enqueueMany(
+        seqs.map((n) => ({ kind: "cost", queue: sharded, args: { n }, orderingKey: `k${n}` }))
+      )
+      yield* storage.enqueueMany(
+        seqs.map((n) => ({ kind: "cost", queue: keyed, args: { n }, concurrencyKey: `k${n % 1000}` }))
+      )
+    }
+  }).pipe(
+    Effect.provide(
+      Awa.layerPg({ migrateOnStart: true }).pipe(
+        Layer.provideMerge(PgClient.layer({ url: Redacted.make(url), maxConnections: 4 })),
+        Layer.provideMerge(Layer.succeed(References.MinimumLogLevel, "Warn"))
+      )
+    )
+  )
+
+const timer = `
+CREATE FUNCTION pg_temp.awa_claim_cost(p_sql text, p_n int) RETURNS double precision LANGUAGE plpgsql AS $$
+DECLARE t0 timestamptz;
+BEGIN
+  t0 := clock_timestamp();
+  FOR i IN 1 .. p_n LOOP
+    BEGIN
+      EXECUTE p_sql;
+      RAISE EXCEPTION 'rolled back';
+    EXCEPTION WHEN raise_exception THEN NULL;
+    END;
+  END LOOP;
+  RETURN extract(epoch FROM clock_timestamp() - t0) * 1e6 / p_n;
+END $$`
+
+const measure = (url: string) =>
+  withClient(url, (sql) =>
+    Effect.gen(function* () {
+      yield* sql.unsafe("VACUUM ANALYZE").unprepared
+      yield* sql.unsafe(timer).unprepared
+      const samples = new Map<string, Array<number>>(probes.map(([label]) => [label, []]))
+      // a first pass plans every statement on this connection
+      for (const [, statement] of probes)
+        yield* sql`SELECT pg_temp.awa_claim_cost(${statement}, ${Math.min(calls, 20)})`
+      for (let r = 0; r < rounds; r++)
+        for (const [label, statement] of probes) {
+          // the rolled-back calls leave dead rows in the tables they write: cleared before each
+          // measurement, so that late rounds do not step over more of them than early ones
+          yield* sql.unsafe("VACUUM awa.claims, awa.claim_marks").unprepared
+          const [row] = yield* sql<{
+            us: number
+          }>`SELECT pg_temp.awa_claim_cost(${statement}, ${calls}) AS us`
+          samples.get(label)!.push(Number(row!.us))
+        }
+      return samples
+    })
+  )
+
+const median = (values: ReadonlyArray<number>) => {
+  const sorted = [...values].sort((a, b) => a - b)
+  const mid = Math.floor(sorted.length / 2)
+  return sorted.length % 2 === 1 ? sorted[mid]! : (sorted[mid - 1]! + sorted[mid]!) / 2
+}
+
+const program = Effect.gen(function* () {
+  const server = yield* acquireServerAt(process.env.DATABASE_URL)
+  const url = yield* createDatabase(server.url, databaseName("awa_claim_cost"))
+  yield* load(url)
+  const samples = yield* measure(url)
+  console.log(
+    `claim cost in one backend: ${jobs.toLocaleString("en-US")} jobs per backlog, ${rounds} rounds of ${calls} calls`
+  )
+  console.log(
+    table(
+      ["call", "median µs", "min µs", "max µs"],
+      probes.map(([label]) => {
+        const s = samples.get(label)!
+        return [
+          label,
+          String(round(median(s), 1)),
+          String(round(Math.min(...s), 1)),
+          String(round(Math.max(...s), 1))
+        ]
+      })
+    )
+  )
+})
+
+Effect.runPromise(Effect.scoped(program)).catch((error) => {
+  console.error(error)
+  process.exitCode = 1
+})
