@@ -18,7 +18,16 @@ import { Awa } from "@awa/runtime"
 import { KeyGrants, QueueStorage } from "@awa/storage"
 import { PgClient } from "@effect/sql-pg"
 import { Effect, Layer, Redacted, References } from "effect"
-import { acquireServerAt, createDatabase, databaseName, intArg, round, table, withClient } from "./lib.ts"
+import {
+  acquireServerAt,
+  createDatabase,
+  databaseName,
+  intArg,
+  quantile,
+  round,
+  table,
+  withClient
+} from "./lib.ts"
 
 const jobs = intArg("--jobs", 20_000)
 const rounds = intArg("--rounds", 8)
@@ -104,12 +113,6 @@ const measure = (url: string) =>
     })
   )
 
-const median = (values: ReadonlyArray<number>) => {
-  const sorted = [...values].sort((a, b) => a - b)
-  const mid = Math.floor(sorted.length / 2)
-  return sorted.length % 2 === 1 ? sorted[mid]! : (sorted[mid - 1]! + sorted[mid]!) / 2
-}
-
 const program = Effect.gen(function* () {
   const server = yield* acquireServerAt(process.env.DATABASE_URL)
   const url = yield* createDatabase(server.url, databaseName("awa_claim_cost"))
@@ -122,13 +125,8 @@ const program = Effect.gen(function* () {
     table(
       ["call", "median µs", "min µs", "max µs"],
       probes.map(([label]) => {
-        const s = samples.get(label)!
-        return [
-          label,
-          String(round(median(s), 1)),
-          String(round(Math.min(...s), 1)),
-          String(round(Math.max(...s), 1))
-        ]
+        const s = [...samples.get(label)!].sort((a, b) => a - b)
+        return [label, round(quantile(s, 0.5), 1), round(s[0]!, 1), round(s.at(-1)!, 1)]
       })
     )
   )
