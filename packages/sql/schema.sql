@@ -3769,6 +3769,7 @@ DECLARE
   v_saved_sort text := current_setting('enable_sort'); -- 0040
   v_young boolean; -- 0040
   v_all_closed boolean; -- 0044: every claim of the slot has its closure
+  v_copied_rows bigint; -- 0048: history rows the one-statement copy wrote
 BEGIN
   -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
   IF current_setting('transaction_isolation') <> 'read committed' THEN
@@ -3871,6 +3872,49 @@ BEGIN
   IF v_copied AND v_count = v_copy.terminal_rows THEN
     v_rollup := v_copy.rollup;
     v_keys := v_copy.keys;
+  -- 0048: a large slot with no open attempt, not copied yet: judged and copied in one statement
+  ELSIF NOT v_copied AND v_open_claims IS NULL -- 0048
+        AND (SELECT count(*) FROM (SELECT FROM terminal t WHERE t.slot = v_slot LIMIT v_copy_ahead_rows) s) >= v_copy_ahead_rows THEN -- 0048
+    PERFORM set_config('enable_nestloop', 'off', true); -- 0048
+    SELECT * INTO v_hist FROM ring_current('history'); -- 0048
+    WITH judged AS MATERIALIZED ( -- 0048: 0039's wide and judged, in one step (nothing is in history yet)
+      SELECT t.job_id, t.run_lease, t.state, t.attempt, coalesce(t.max_attempts, r.max_attempts) AS max_attempts,
+             coalesce(t.kind, r.kind) AS kind, coalesce(t.queue, r.queue) AS queue, coalesce(t.priority, r.priority) AS priority,
+             coalesce(t.args, r.args) AS args, coalesce(t.metadata, r.metadata) AS metadata, coalesce(t.tags, r.tags) AS tags,
+             coalesce(t.errors, r.errors) AS errors, t.progress, coalesce(t.run_at, r.run_at) AS run_at,
+             coalesce(t.created_at, r.created_at) AS created_at, t.finalized_at,
+             coalesce(t.unique_key, r.unique_key) AS unique_key, coalesce(t.unique_states, r.unique_states, 0) AS unique_states,
+             t.finalized_at > now() - CASE t.state
+                                        WHEN 'completed' THEN coalesce(m.completed_retention, p_completed_ms * interval '1 millisecond')
+                                        WHEN 'failed' THEN coalesce(m.failed_retention, p_failed_ms * interval '1 millisecond')
+                                        ELSE coalesce(m.cancelled_retention, p_cancelled_ms * interval '1 millisecond') END AS keep
+      FROM terminal t
+      LEFT JOIN ready r ON NOT t.wide AND r.slot = t.slot AND r.job_id = t.job_id AND r.lane_seq = t.lane_seq
+      LEFT JOIN queue_meta m ON m.queue = coalesce(t.queue, r.queue)
+      WHERE t.slot = v_slot
+    ),
+    copied AS ( -- 0048: the kept rows, straight from the judging
+      INSERT INTO history (slot, generation, job_id, run_lease, state, attempt, max_attempts, kind, queue, priority, args,
+                           metadata, tags, errors, progress, run_at, created_at, finalized_at, unique_key, unique_states)
+      SELECT v_hist.slot, v_hist.generation, j.job_id, j.run_lease, j.state, j.attempt, j.max_attempts, j.kind, j.queue, j.priority,
+             j.args, j.metadata, j.tags, j.errors, j.progress, j.run_at, j.created_at, j.finalized_at, j.unique_key, j.unique_states
+      FROM judged j WHERE j.keep
+      RETURNING 1
+    )
+    SELECT (SELECT count(*) FROM copied),
+           (SELECT jsonb_object_agg(k, n) FROM (SELECT j.queue || ':' || j.state AS k, count(*) AS n FROM judged j GROUP BY 1) c),
+           (SELECT jsonb_agg(jsonb_build_object('job_id', j.job_id, 'run_lease', j.run_lease, 'finalized_at', j.finalized_at,
+                                                'unique_key', encode(j.unique_key, 'hex')))
+            FROM judged j WHERE NOT j.keep AND j.unique_key IS NOT NULL),
+           (SELECT count(*) FROM judged)
+      INTO v_copied_rows, v_rollup, v_keys, v_count; -- 0048
+    PERFORM set_config('enable_nestloop', v_saved_nestloop, true); -- 0048
+    IF v_copied_rows > 0 THEN -- 0048: recorded and committed, as 0013's copy ahead
+      INSERT INTO history_copies (generation, slot, terminal_rows, rollup, keys)
+      VALUES (v_old, v_slot, v_count, coalesce(v_rollup, '{}'), v_keys);
+      RETURN QUERY SELECT 'Copied', v_old, 0, 0, 0;
+      RETURN;
+    END IF;
   ELSE
     PERFORM set_config('enable_nestloop', 'off', true);
     -- After a copy ahead the judging reads history while we hold the slot frozen: a history
@@ -3915,18 +3959,8 @@ BEGIN
     PERFORM set_config('enable_nestloop', v_saved_nestloop, true);
     PERFORM set_config('lock_timeout', v_saved_timeout, true);
 
-    IF NOT v_copied AND v_open_claims IS NULL AND coalesce(cardinality(v_kept), 0) >= v_copy_ahead_rows THEN
-      SELECT * INTO v_hist FROM ring_current('history');
-      INSERT INTO history (slot, generation, job_id, run_lease, state, attempt, max_attempts, kind, queue, priority, args,
-                           metadata, tags, errors, progress, run_at, created_at, finalized_at, unique_key, unique_states)
-      SELECT v_hist.slot, v_hist.generation, h.job_id, h.run_lease, h.state, h.attempt, h.max_attempts, h.kind, h.queue, h.priority,
-             h.args, h.metadata, h.tags, h.errors, h.progress, h.run_at, h.created_at, h.finalized_at, h.unique_key, h.unique_states
-      FROM unnest(v_kept) h;
-      INSERT INTO history_copies (generation, slot, terminal_rows, rollup, keys)
-      VALUES (v_old, v_slot, v_count, coalesce(v_rollup, '{}'), v_keys);
-      RETURN QUERY SELECT 'Copied', v_old, 0, 0, 0;
-      RETURN;
-    END IF;
+    -- 0048: 0013's copy ahead from this array is the branch above now (this one judges only
+    -- slots of fewer than v_copy_ahead_rows terminal rows, open attempts, or rows after a copy)
   END IF;
 
   -- Park ahead: when more of the residue is to be parked than one prune may carry, move it to
