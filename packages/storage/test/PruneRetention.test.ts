@@ -55,7 +55,12 @@ describe("prune: per-queue retention", () => {
           yield* sql`INSERT INTO awa.queue_meta (queue, completed_retention) VALUES (${drops}, interval '0')`
           // 600 + 600 terminal rows in one slot: past 0048's 1,000, with fewer than 1,000 kept
           const per = 600
-          const job = (queue: string, n: number) => ({ kind: queue, queue, args: { n }, unique: { byArgs: true } })
+          const job = (queue: string, n: number) => ({
+            kind: queue,
+            queue,
+            args: { n },
+            unique: { byArgs: true }
+          })
           for (const q of [keeps, drops]) {
             yield* storage.enqueueMany(Array.from({ length: per }, (_, n) => job(q, n)))
             yield* completeAll(yield* storage.claim(claimOf(q, per)))
