@@ -49,13 +49,22 @@ export interface MaintenanceConfig {
 /** Samples are kept this long (the dashboard shows the last hour). */
 const statsKeepMs = 2 * 3_600_000
 
-/** Runs `task` every `intervalMs` for as long as the enclosing scope lives; failures are logged. */
-const every = (name: string, intervalMs: number, task: Effect.Effect<unknown, unknown>) =>
+/**
+ * Runs `task` every `intervalMs` for as long as the enclosing scope lives; failures are logged.
+ * A duty whose first tick is `deferred` waits one interval first (see `duties`).
+ */
+const every = (
+  name: string,
+  intervalMs: number,
+  task: Effect.Effect<unknown, unknown>,
+  first: "at once" | "deferred" = "at once"
+) =>
   task.pipe(
     // one span per tick (its queries as children); emitted only with `backgroundSpans`
     Effect.withSpan(`awa.maintenance ${name}`),
     Effect.catchCause((cause) => Effect.logWarning(`maintenance duty ${name} failed`, cause)),
     Effect.repeat(Schedule.spaced(intervalMs)),
+    (ticks) => (first === "deferred" ? Effect.andThen(Effect.sleep(intervalMs), ticks) : ticks),
     Effect.annotateLogs({ module: "Leader", duty: name }),
     Effect.forkScoped
   )
@@ -181,13 +190,20 @@ export const duties = Effect.fnUntraced(function* (config: MaintenanceConfig) {
       Effect.map(callbacks.value.rescueTimedOut(config.rescueBatch), counted)
     )
   yield* every("rotate-prune", config.rotateIntervalMs, rotateAndPrune)
-  yield* every("history", config.historyIntervalMs, history)
-  yield* every("stats-sample", config.statsSampleIntervalMs, sample)
+  // A new term starts with what jobs wait for (promotion, rescue, the queue ring, cron) and leaves
+  // the bookkeeping nothing waits for to its first interval: the history ring's retention, the
+  // statistics samples and DLQ retention. At a deploy the new leader's first moments are the
+  // backlog's, and these first ticks cost the most (every statement planned on a new connection;
+  // a stats sample counts what was born since the last one): ~250 ms of server time at once in a
+  // 20,000-job drain (docs/benchmarks.md, "Maintenance inside the drain"). Samples are rates between
+  // stored samples, so a new leader's first one a little later loses nothing.
+  yield* every("history", config.historyIntervalMs, history, "deferred")
+  yield* every("stats-sample", config.statsSampleIntervalMs, sample, "deferred")
   // DLQ retention: batches of 1,000 until a batch comes back short (at most 10 per tick).
   const dlqCleanup = Effect.gen(function* () {
     for (let i = 0; i < 10; i++) if ((yield* storage.cleanupDlq(config.dlqRetentionMs, 1000)) < 1000) return
   })
-  yield* every("dlq-retention", config.dlqCleanupIntervalMs, dlqCleanup)
+  yield* every("dlq-retention", config.dlqCleanupIntervalMs, dlqCleanup, "deferred")
   // Cron: every stored schedule, whoever declared it (capability 9).
   const cron = yield* CronStorage.CronStorage
   const evaluate = Cron.evaluator()

@@ -11,7 +11,7 @@ import {
   SimQueueStorage
 } from "@awa/storage"
 import { assert, describe, it } from "@effect/vitest"
-import { Effect, Layer, Schema } from "effect"
+import { Clock, Effect, Layer, Schema } from "effect"
 import { TestClock } from "effect/testing"
 import { handler } from "../src/Handler.ts"
 import * as Leader from "../src/Leader.ts"
@@ -98,6 +98,70 @@ describe("Leader rotate-prune duty", () => {
           { call: "rotate", policy: { minRows: undefined, maxAgeMs: undefined } },
           { call: "prune", carryAfterMs: undefined }
         ])
+      })
+  )
+})
+
+describe("Leader: a new term's first ticks", () => {
+  it.effect(
+    "promotion, rescue and the queue ring run at once; history, stats samples and DLQ retention wait one interval",
+    () =>
+      Effect.gen(function* () {
+        const calls: Array<{ readonly duty: string; readonly at: number }> = []
+        const record = (duty: string) =>
+          Effect.flatMap(Clock.currentTimeMillis, (at) => Effect.sync(() => calls.push({ duty, at })))
+        const storage = Layer.effect(
+          QueueStorage,
+          Effect.map(SimQueueStorage.make, (sim) =>
+            QueueStorage.of({
+              ...sim,
+              promoteDue: (limit) => Effect.andThen(record("promote"), sim.promoteDue(limit)),
+              rescueDeadlines: (limit) => Effect.andThen(record("rescue"), sim.rescueDeadlines(limit)),
+              rotateWhenDue: (policy) => Effect.andThen(record("rotate"), sim.rotateWhenDue(policy)),
+              rotateHistory: (minAgeMs) => Effect.andThen(record("history"), sim.rotateHistory(minAgeMs)),
+              sampleQueueStats: (p) => Effect.andThen(record("sample"), sim.sampleQueueStats(p)),
+              cleanupDlq: (retentionMs, batch) =>
+                Effect.andThen(record("dlq"), sim.cleanupDlq(retentionMs, batch))
+            })
+          )
+        )
+        const config = yield* resolveConfig({
+          queues: { ledger: {} },
+          handlers,
+          maintenance: {
+            promoteInterval: "1 minute",
+            rescueInterval: "1 minute",
+            rotateInterval: "1 minute",
+            historyInterval: "20 seconds",
+            statsSampleInterval: "10 seconds",
+            dlqCleanupInterval: "30 seconds"
+          }
+        })
+        const start = yield* Clock.currentTimeMillis
+        const firstAt = (duty: string) => calls.find((c) => c.duty === duty)?.at
+        yield* Effect.scoped(
+          Effect.gen(function* () {
+            yield* Leader.duties(config.maintenance!)
+            yield* TestClock.adjust("1 second")
+            assert.deepStrictEqual(
+              ["promote", "rescue", "rotate", "history", "sample", "dlq"].map(
+                (d) => firstAt(d) === undefined
+              ),
+              [false, false, false, true, true, true],
+              "at once: promote, rescue, rotate; not yet: history, sample, dlq"
+            )
+            yield* TestClock.adjust("35 seconds")
+          })
+        ).pipe(Effect.provide(Layer.provideMerge(CronStorage.layerSim, storage)))
+        assert.deepStrictEqual(
+          ["promote", "rescue", "rotate", "sample", "history", "dlq"].map((d) => firstAt(d)! - start),
+          [0, 0, 0, 10_000, 20_000, 30_000]
+        )
+        // then every interval, as before
+        assert.deepStrictEqual(
+          calls.filter((c) => c.duty === "sample").map((c) => c.at - start),
+          [10_000, 20_000, 30_000]
+        )
       })
   )
 })
