@@ -69,6 +69,70 @@ describe("maintenance costs what it finds (0040)", () => {
     120_000
   )
 
+  it.live(
+    "a tick on a slot being drained answers young_attempts from its newest claim without reading the slot (0048)",
+    () =>
+      withEagerDatabase({}, () =>
+        Effect.gen(function* () {
+          const storage = yield* QueueStorage
+          const sql = yield* SqlClient.SqlClient
+          const q = fresh("draining")
+          yield* storage.enqueueMany(
+            Array.from({ length: 2010 }, (_, n) => ({ kind: "k", queue: q, args: { n } }))
+          )
+          const old = yield* storage.claim(claimOf(q, 2000))
+          yield* completeAll(old)
+          yield* sql`SELECT pg_sleep(0.01)`
+          yield* storage.claim(claimOf(q, 10))
+          yield* storage.rotateWhenDue({ minRows: 1, maxAgeMs: 0 })
+          // rows the call read from the claims and closures children, by sequential or index scan
+          const read = sql<{ n: number }>`
+            SELECT coalesce(sum(pg_stat_get_xact_tuples_returned(x.oid)), 0)::int AS n
+            FROM (SELECT i.inhrelid AS oid FROM pg_inherits i
+                  WHERE i.inhparent IN ('awa.claims'::regclass, 'awa.closures'::regclass)
+                  UNION ALL
+                  SELECT x.indexrelid FROM pg_inherits i JOIN pg_index x ON x.indrelid = i.inhrelid
+                  WHERE i.inhparent IN ('awa.claims'::regclass, 'awa.closures'::regclass)) x`
+          const [before, [tick], after] = yield* sql.withTransaction(
+            Effect.all([
+              read,
+              sql<{ outcome: string }>`
+                SELECT outcome FROM awa.prune_queue(10, 86400000::bigint, 86400000::bigint, 86400000::bigint,
+                                                    600000::bigint, 0, 1000, 0::bigint)`,
+              read
+            ])
+          )
+          assert.strictEqual(tick!.outcome, "Blocked:young_attempts")
+          // 0044 counted both children first: 2,010 claims and 2,000 closures read
+          const rows = after[0]!.n - before[0]!.n
+          assert.isBelow(rows, 50, `claims and closures rows read: ${rows}`)
+        })
+      ),
+    120_000
+  )
+
+  it.live("a slot whose newest claim is closed but an older young one is open is still left alone", () =>
+    withEagerDatabase({}, () =>
+      Effect.gen(function* () {
+        const storage = yield* QueueStorage
+        const sql = yield* SqlClient.SqlClient
+        const q = fresh("older-open")
+        yield* storage.enqueueMany(
+          Array.from({ length: 110 }, (_, n) => ({ kind: "k", queue: q, args: { n } }))
+        )
+        const running = yield* storage.claim(claimOf(q, 10))
+        yield* sql`SELECT pg_sleep(0.01)`
+        yield* completeAll(yield* storage.claim(claimOf(q, 100)))
+        assert.strictEqual(running.length, 10)
+        yield* storage.rotateWhenDue({ minRows: 1, maxAgeMs: 0 })
+        const [tick] = yield* sql<{ outcome: string }>`
+          SELECT outcome FROM awa.prune_queue(10, 86400000::bigint, 86400000::bigint, 86400000::bigint,
+                                              600000::bigint, 0, 1000, 0::bigint)`
+        assert.strictEqual(tick!.outcome, "Blocked:young_attempts")
+      })
+    )
+  )
+
   it.live("with nothing to take, claim_resumed and the callback rescue lock no ring table", () =>
     withEagerDatabase({}, () =>
       Effect.gen(function* () {
