@@ -35,32 +35,41 @@ const scansDuring = <A, E, R>(tables: ReadonlyArray<string>, body: Effect.Effect
     )
   })
 
+/**
+ * A sealed slot being drained: 2,000 claims closed, then 10 newer ones still running (a later
+ * claim call), and the ring rotated past it.
+ */
+const drainingSlot = (label: string) =>
+  Effect.gen(function* () {
+    const storage = yield* QueueStorage
+    const sql = yield* SqlClient.SqlClient
+    const q = fresh(label)
+    yield* storage.enqueueMany(Array.from({ length: 2010 }, (_, n) => ({ kind: "k", queue: q, args: { n } })))
+    const old = yield* storage.claim(claimOf(q, 2000))
+    yield* completeAll(old)
+    // a later claimed_at than the closed ones, whatever the clock's resolution
+    yield* sql`SELECT pg_sleep(0.01)`
+    const running = yield* storage.claim(claimOf(q, 10))
+    assert.deepStrictEqual([old.length, running.length], [2000, 10])
+    yield* storage.rotateWhenDue({ minRows: 1, maxAgeMs: 0 })
+  })
+
+/** One prune tick with the storage layer's defaults: a day's retention, a 10-minute carry threshold. */
+const pruneTick = Effect.flatMap(
+  SqlClient.SqlClient,
+  (sql) => sql<{ outcome: string }>`
+    SELECT outcome FROM awa.prune_queue(10, 86400000::bigint, 86400000::bigint, 86400000::bigint,
+                                        600000::bigint, 0, 1000, 0::bigint)`
+)
+
 describe("maintenance costs what it finds (0040)", () => {
   it.live(
     "prune's young-attempts test on a slot being drained probes closures a bounded number of times",
     () =>
       withEagerDatabase({}, () =>
         Effect.gen(function* () {
-          const storage = yield* QueueStorage
-          const sql = yield* SqlClient.SqlClient
-          const q = fresh("young")
-          yield* storage.enqueueMany(
-            Array.from({ length: 2010 }, (_, n) => ({ kind: "k", queue: q, args: { n } }))
-          )
-          // the old claims are closed, the newest (a later claim call) are still running
-          const old = yield* storage.claim(claimOf(q, 2000))
-          yield* completeAll(old)
-          // a later claimed_at than the closed ones, whatever the clock's resolution
-          yield* sql`SELECT pg_sleep(0.01)`
-          const running = yield* storage.claim(claimOf(q, 10))
-          assert.deepStrictEqual([old.length, running.length], [2000, 10])
-          yield* storage.rotateWhenDue({ minRows: 1, maxAgeMs: 0 })
-          const { value, scans } = yield* scansDuring(
-            ["closures"],
-            sql<{ outcome: string }>`
-              SELECT outcome FROM awa.prune_queue(10, 86400000::bigint, 86400000::bigint, 86400000::bigint,
-                                                  600000::bigint, 0, 1000, 0::bigint)`
-          )
+          yield* drainingSlot("young")
+          const { value, scans } = yield* scansDuring(["closures"], pruneTick)
           assert.strictEqual(value[0]!.outcome, "Blocked:young_attempts")
           // newest first: the first claim looked at is open (was one probe per closed claim: 2,000)
           assert.isBelow(scans[0]!, 20, `closures index scans: ${scans[0]}`)
@@ -74,17 +83,8 @@ describe("maintenance costs what it finds (0040)", () => {
     () =>
       withEagerDatabase({}, () =>
         Effect.gen(function* () {
-          const storage = yield* QueueStorage
           const sql = yield* SqlClient.SqlClient
-          const q = fresh("draining")
-          yield* storage.enqueueMany(
-            Array.from({ length: 2010 }, (_, n) => ({ kind: "k", queue: q, args: { n } }))
-          )
-          const old = yield* storage.claim(claimOf(q, 2000))
-          yield* completeAll(old)
-          yield* sql`SELECT pg_sleep(0.01)`
-          yield* storage.claim(claimOf(q, 10))
-          yield* storage.rotateWhenDue({ minRows: 1, maxAgeMs: 0 })
+          yield* drainingSlot("draining")
           // rows the call read from the claims and closures children, by sequential or index scan
           const read = sql<{ n: number }>`
             SELECT coalesce(sum(pg_stat_get_xact_tuples_returned(x.oid)), 0)::int AS n
@@ -93,15 +93,7 @@ describe("maintenance costs what it finds (0040)", () => {
                   UNION ALL
                   SELECT x.indexrelid FROM pg_inherits i JOIN pg_index x ON x.indrelid = i.inhrelid
                   WHERE i.inhparent IN ('awa.claims'::regclass, 'awa.closures'::regclass)) x`
-          const [before, [tick], after] = yield* sql.withTransaction(
-            Effect.all([
-              read,
-              sql<{ outcome: string }>`
-                SELECT outcome FROM awa.prune_queue(10, 86400000::bigint, 86400000::bigint, 86400000::bigint,
-                                                    600000::bigint, 0, 1000, 0::bigint)`,
-              read
-            ])
-          )
+          const [before, [tick], after] = yield* sql.withTransaction(Effect.all([read, pruneTick, read]))
           assert.strictEqual(tick!.outcome, "Blocked:young_attempts")
           // 0044 counted both children first: 2,010 claims and 2,000 closures read
           const rows = after[0]!.n - before[0]!.n
@@ -125,9 +117,7 @@ describe("maintenance costs what it finds (0040)", () => {
         yield* completeAll(yield* storage.claim(claimOf(q, 100)))
         assert.strictEqual(running.length, 10)
         yield* storage.rotateWhenDue({ minRows: 1, maxAgeMs: 0 })
-        const [tick] = yield* sql<{ outcome: string }>`
-          SELECT outcome FROM awa.prune_queue(10, 86400000::bigint, 86400000::bigint, 86400000::bigint,
-                                              600000::bigint, 0, 1000, 0::bigint)`
+        const [tick] = yield* pruneTick
         assert.strictEqual(tick!.outcome, "Blocked:young_attempts")
       })
     )
