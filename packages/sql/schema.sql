@@ -3752,7 +3752,8 @@ DECLARE
   v_copy record;
   v_copied boolean;
   v_count bigint;
-  -- below this many rows to keep, inserting them under the lock costs less than a second commit
+  -- 0048: below this many terminal rows, judging into an array and inserting under the lock costs
+  -- less than a second commit; from it on, a slot with no open attempt is copied ahead in one statement
   v_copy_ahead_rows constant int := 1000;
   v_lane_head int := greatest(1, p_carry_rows / 2);
   v_rollup jsonb;

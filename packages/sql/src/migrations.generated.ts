@@ -18812,7 +18812,7 @@ REVOKE EXECUTE ON FUNCTION :AWA_SCHEMA.claim_keyed(text, text, int, bigint, bigi
 -- cost per job in a steady drain).
 --
 -- Measured (docs/benchmarks.md, "Maintenance inside the drain"): with the leader's maintenance on
--- at its defaults, the drain's server CPU was 41–53 ms per 1,000 jobs against 32 ms with it off;
+-- at its defaults, the drain's server CPU was 47–54 ms per 1,000 jobs against 32 ms with it off;
 -- most of the difference was prune_queue copying completed jobs into history (completed retention
 -- is a day by default). In one backend, pruning a sealed slot of 20,000 completed jobs cost
 -- ~325 ms with the copy against ~125 ms without it. Of the copy, the judging statement built an
@@ -18868,7 +18868,8 @@ DECLARE
   v_copy record;
   v_copied boolean;
   v_count bigint;
-  -- below this many rows to keep, inserting them under the lock costs less than a second commit
+  -- 0048: below this many terminal rows, judging into an array and inserting under the lock costs
+  -- less than a second commit; from it on, a slot with no open attempt is copied ahead in one statement
   v_copy_ahead_rows constant int := 1000;
   v_lane_head int := greatest(1, p_carry_rows / 2);
   v_rollup jsonb;
