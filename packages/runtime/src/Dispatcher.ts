@@ -31,11 +31,14 @@
  *
  * **Closure wake-ups** (keyed queues, docs/adr/0029-key-execution-grants.md) A worker's
  * finalization of keyed attempts sends `Closed` for their queue to every process: a grant may be
- * free for a claimer that stopped at a key at its limit. Rung only when that can be this one: a
- * claim is in flight, or the last claim found keys at their limit (taking nothing, or stopping
- * short at one: migration 0041 says so), or took a full batch. A dispatcher whose last claim took
- * all it found ignores it (a closure adds no claimable job; new work comes with its own
- * wake-up), so neither one process nor a fleet's idle ones claim once per burst of closures.
+ * free for a claimer that stopped at a key at its limit. Rung only when that can be this one: the
+ * last claim found keys at their limit (taking nothing, or stopping short at one: migration 0041
+ * says so), or took a full batch. A dispatcher whose last claim took all it found ignores it (a
+ * closure adds no claimable job; new work comes with its own wake-up), so neither one process
+ * nor a fleet's idle ones claim once per burst of closures. One that arrives while a claim is in
+ * flight is noted and answered by that claim's result: the dispatcher claims again at once only
+ * if the claim stopped at a key at its limit (whose grant the closure may have freed after the
+ * claim's snapshot); a claim that took all it found, or took a full batch, needs nothing more.
  *
  * **Guarantees** Never more than `maxConcurrency` handlers at once; never more than `prefetch`
  * jobs waiting; jobs start in claim order (FIFO per lane is kept). A claim error is logged and
@@ -84,7 +87,8 @@ export interface Dispatcher<R> {
   readonly wake: Effect.Effect<void>
   /**
    * Keyed attempts of this queue closed: rings the doorbell unless the last claim left nothing
-   * claimable behind (found nothing, or took all it found) and none is in flight.
+   * claimable behind (found nothing, or took all it found). With a claim in flight, noted for
+   * its result: claim again at once if it stopped at a key at its limit.
    */
   readonly closed: Effect.Effect<void>
   /** A parked attempt of this queue was resumed: take it back (`claimResumed`) on the next round. */
@@ -162,9 +166,10 @@ export const make = Effect.fnUntraced(function* <R>(
   let rate = 0
   let claimLatencyMs = 1
 
-  // Closure wake-ups: ignored while the last claim left nothing claimable behind and none is in
-  // flight.
+  // Closure wake-ups: ignored while the last claim left nothing claimable behind; one during a
+  // claim is noted for that claim's result.
   let claiming = false
+  let closedWhileClaiming = false
   let nothingLeft = false
 
   // Sliding queues of capacity 1: repeated rings while busy collapse into one.
@@ -353,13 +358,15 @@ export const make = Effect.fnUntraced(function* <R>(
         return
       }
     }
-    // (an interruption leaves it set: the loop is being torn down, and a set flag only rings)
+    // (an interruption leaves it set: the loop is being torn down, and a set flag only notes closures)
     claiming = true
     const { claimed, busy, capped, stoppedAtKey, nextTokenAt, failed } = yield* claimAttempts(
       now,
       batch - resumedCount
     )
     claiming = false
+    const closedMeanwhile = closedWhileClaiming
+    closedWhileClaiming = false
     yield* startBuffered
     // A failed claim waits its poll interval here, after its release step gave back the permits
     // and tokens it took (waiting inside the claim held them for the whole interval), and asks
@@ -389,6 +396,9 @@ export const make = Effect.fnUntraced(function* <R>(
     // Stopped short at a key another claimer's lock held: that claimer's commit sends no signal (a
     // claim is not a closure), so retry after the same back-off rather than the poll interval.
     if (stoppedAtKey === "contended" && !capped) return yield* KeyedDispatch.contendedBackoff
+    // Stopped at a key at its limit while a closure was announced: that closure may have freed
+    // the grant after the claim read it, so claim again at once instead of waiting for the next.
+    if (closedMeanwhile && (busy === "gated" || stoppedAtKey === "gated")) return
     // A full batch (or a keyed claim cut at its per-call cap) means more may be waiting: claim
     // again at once. Gated: until a closure's wake-up, or the poll interval at the latest.
     if (claimed < batch - resumedCount && !capped) yield* waitForWork
@@ -465,7 +475,13 @@ export const make = Effect.fnUntraced(function* <R>(
 
   return {
     wake: ring(wakeBell),
-    closed: Effect.suspend(() => (nothingLeft && !claiming ? Effect.void : ring(wakeBell))),
+    closed: Effect.suspend(() => {
+      if (claiming) {
+        closedWhileClaiming = true
+        return Effect.void
+      }
+      return nothingLeft ? Effect.void : ring(wakeBell)
+    }),
     resumed: Effect.suspend(() => {
       resumeWanted = true
       return ring(wakeBell)

@@ -22,19 +22,55 @@ const Task = Job.define({
   concurrencyKey: () => "k"
 })
 
-/** The simulation with keyed claims counted and signals the test sends. */
+/** A claim held after it has read storage: `entered` when its answer is ready, returns on `until`. */
+interface HeldClaim {
+  readonly entered: Deferred.Deferred<void>
+  readonly until: Deferred.Deferred<void>
+}
+
+/**
+ * The simulation with keyed claims counted and signals the test sends. `holdNextClaim` holds the
+ * next claim after it has read storage, as a claim in flight whose snapshot predates what the test
+ * does meanwhile.
+ */
 const harness = Effect.gen(function* () {
   let claims = 0
+  let hold: HeldClaim | undefined
   const sim = yield* keyedSimulation((g) => ({
     ...g,
     claim: (params) =>
       Effect.suspend(() => {
         claims++
-        return g.claim(params)
+        const held = hold
+        hold = undefined
+        if (held === undefined) return g.claim(params)
+        return Effect.tap(g.claim(params), () =>
+          Effect.andThen(Deferred.succeed(held.entered, undefined), Deferred.await(held.until))
+        )
       })
   }))
-  return { ...sim, claims: () => claims }
+  const holdNextClaim = Effect.gen(function* () {
+    const held: HeldClaim = { entered: yield* Deferred.make<void>(), until: yield* Deferred.make<void>() }
+    hold = held
+    return held
+  })
+  return { ...sim, claims: () => claims, holdNextClaim }
 })
+
+/** A worker of queue `kq` under policy `p` whose polls are far apart: only signals make it claim. */
+const keyedWorker = (scope: Scope.Scope, run: (n: number) => Effect.Effect<void>) =>
+  Effect.asVoid(
+    Layer.buildWithScope(
+      Awa.worker({
+        queues: {
+          kq: { keyPolicy: "p", maxConcurrency: 5, pollInterval: "60 seconds", idlePollMax: "10 minutes" }
+        },
+        handlers: [handler(Task, ({ n }) => run(n))],
+        maintenance: false
+      }),
+      scope
+    )
+  )
 
 describe("closure wake-ups of a keyed queue", () => {
   it.effect(
@@ -127,5 +163,82 @@ describe("closure wake-ups of a keyed queue", () => {
           yield* Scope.close(scope, Exit.void)
         }).pipe(Effect.provide(h.layer))
       })
+  )
+
+  it.effect("a closure during a claim that took all it found costs no claim", () =>
+    Effect.gen(function* () {
+      const h = yield* harness
+      yield* Effect.gen(function* () {
+        yield* (yield* KeyGrants).create({ id: "p", maxInFlight: 5 })
+        const started: Array<number> = []
+        const scope = yield* Scope.make()
+        yield* keyedWorker(scope, (n) => Effect.sync(() => void started.push(n)))
+        yield* advance(1_000, 10)
+        const held = yield* h.holdNextClaim
+        yield* (yield* AwaClient.AwaClient).insert(Task, { n: 1 })
+        yield* h.send({ _tag: "Wake", queue: "kq" })
+        yield* advance(10, 10)
+        yield* Deferred.await(held.entered)
+        const claims = h.claims()
+        // closures announced while the claim is in flight; it has read storage already
+        yield* h.send({ _tag: "Closed", queue: "kq" })
+        yield* h.send({ _tag: "Closed", queue: "kq" })
+        yield* advance(10, 10)
+        yield* Deferred.succeed(held.until, undefined)
+        yield* advance(1_000, 10)
+        assert.deepStrictEqual(started, [1])
+        assert.strictEqual(h.claims(), claims, "the claim took all it found: the closures needed no claim")
+        yield* Scope.close(scope, Exit.void)
+      }).pipe(Effect.provide(h.layer))
+    })
+  )
+
+  it.effect("a claim gated at a key while a closure was announced claims again at once", () =>
+    Effect.gen(function* () {
+      const h = yield* harness
+      yield* Effect.gen(function* () {
+        yield* (yield* KeyGrants).create({ id: "p", maxInFlight: 1 })
+        const release = yield* Deferred.make<void>()
+        const started: Array<{ n: number; at: number }> = []
+        const scope = yield* Scope.make()
+        yield* keyedWorker(scope, (n) =>
+          Effect.flatMap(Clock.currentTimeMillis, (at) =>
+            Effect.andThen(
+              Effect.sync(() => void started.push({ n, at })),
+              n === 1 ? Deferred.await(release) : Effect.void
+            )
+          )
+        )
+        yield* advance(1_000, 10)
+        // job 1 takes the key (limit 1); job 2 waits behind it
+        yield* (yield* AwaClient.AwaClient).insertMany(Task, [{ n: 1 }, { n: 2 }])
+        yield* h.send({ _tag: "Wake", queue: "kq" })
+        yield* advance(200, 10)
+        assert.deepStrictEqual(
+          started.map((s) => s.n),
+          [1]
+        )
+        // a claim in flight finds the key at its limit; meanwhile job 1 ends and its closure is
+        // announced, after the claim read storage
+        const held = yield* h.holdNextClaim
+        yield* h.send({ _tag: "Wake", queue: "kq" })
+        yield* advance(10, 10)
+        yield* Deferred.await(held.entered)
+        yield* Deferred.succeed(release, undefined)
+        yield* advance(50, 10)
+        yield* h.send({ _tag: "Closed", queue: "kq" })
+        yield* advance(10, 10)
+        const t0 = yield* Clock.currentTimeMillis
+        yield* Deferred.succeed(held.until, undefined)
+        yield* advance(200, 10)
+        assert.deepStrictEqual(
+          started.map((s) => s.n),
+          [1, 2],
+          "the gated claim's result and the closure during it: claimed again (the poll is 60 s)"
+        )
+        assert.isAtMost(started[1]!.at - t0, 50)
+        yield* Scope.close(scope, Exit.void)
+      }).pipe(Effect.provide(h.layer))
+    })
   )
 })
