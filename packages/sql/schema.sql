@@ -2751,6 +2751,21 @@ BEGIN
     RAISE EXCEPTION 'finalize needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
       USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
   END IF;
+  -- 0038: a batch of completions only (the runtime's every-day batch) takes a statement of its
+  -- own, 0049: finalize_completions, which takes the items as arrays (the runtime calls it
+  -- directly). It locks the batch's claims rows as below.
+  IF NOT EXISTS (SELECT 1 FROM jsonb_to_recordset(p_items) AS x(outcome text) WHERE x.outcome IS DISTINCT FROM 'complete') THEN -- 0038
+    RETURN QUERY -- 0049
+    SELECT f.ord, f.applied, f.state -- 0049
+    FROM finalize_completions( -- 0049
+           (SELECT array_agg(x.job_id ORDER BY x_e.o) FROM jsonb_array_elements(p_items) WITH ORDINALITY AS x_e(v, o), -- 0049
+                   jsonb_to_record(x_e.v) AS x(job_id bigint)), -- 0049
+           (SELECT array_agg(x.run_lease ORDER BY x_e.o) FROM jsonb_array_elements(p_items) WITH ORDINALITY AS x_e(v, o), -- 0049
+                   jsonb_to_record(x_e.v) AS x(run_lease bigint)), -- 0049
+           (SELECT array_agg(x.stale_before ORDER BY x_e.o) FROM jsonb_array_elements(p_items) WITH ORDINALITY AS x_e(v, o), -- 0049
+                   jsonb_to_record(x_e.v) AS x(stale_before timestamptz))) f; -- 0049
+    RETURN; -- 0049
+  END IF; -- 0038
   SELECT array_agg(DISTINCT i.job_id) INTO v_ids FROM jsonb_to_recordset(p_items) AS i(job_id bigint); -- 0028
   -- 0028: the batch's claims rows, locked FOR NO KEY UPDATE in (job_id, run_lease) order, where
   -- each attempt took an advisory lock (one shared lock-table entry each until commit; a row lock
@@ -2770,80 +2785,6 @@ BEGIN
     EXIT WHEN v_now_lo1 = v_lo1 AND v_now_hi1 = v_hi1 AND v_now_lo2 = v_lo2 AND v_now_hi2 = v_hi2; -- 0028
   END LOOP;
 
-  -- 0038: a batch of completions only (the runtime's every-day batch) takes a statement of its
-  -- own: no deferred or DLQ row, no error entry, no progress kept, so it reads the ready rows'
-  -- lane and key columns only (not args, metadata, tags, errors) and carries narrow rows through
-  -- its CTEs, where the general statement below copies every ready row's payload through five
-  -- materialized steps. Same guard (an open claims row we hold, no closure, the rescue's
-  -- heartbeat check), same writes for a completion (closure, narrow terminal row, attempt_state
-  -- deleted, the unique key released or entered by its mask), same answer.
-  IF NOT EXISTS (SELECT 1 FROM jsonb_to_recordset(p_items) AS x(outcome text) WHERE x.outcome IS DISTINCT FROM 'complete') THEN -- 0038
-    RETURN QUERY
-    WITH items AS MATERIALIZED (
-      SELECT x_e.o::int AS o, x.job_id, x.run_lease, x.stale_before
-      FROM jsonb_array_elements(p_items) WITH ORDINALITY AS x_e(v, o),
-           jsonb_to_record(x_e.v) AS x(job_id bigint, run_lease bigint, stale_before timestamptz)
-    ),
-    batch_claims AS MATERIALIZED (
-      SELECT c.slot, c.generation, c.job_id, c.run_lease, c.attempt, c.queue, c.priority, c.shard, c.lane_seq
-      FROM claims c WHERE c.job_id = ANY (v_ids)
-        AND (c.slot BETWEEN v_lo1 AND v_hi1 OR c.slot BETWEEN v_lo2 AND v_hi2)
-    ),
-    batch_ready AS MATERIALIZED (
-      SELECT r.slot, r.job_id, r.queue, r.priority, r.shard, r.lane_seq, r.unique_key, r.unique_states
-      FROM ready r WHERE r.job_id = ANY (v_ids)
-        AND (r.slot BETWEEN v_lo1 AND v_hi1 OR r.slot BETWEEN v_lo2 AND v_hi2)
-    ),
-    batch_closures AS MATERIALIZED (
-      SELECT z.job_id, z.run_lease FROM closures z WHERE z.job_id = ANY (v_ids)
-        AND (z.slot BETWEEN v_lo1 AND v_hi1 OR z.slot BETWEEN v_lo2 AND v_hi2)
-    ),
-    done AS MATERIALIZED (
-      SELECT DISTINCT ON (i.job_id, i.run_lease)
-             i.o, c.slot, c.generation, c.job_id, c.run_lease, c.attempt, c.lane_seq, r.unique_key, r.unique_states,
-             a.found AS has_state,
-             -- a completion enters the unique mask when the mask omits 'running' and holds 'completed'
-             (r.unique_key IS NOT NULL AND (r.unique_states & 4) = 0 AND (r.unique_states & state_bit('completed')) <> 0) AS enters
-      FROM items i
-      JOIN batch_claims c ON c.job_id = i.job_id AND c.run_lease = i.run_lease
-      JOIN batch_ready r ON r.slot = c.slot AND r.queue = c.queue AND r.priority = c.priority AND r.shard = c.shard
-                        AND r.lane_seq = c.lane_seq
-      LEFT JOIN LATERAL (
-        SELECT a.heartbeat_at, true AS found FROM attempt_state a
-        WHERE a.job_id = c.job_id AND a.run_lease = c.run_lease LIMIT 1
-      ) a ON true
-      WHERE NOT EXISTS (SELECT 1 FROM batch_closures x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease)
-        AND (i.stale_before IS NULL OR a.heartbeat_at IS NULL OR a.heartbeat_at < i.stale_before)
-      ORDER BY i.job_id, i.run_lease, i.o
-    ),
-    -- a finished job takes its key if it is free, and keeps its end (as the general statement)
-    take_key AS (
-      INSERT INTO unique_claims (unique_key, job_id)
-      SELECT DISTINCT ON (d.unique_key) d.unique_key, d.job_id FROM done d WHERE d.enters ORDER BY d.unique_key, d.job_id
-      ON CONFLICT (unique_key) DO NOTHING
-    ),
-    ins_closures AS (
-      INSERT INTO closures (slot, generation, job_id, run_lease, outcome, closed_at)
-      SELECT d.slot, d.generation, d.job_id, d.run_lease, 'completed', v_now FROM done d
-    ),
-    ins_terminal AS (
-      INSERT INTO terminal (slot, generation, job_id, run_lease, lane_seq, state, attempt, finalized_at, errors, progress)
-      SELECT d.slot, d.generation, d.job_id, d.run_lease, d.lane_seq, 'completed', d.attempt, v_now, NULL, NULL FROM done d
-    ),
-    del_state AS (
-      DELETE FROM attempt_state a USING done d
-      WHERE d.has_state AND a.job_id = d.job_id AND a.run_lease = d.run_lease
-    ),
-    rel_unique AS (
-      DELETE FROM unique_claims u USING done d
-      WHERE d.unique_key IS NOT NULL AND u.unique_key = d.unique_key AND u.job_id = d.job_id
-        AND (d.unique_states & state_bit('completed')) = 0
-    )
-    SELECT i.o, d.o IS NOT NULL, CASE WHEN d.o IS NOT NULL THEN 'completed' END
-    FROM items i LEFT JOIN done d ON d.o = i.o
-    ORDER BY i.o;
-    RETURN;
-  END IF;
 
   RETURN QUERY
   WITH items AS MATERIALIZED (
@@ -3000,6 +2941,129 @@ BEGIN
   )
   SELECT i.o, r.o IS NOT NULL, r.new_state
   FROM items i LEFT JOIN done r ON r.o = i.o
+  ORDER BY i.o;
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.finalize_completions(p_job_ids bigint[], p_run_leases bigint[], p_stale_before timestamp with time zone[] DEFAULT NULL::timestamp with time zone[])
+ RETURNS TABLE(ord integer, applied boolean, state text)
+ LANGUAGE plpgsql
+ SET search_path TO 'awa', 'pg_catalog'
+ SET plan_cache_mode TO 'force_generic_plan'
+ SET enable_seqscan TO 'off'
+ SET enable_nestloop TO 'off'
+ SET jit TO 'off'
+AS $function$
+#variable_conflict use_column
+DECLARE
+  v_now timestamptz := now();
+  v_ids bigint[];
+  v_lo1 int;
+  v_hi1 int;
+  v_lo2 int;
+  v_hi2 int;
+  v_now_lo1 int; -- 0028
+  v_now_hi1 int; -- 0028
+  v_now_lo2 int; -- 0028
+  v_now_hi2 int; -- 0028
+BEGIN
+  -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'finalize needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
+      USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+  END IF;
+  IF cardinality(p_job_ids) IS DISTINCT FROM cardinality(p_run_leases)
+     OR cardinality(p_stale_before) > cardinality(p_job_ids) THEN
+    RAISE EXCEPTION 'finalize_completions needs one run lease (and at most one stale_before) per job id (got %, %, %)',
+      cardinality(p_job_ids), cardinality(p_run_leases), cardinality(p_stale_before)
+      USING ERRCODE = '22023';
+  END IF;
+  SELECT array_agg(DISTINCT i.job_id) INTO v_ids FROM unnest(p_job_ids) AS i(job_id);
+  IF v_ids IS NULL THEN
+    RETURN;
+  END IF;
+  -- 0028: the batch's claims rows, locked FOR NO KEY UPDATE in (job_id, run_lease) order, where
+  -- each attempt took an advisory lock (one shared lock-table entry each until commit; a row lock
+  -- lives in the tuple header: a lock-only xmax, no dead tuple). Prune tries the same rows (FOR
+  -- UPDATE NOWAIT) before it carries or truncates, heartbeat locks them as we do, so once we hold
+  -- them they stay in these slots. A prune that committed between our range read and our lock
+  -- statement may have carried some, and it changed the ranges: read them again, lock in the new
+  -- ranges, until they hold still. After the loop each claim is in a slot of these ranges, or
+  -- gone with its pruned slot (stale either way).
+  LOOP -- 0028
+    SELECT s.lo1, s.hi1, s.lo2, s.hi2 INTO v_lo1, v_hi1, v_lo2, v_hi2 FROM queue_slot_ranges() s;
+    PERFORM 1 FROM claims c -- 0028
+    WHERE c.job_id = ANY (v_ids) AND (c.slot BETWEEN v_lo1 AND v_hi1 OR c.slot BETWEEN v_lo2 AND v_hi2)
+    ORDER BY c.job_id, c.run_lease
+    FOR NO KEY UPDATE OF c;
+    SELECT s.lo1, s.hi1, s.lo2, s.hi2 INTO v_now_lo1, v_now_hi1, v_now_lo2, v_now_hi2 FROM queue_slot_ranges() s; -- 0028
+    EXIT WHEN v_now_lo1 = v_lo1 AND v_now_hi1 = v_hi1 AND v_now_lo2 = v_lo2 AND v_now_hi2 = v_hi2; -- 0028
+  END LOOP;
+
+  RETURN QUERY
+  WITH items AS MATERIALIZED (
+    -- 0049: the items from the arrays (a missing or shorter p_stale_before pads with NULL)
+    SELECT x.o::int AS o, x.job_id, x.run_lease, x.stale_before -- 0049
+    FROM unnest(p_job_ids, p_run_leases, p_stale_before) WITH ORDINALITY AS x(job_id, run_lease, stale_before, o) -- 0049
+  ),
+  batch_claims AS MATERIALIZED (
+    SELECT c.slot, c.generation, c.job_id, c.run_lease, c.attempt, c.queue, c.priority, c.shard, c.lane_seq
+    FROM claims c WHERE c.job_id = ANY (v_ids)
+      AND (c.slot BETWEEN v_lo1 AND v_hi1 OR c.slot BETWEEN v_lo2 AND v_hi2)
+  ),
+  batch_ready AS MATERIALIZED (
+    SELECT r.slot, r.job_id, r.queue, r.priority, r.shard, r.lane_seq, r.unique_key, r.unique_states
+    FROM ready r WHERE r.job_id = ANY (v_ids)
+      AND (r.slot BETWEEN v_lo1 AND v_hi1 OR r.slot BETWEEN v_lo2 AND v_hi2)
+  ),
+  batch_closures AS MATERIALIZED (
+    SELECT z.job_id, z.run_lease FROM closures z WHERE z.job_id = ANY (v_ids)
+      AND (z.slot BETWEEN v_lo1 AND v_hi1 OR z.slot BETWEEN v_lo2 AND v_hi2)
+  ),
+  done AS MATERIALIZED (
+    SELECT DISTINCT ON (i.job_id, i.run_lease)
+           i.o, c.slot, c.generation, c.job_id, c.run_lease, c.attempt, c.lane_seq, r.unique_key, r.unique_states,
+           a.found AS has_state,
+           -- a completion enters the unique mask when the mask omits 'running' and holds 'completed'
+           (r.unique_key IS NOT NULL AND (r.unique_states & 4) = 0 AND (r.unique_states & state_bit('completed')) <> 0) AS enters
+    FROM items i
+    JOIN batch_claims c ON c.job_id = i.job_id AND c.run_lease = i.run_lease
+    JOIN batch_ready r ON r.slot = c.slot AND r.queue = c.queue AND r.priority = c.priority AND r.shard = c.shard
+                      AND r.lane_seq = c.lane_seq
+    LEFT JOIN LATERAL (
+      SELECT a.heartbeat_at, true AS found FROM attempt_state a
+      WHERE a.job_id = c.job_id AND a.run_lease = c.run_lease LIMIT 1
+    ) a ON true
+    WHERE NOT EXISTS (SELECT 1 FROM batch_closures x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease)
+      AND (i.stale_before IS NULL OR a.heartbeat_at IS NULL OR a.heartbeat_at < i.stale_before)
+    ORDER BY i.job_id, i.run_lease, i.o
+  ),
+  -- a finished job takes its key if it is free, and keeps its end (as the general statement)
+  take_key AS (
+    INSERT INTO unique_claims (unique_key, job_id)
+    SELECT DISTINCT ON (d.unique_key) d.unique_key, d.job_id FROM done d WHERE d.enters ORDER BY d.unique_key, d.job_id
+    ON CONFLICT (unique_key) DO NOTHING
+  ),
+  ins_closures AS (
+    INSERT INTO closures (slot, generation, job_id, run_lease, outcome, closed_at)
+    SELECT d.slot, d.generation, d.job_id, d.run_lease, 'completed', v_now FROM done d
+  ),
+  ins_terminal AS (
+    INSERT INTO terminal (slot, generation, job_id, run_lease, lane_seq, state, attempt, finalized_at, errors, progress)
+    SELECT d.slot, d.generation, d.job_id, d.run_lease, d.lane_seq, 'completed', d.attempt, v_now, NULL, NULL FROM done d
+  ),
+  del_state AS (
+    DELETE FROM attempt_state a USING done d
+    WHERE d.has_state AND a.job_id = d.job_id AND a.run_lease = d.run_lease
+  ),
+  rel_unique AS (
+    DELETE FROM unique_claims u USING done d
+    WHERE d.unique_key IS NOT NULL AND u.unique_key = d.unique_key AND u.job_id = d.job_id
+      AND (d.unique_states & state_bit('completed')) = 0
+  )
+  SELECT i.o, d.o IS NOT NULL, CASE WHEN d.o IS NOT NULL THEN 'completed' END
+  FROM items i LEFT JOIN done d ON d.o = i.o
   ORDER BY i.o;
 END
 $function$

@@ -284,6 +284,13 @@ const outcomeJson = (item: FinalizeItem): string => {
   }
 }
 
+/** A `bigint[]` literal (`{1,2,3}`) of one field of each item: sent as text, cast by the statement. */
+const bigintArray = <A>(items: ReadonlyArray<A>, field: (item: A) => bigint): string => {
+  let literal = "{"
+  for (let i = 0; i < items.length; i++) literal += i === 0 ? `${field(items[i]!)}` : `,${field(items[i]!)}`
+  return `${literal}}`
+}
+
 /** The SQL enqueue function's lane lock order: queue in UTF-8 byte order (`COLLATE "C"`), then priority. */
 const compareLane = (a: { queue: string; priority: number }, b: { queue: string; priority: number }) =>
   CanonicalJson.compareUtf8(a.queue, b.queue) || a.priority - b.priority
@@ -620,7 +627,12 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
     Effect.gen(function* () {
       if (items.length === 0) return []
       yield* checkFinalizeItems(items)
-      const statement = sql<{ ord: number; applied: boolean; state: JobState | null }>`
+      // A batch of completions (the completion batcher's usual one) goes as two arrays (migration
+      // 0049): no JSON object per job to build here or to parse there.
+      const statement = items.every((item) => item.outcome._tag === "Complete")
+        ? sql<{ ord: number; applied: boolean; state: JobState | null }>`
+          SELECT * FROM ${s}.finalize_completions(${bigintArray(items, (i) => i.jobId)}::bigint[], ${bigintArray(items, (i) => i.runLease)}::bigint[])`
+        : sql<{ ord: number; applied: boolean; state: JobState | null }>`
           SELECT * FROM ${s}.finalize(${`[${items.map(outcomeJson).join(",")}]`}::jsonb)`
       const rows = yield* hot.run(statement, rc("finalize", statement))
       return rows.map(

@@ -1,12 +1,14 @@
 /**
- * finalize's statement for a batch of completions only (migration 0038) writes what the general
- * statement writes for a completion: the attempt's attempt_state row goes, a mask without
- * 'running' but with 'completed' takes its key back when free, a stale item is not applied, and a
- * mixed batch still takes the general statement.
+ * finalize's statement for a batch of completions only (migration 0038; since 0049
+ * finalize_completions, items as arrays, which the storage layer calls for such a batch) writes
+ * what the general statement writes for a completion: the attempt's attempt_state row goes, a mask
+ * without 'running' but with 'completed' takes its key back when free, a stale item is not applied,
+ * and a mixed batch still takes the general statement. finalize(jsonb) hands a batch of
+ * completions to it (a rescue's stale_before included); arrays of different lengths are refused.
  */
 import { UniqueConflict } from "@awa/core"
 import { assert, describe, it } from "@effect/vitest"
-import { Effect } from "effect"
+import { Effect, Exit } from "effect"
 import { SqlClient } from "effect/sql"
 import { QueueStorage } from "../src/QueueStorage.ts"
 import { claimOf, fresh, withEagerDatabase } from "./pgFixtures.ts"
@@ -95,5 +97,69 @@ describe("finalize: a batch of completions", () => {
         )
       })
     )
+  )
+
+  it.live("finalize(jsonb) hands completions over with their stale_before: a heartbeat since wins", () =>
+    withEagerDatabase({}, () =>
+      Effect.gen(function* () {
+        const storage = yield* QueueStorage
+        const sql = yield* SqlClient.SqlClient
+        const q = fresh("fin-json")
+        yield* storage.enqueueMany([0, 1].map((n) => ({ kind: "k", queue: q, args: { n } })))
+        const [c0, c1] = yield* storage.claim(claimOf(q, 2))
+        const before = (yield* sql<{ t: Date }>`SELECT now() - interval '1 minute' AS t`)[0]!.t
+        // c0 heartbeats after the rescue's cut-off (stale_before): its rescue must yield
+        yield* storage.heartbeatMany([{ jobId: c0!.jobId, runLease: c0!.runLease }])
+        const items = JSON.stringify([
+          {
+            job_id: String(c0!.jobId),
+            run_lease: String(c0!.runLease),
+            outcome: "complete",
+            stale_before: before
+          },
+          { job_id: String(c1!.jobId), run_lease: String(c1!.runLease), outcome: "complete" }
+        ])
+        const rows = yield* sql<{ ord: number; applied: boolean; state: string | null }>`
+          SELECT * FROM awa.finalize(${items}::jsonb)`
+        assert.deepStrictEqual(
+          rows.map((r) => [r.ord, r.applied, r.state]),
+          [
+            [1, false, null],
+            [2, true, "completed"]
+          ]
+        )
+      })
+    )
+  )
+
+  it.live(
+    "finalize_completions refuses arrays of different lengths and writes nothing; an empty batch answers nothing",
+    () =>
+      withEagerDatabase({}, () =>
+        Effect.gen(function* () {
+          const storage = yield* QueueStorage
+          const sql = yield* SqlClient.SqlClient
+          const q = fresh("fin-arrays")
+          yield* storage.enqueueMany([0, 1].map((n) => ({ kind: "k", queue: q, args: { n } })))
+          const [c0, c1] = yield* storage.claim(claimOf(q, 2))
+          const ids = `{${c0!.jobId},${c1!.jobId}}`
+          const refused = yield* Effect.exit(
+            sql`SELECT * FROM awa.finalize_completions(${ids}::bigint[], ${`{${c0!.runLease}}`}::bigint[])`
+          )
+          assert.isTrue(Exit.isFailure(refused))
+          assert.include(String(Exit.isFailure(refused) ? refused.cause : ""), "one run lease")
+          const closures = yield* sql<{ n: number }>`
+          SELECT count(*)::int AS n FROM awa.closures WHERE job_id IN (${c0!.jobId}, ${c1!.jobId})`
+          assert.strictEqual(closures[0]!.n, 0)
+          const none = yield* sql`SELECT * FROM awa.finalize_completions('{}'::bigint[], '{}'::bigint[])`
+          assert.strictEqual(none.length, 0)
+          // the two attempts are still open: completed now, through the storage layer
+          const results = yield* storage.finalizeMany([complete(c0!), complete(c1!)])
+          assert.deepStrictEqual(
+            results.map((r) => r._tag),
+            ["Applied", "Applied"]
+          )
+        })
+      )
   )
 })

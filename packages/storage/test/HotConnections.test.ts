@@ -125,7 +125,8 @@ describe("hot connections (ADR 0033)", () => {
             [
               ranLast(first, "claim").map((b) => b.application_name),
               ranLast(second, "claim_keyed").map((b) => b.application_name),
-              ranLast(second, "finalize").map((b) => b.application_name)
+              // completions only: finalize_completions (migration 0049)
+              ranLast(second, "finalize_completions").map((b) => b.application_name)
             ],
             [[], [], [hot1]],
             `backends whose last call was claim or finalize: ${JSON.stringify([first, second])}`

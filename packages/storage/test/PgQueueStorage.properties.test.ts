@@ -722,14 +722,15 @@ describe("hot path plans", () => {
           const rows = yield* sql<{ name: string; config: ReadonlyArray<string> }>`
             SELECT p.proname AS name, coalesce(p.proconfig, '{}') AS config
             FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
-            WHERE n.nspname = 'awa' AND p.proname IN ('finalize', 'slot_has_unclaimed', 'claim')`
+            WHERE n.nspname = 'awa' AND p.proname IN ('finalize', 'finalize_completions', 'slot_has_unclaimed', 'claim')`
           const config = new Map(rows.map((r) => [r.name, r.config]))
           for (const setting of [
             "plan_cache_mode=force_generic_plan",
             "enable_seqscan=off",
             "enable_nestloop=off"
           ])
-            assert.isTrue(config.get("finalize")?.includes(setting), `finalize: ${setting}`)
+            for (const fn of ["finalize", "finalize_completions"]) // 0049: the completion statement's own function
+              assert.isTrue(config.get(fn)?.includes(setting), `${fn}: ${setting}`)
           for (const setting of ["plan_cache_mode=force_generic_plan", "enable_seqscan=off"])
             assert.isTrue(config.get("claim")?.includes(setting), `claim: ${setting}`)
           for (const setting of ["enable_hashjoin=off", "enable_mergejoin=off", "enable_seqscan=off"])
