@@ -171,6 +171,13 @@ export const make = Effect.fnUntraced(function* <R>(
   let claiming = false
   let closedWhileClaiming = false
   let nothingLeft = false
+  /** The claim's result is judged: closures ring or not by `nothingLeft` again. Noted ones? */
+  const endClaim = () => {
+    claiming = false
+    const noted = closedWhileClaiming
+    closedWhileClaiming = false
+    return noted
+  }
 
   // Sliding queues of capacity 1: repeated rings while busy collapse into one.
   const wakeBell = yield* Queue.sliding<void>(1)
@@ -364,20 +371,21 @@ export const make = Effect.fnUntraced(function* <R>(
       now,
       batch - resumedCount
     )
-    claiming = false
-    const closedMeanwhile = closedWhileClaiming
-    closedWhileClaiming = false
+    // (still `claiming` until `nothingLeft` says what this claim left: a closure announced while
+    // the jobs start is noted for this claim's result too, not judged by the previous claim's)
     yield* startBuffered
     // A failed claim waits its poll interval here, after its release step gave back the permits
     // and tokens it took (waiting inside the claim held them for the whole interval), and asks
     // for no share of the pool meanwhile: it could not use one.
     if (failed) {
+      endClaim()
       permits?.idle()
       return yield* Effect.sleep(live.pollIntervalMs)
     }
     // The fleet's rate cut the claim short: claim again when the next token is due (not at the
     // poll: starts spaced at the rate), with no idle backoff (ADR 0036).
     if (nextTokenAt !== undefined) {
+      endClaim()
       if (claimed === 0) metrics?.throttled(config.queue)
       nothingLeft = false
       idleClaims = 0
@@ -390,6 +398,7 @@ export const make = Effect.fnUntraced(function* <R>(
     // claim says when it stopped short at a key, migration 0041).
     nothingLeft =
       claimed < batch - resumedCount && !capped && busy === undefined && stoppedAtKey === undefined
+    const closedMeanwhile = endClaim()
     idleClaims = idle ? idleClaims + 1 : 0
     if (idle) permits?.idle()
     if (claimed === 0 && busy === "contended") return yield* KeyedDispatch.contendedBackoff
