@@ -26,11 +26,12 @@ const poolSize = 10
  * For issue 20's cost figures: `AWA_BENCH_KEYS=n` gives every job a `concurrencyKey` (`tenant-`
  * seq mod n, from the definition) and the queue the key policy `bench` (`AWA_BENCH_KEY_LIMIT`
  * jobs in flight per key, default 2), so the worker claims through `claim_keyed`. Recorded in the
- * settings.
+ * settings. `AWA_BENCH_KEY_LIMIT=0`: the keys without a policy (the plain claim), to tell what the
+ * keys cost from what the keyed claim costs.
  */
 const keys = Number(process.env.AWA_BENCH_KEYS ?? "0")
 const keyLimit = Number(process.env.AWA_BENCH_KEY_LIMIT ?? "2")
-const keyPolicy = keys > 0 ? { keyPolicy: "bench" } : {}
+const keyPolicy = keys > 0 && keyLimit > 0 ? { keyPolicy: "bench" } : {}
 
 /**
  * For issue 17's sharding figures: `AWA_BENCH_SHARDS=n` sets the bench queue's `enqueueShards`
@@ -68,7 +69,7 @@ export const make: AdapterFactory = async (url, options = { profile: "tuned" }) 
   )
   await runtime.runPromise(Effect.void)
   // `create` is idempotent: every process of the scale phase makes the same call
-  if (keys > 0)
+  if (keys > 0 && keyLimit > 0)
     await runtime.runPromise(
       Effect.flatMap(KeyGrants, (g) => g.create({ id: "bench", maxInFlight: keyLimit }))
     )
@@ -95,7 +96,9 @@ export const make: AdapterFactory = async (url, options = { profile: "tuned" }) 
         "default (leader: rotate check 1 s, rotating at 10,000 rows or 10 s; promote 250 ms; completed retention 1 day)",
       poolSize,
       ...(Object.keys(overrides).length > 0 ? { overrides } : {}),
-      ...(keys > 0 ? { concurrencyKeys: keys, keyPolicy: `bench, maxInFlight ${keyLimit}` } : {}),
+      ...(keys > 0
+        ? { concurrencyKeys: keys, keyPolicy: keyLimit > 0 ? `bench, maxInFlight ${keyLimit}` : "none" }
+        : {}),
       ...(shards > 1 ? { enqueueShards: shards } : {})
     },
     // migrateOnStart did it when the runtime was built
