@@ -19492,13 +19492,11 @@ BEGIN
   IF NOT EXISTS (SELECT 1 FROM jsonb_to_recordset(p_items) AS x(outcome text) WHERE x.outcome IS DISTINCT FROM 'complete') THEN -- 0038
     RETURN QUERY -- 0049
     SELECT f.ord, f.applied, f.state -- 0049
-    FROM finalize_completions( -- 0049
-           (SELECT array_agg(x.job_id ORDER BY x_e.o) FROM jsonb_array_elements(p_items) WITH ORDINALITY AS x_e(v, o), -- 0049
-                   jsonb_to_record(x_e.v) AS x(job_id bigint)), -- 0049
-           (SELECT array_agg(x.run_lease ORDER BY x_e.o) FROM jsonb_array_elements(p_items) WITH ORDINALITY AS x_e(v, o), -- 0049
-                   jsonb_to_record(x_e.v) AS x(run_lease bigint)), -- 0049
-           (SELECT array_agg(x.stale_before ORDER BY x_e.o) FROM jsonb_array_elements(p_items) WITH ORDINALITY AS x_e(v, o), -- 0049
-                   jsonb_to_record(x_e.v) AS x(stale_before timestamptz))) f; -- 0049
+    FROM (SELECT array_agg(x.job_id ORDER BY x_e.o) AS ids, array_agg(x.run_lease ORDER BY x_e.o) AS leases, -- 0049
+                 array_agg(x.stale_before ORDER BY x_e.o) AS stale -- 0049: the items read once
+          FROM jsonb_array_elements(p_items) WITH ORDINALITY AS x_e(v, o), -- 0049
+               jsonb_to_record(x_e.v) AS x(job_id bigint, run_lease bigint, stale_before timestamptz)) a -- 0049
+    CROSS JOIN LATERAL finalize_completions(a.ids, a.leases, a.stale) f; -- 0049
     RETURN; -- 0049
   END IF; -- 0038
   SELECT array_agg(DISTINCT i.job_id) INTO v_ids FROM jsonb_to_recordset(p_items) AS i(job_id bigint); -- 0028
