@@ -30,8 +30,10 @@
  * from the queue's live settings, which hot overrides change.
  *
  * **Closure wake-ups** (keyed queues, docs/adr/0029-key-execution-grants.md) A worker's
- * finalization of keyed attempts sends `Closed` for their queue to every process: a grant may be
- * free for a claimer that stopped at a key at its limit. Rung only when that can be this one: the
+ * finalization of keyed attempts sends `Closed` for their queue: a grant may be free for a claimer
+ * that stopped at a key at its limit. It reaches this process's dispatcher in memory, and every
+ * process's while a claimer has announced that it waits (a gated claim announces, at most once a
+ * second, and claims once more: docs/adr/0037-closure-announcements-on-demand.md). Rung only when that can be this one: the
  * last claim found keys at their limit (taking nothing, or stopping short at one: migration 0041
  * says so), or took a full batch. A dispatcher whose last claim took all it found ignores it (a
  * closure adds no claimable job; new work comes with its own wake-up), so neither one process
@@ -113,6 +115,12 @@ export interface DispatcherFlow {
   /** This queue's share of the weighted pool; absent in hard-reserved mode. */
   readonly permits?: QueueShare | undefined
   readonly metrics?: FlowMetrics.FlowRecorder | undefined
+  /**
+   * Keyed queues (ADR 0037): announces that a claim stopped at a key at its limit, so that
+   * closures of the queue are announced to this process; true when it announced just now (then
+   * the dispatcher claims once more). Absent: never announced.
+   */
+  readonly announceGated?: ((queue: string) => Effect.Effect<boolean>) | undefined
 }
 
 /** Jitter of the idle poll: the wait is scaled by a factor in [1 − j, 1 + j). */
@@ -283,6 +291,27 @@ export const make = Effect.fnUntraced(function* <R>(
     )
   )
 
+  /**
+   * A gated claimer's wait (ADR 0037): for a wake-up (a closure's, or new work's) or the poll
+   * interval, as `waitForWork`, announcing that it waits every `gatedAnnounceEveryMs` meanwhile.
+   */
+  const gatedWait = (announce: (queue: string) => Effect.Effect<boolean>) =>
+    Effect.gen(function* () {
+      const until = (yield* Clock.currentTimeMillis) + (yield* pollWaitMs)
+      while (true) {
+        const left = until - (yield* Clock.currentTimeMillis)
+        if (left <= 0) return
+        const woken = yield* Queue.take(wakeBell).pipe(
+          Effect.timeoutOption(Math.min(left, KeyedDispatch.gatedAnnounceEveryMs))
+        )
+        if (woken._tag === "Some") {
+          idleClaims = 0
+          return
+        }
+        yield* announce(config.queue)
+      }
+    })
+
   // Claiming a handful of jobs costs a round trip as much as a full batch: with little room,
   // wait briefly for more to free up (or for the linger to pass) so claims come in batches.
   const batchThreshold = Math.max(1, Math.floor(config.maxConcurrency / 4))
@@ -408,6 +437,15 @@ export const make = Effect.fnUntraced(function* <R>(
     // Stopped at a key at its limit while a closure was announced: that closure may have freed
     // the grant after the claim read it, so claim again at once instead of waiting for the next.
     if (closedMeanwhile && (busy === "gated" || stoppedAtKey === "gated")) return
+    // Stopped at a key at its limit: closers announce closures only while a claimer says it
+    // waits (ADR 0037). Having just said so, claim once more: a closure that committed before the
+    // closer heard it was not announced, and that claim sees it. Then wait, saying so again every
+    // second, so that the closers' windows stay open however long the grant's holder runs.
+    const announceGated = flow.announceGated
+    if ((busy === "gated" || stoppedAtKey === "gated") && announceGated !== undefined && !capped) {
+      if (yield* announceGated(config.queue)) return
+      return yield* gatedWait(announceGated)
+    }
     // A full batch (or a keyed claim cut at its per-call cap) means more may be waiting: claim
     // again at once. Gated: until a closure's wake-up, or the poll interval at the latest.
     if (claimed < batch - resumedCount && !capped) yield* waitForWork

@@ -703,6 +703,7 @@ export const make = Effect.fnUntraced(function* <R>(options: WorkerOptions<R>) {
   // Closures of keyed attempts wake the gated claimers of their queue in every process.
   const keyedQueues = new Set(config.queues.flatMap((q) => (q.keyPolicy === undefined ? [] : [q.queue])))
   const closures = yield* KeyedDispatch.makeClosureNotifier
+  const gatedAnnouncer = yield* KeyedDispatch.makeGatedAnnouncer
   if (keyedQueues.size > 0) {
     const grants = yield* Effect.serviceOption(KeyGrants)
     if (Option.isNone(grants))
@@ -721,7 +722,6 @@ export const make = Effect.fnUntraced(function* <R>(options: WorkerOptions<R>) {
           // show reads one row: it never refuses an isolation level
           Effect.catchTag("ReadCommittedRequired", Effect.die)
         )
-    yield* Effect.forkScoped(background(closures.run))
   }
   const executor = yield* Executor.make<R>({
     onApplied: (job) => {
@@ -765,13 +765,18 @@ export const make = Effect.fnUntraced(function* <R>(options: WorkerOptions<R>) {
     const dispatcher = yield* Dispatcher.make(queue, fibers, executor, wakes, {
       live: lives[i]!.live,
       permits: pool?.share(queue.queue),
-      metrics: flowMetrics
+      metrics: flowMetrics,
+      announceGated: queue.keyPolicy === undefined ? undefined : gatedAnnouncer.announce
     })
     dispatchers.set(queue.queue, dispatcher)
     // Registered before the loop is forked, so it runs after the loop is interrupted.
     yield* Effect.addFinalizer(() => dispatcher.stop)
     yield* Effect.forkScoped(dispatcher.loop)
   }
+
+  // Closures of keyed attempts: this process's dispatcher at once, others' when one waits (ADR 0037).
+  if (keyedQueues.size > 0)
+    yield* Effect.forkScoped(background(closures.run((q) => dispatchers.get(q)?.closed ?? Effect.void)))
 
   // Wake-ups and cancel broadcasts; re-subscribes after a lost listener connection.
   yield* signals.signals.pipe(
@@ -780,18 +785,20 @@ export const make = Effect.fnUntraced(function* <R>(options: WorkerOptions<R>) {
         ? (dispatchers.get(signal.queue)?.wake ?? Effect.void)
         : signal._tag === "Closed"
           ? (dispatchers.get(signal.queue)?.closed ?? Effect.void)
-          : signal._tag === "Cancel"
-            ? executor.interrupt(signal.token.jobId, signal.token.runLease)
-            : signal._tag === "Resumed"
-              ? Effect.andThen(
-                  executor.wakeCallback(signal.token.jobId, signal.token.runLease),
-                  dispatchers.get(signal.queue)?.resumed ?? Effect.void
-                )
-              : // (re)subscribed: wake-ups sent while nobody listened were lost, so look now
-                Effect.suspend(() => {
-                  listening = true
-                  return Effect.forEach(dispatchers.values(), (d) => d.wake, { discard: true })
-                })
+          : signal._tag === "Gated"
+            ? closures.gatedSeen(signal.queue)
+            : signal._tag === "Cancel"
+              ? executor.interrupt(signal.token.jobId, signal.token.runLease)
+              : signal._tag === "Resumed"
+                ? Effect.andThen(
+                    executor.wakeCallback(signal.token.jobId, signal.token.runLease),
+                    dispatchers.get(signal.queue)?.resumed ?? Effect.void
+                  )
+                : // (re)subscribed: wake-ups sent while nobody listened were lost, so look now
+                  Effect.suspend(() => {
+                    listening = true
+                    return Effect.forEach(dispatchers.values(), (d) => d.wake, { discard: true })
+                  })
     ),
     Effect.ensuring(Effect.sync(() => (listening = false))),
     Effect.catchCause((cause) => Effect.logWarning("notification listener lost; re-subscribing", cause)),

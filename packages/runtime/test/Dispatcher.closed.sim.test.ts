@@ -7,7 +7,7 @@
  * signals driven by the test, keyed claims counted.
  */
 import { Job } from "@awa/core"
-import { KeyGrants } from "@awa/storage"
+import { KeyGrants, QueueStorage } from "@awa/storage"
 import { assert, describe, it } from "@effect/vitest"
 import { Clock, Deferred, Effect, Exit, Layer, Schema, Scope } from "effect"
 import * as Awa from "../src/Awa.ts"
@@ -35,9 +35,22 @@ interface HeldClaim {
  */
 const harness = Effect.gen(function* () {
   let claims = 0
+  const announced = { closed: 0, gated: 0 }
   let hold: HeldClaim | undefined
   const sim = yield* keyedSimulation((g) => ({
     ...g,
+    notifyClosed: (queues) =>
+      Effect.andThen(
+        Effect.sync(() => {
+          announced.closed += queues.length
+        }),
+        g.notifyClosed(queues)
+      ),
+    notifyGated: (queue) =>
+      Effect.andThen(
+        Effect.sync(() => void announced.gated++),
+        g.notifyGated(queue)
+      ),
     claim: (params) =>
       Effect.suspend(() => {
         claims++
@@ -54,7 +67,7 @@ const harness = Effect.gen(function* () {
     hold = held
     return held
   })
-  return { ...sim, claims: () => claims, holdNextClaim }
+  return { ...sim, claims: () => claims, announced: () => ({ ...announced }), holdNextClaim }
 })
 
 /** A worker of queue `kq` under policy `p` whose polls are far apart: only signals make it claim. */
@@ -81,33 +94,11 @@ describe("closure wake-ups of a keyed queue", () => {
         yield* Effect.gen(function* () {
           const grants = yield* KeyGrants
           yield* grants.create({ id: "p", maxInFlight: 1 })
-          const release = yield* Deferred.make<void>()
           const started: Array<{ n: number; at: number }> = []
           const scope = yield* Scope.make()
-          yield* Layer.buildWithScope(
-            Awa.worker({
-              // polls far apart: only signals make it claim within the test
-              queues: {
-                kq: {
-                  keyPolicy: "p",
-                  maxConcurrency: 5,
-                  pollInterval: "60 seconds",
-                  idlePollMax: "10 minutes"
-                }
-              },
-              handlers: [
-                handler(Task, ({ n }) =>
-                  Effect.flatMap(Clock.currentTimeMillis, (at) =>
-                    Effect.andThen(
-                      Effect.sync(() => void started.push({ n, at })),
-                      n === 1 ? Deferred.await(release) : Effect.void
-                    )
-                  )
-                )
-              ],
-              maintenance: false
-            }),
-            scope
+          // polls far apart: only signals make it claim within the test
+          yield* keyedWorker(scope, (n) =>
+            Effect.flatMap(Clock.currentTimeMillis, (at) => Effect.sync(() => void started.push({ n, at })))
           )
           // subscribed: one claim, which finds the queue idle
           yield* advance(1_000, 10)
@@ -119,28 +110,32 @@ describe("closure wake-ups of a keyed queue", () => {
           }
           assert.strictEqual(h.claims(), afterIdle, "closures while the queue is idle cost no claim")
 
-          // two jobs of one key (limit 1): the wake-up claims the first, the second waits for it
+          // two jobs of one key (limit 1); the first is held by another process (claimed here,
+          // outside the worker), so its closure reaches the worker only as a signal
           const client = yield* AwaClient.AwaClient
           yield* client.insertMany(Task, [{ n: 1 }, { n: 2 }])
+          const held = yield* grants.claim({
+            queue: "kq",
+            policy: "p",
+            max: 1,
+            deadlineMs: 0,
+            agingIntervalMs: 0
+          })
+          assert.strictEqual(held._tag, "Claimed")
+          if (held._tag !== "Claimed") return
+          // a wake-up: the claim finds the key at its limit (gated)
           yield* h.send({ _tag: "Wake", queue: "kq" })
           yield* advance(200, 10)
-          assert.deepStrictEqual(
-            started.map((s) => s.n),
-            [1]
-          )
-          // another wake-up: the claim finds the key at its limit (gated)
-          yield* h.send({ _tag: "Wake", queue: "kq" })
-          yield* advance(200, 10)
-          assert.deepStrictEqual(
-            started.map((s) => s.n),
-            [1]
-          )
-          // the first job ends; nothing claims again until a closure is announced
-          yield* Deferred.succeed(release, undefined)
+          assert.deepStrictEqual(started, [])
+          // the holder's attempt closes elsewhere; nothing claims again until a closure is announced
+          const storage = yield* QueueStorage
+          yield* storage.finalizeMany([
+            { jobId: held.jobs[0]!.jobId, runLease: held.jobs[0]!.runLease, outcome: { _tag: "Complete" } }
+          ])
           yield* advance(1_000, 10)
           assert.deepStrictEqual(
-            started.map((s) => s.n),
-            [1],
+            started,
+            [],
             "only the closure wake-up (or the 60-second poll) claims the waiting job"
           )
           const t0 = yield* Clock.currentTimeMillis
@@ -148,9 +143,9 @@ describe("closure wake-ups of a keyed queue", () => {
           yield* advance(200, 10)
           assert.deepStrictEqual(
             started.map((s) => s.n),
-            [1, 2]
+            [2]
           )
-          assert.isAtMost(started[1]!.at - t0, 50)
+          assert.isAtMost(started[0]!.at - t0, 50)
           // that claim took all it found (not stopped at a key): its job's own closure, and any
           // other, costs no claim either
           yield* advance(200, 10)
@@ -240,5 +235,153 @@ describe("closure wake-ups of a keyed queue", () => {
         yield* Scope.close(scope, Exit.void)
       }).pipe(Effect.provide(h.layer))
     })
+  )
+  it.effect("a closure in this process reaches its gated claimer at once, with no signal", () =>
+    Effect.gen(function* () {
+      const h = yield* harness
+      yield* Effect.gen(function* () {
+        yield* (yield* KeyGrants).create({ id: "p", maxInFlight: 1 })
+        const release = yield* Deferred.make<void>()
+        const started: Array<{ n: number; at: number }> = []
+        const scope = yield* Scope.make()
+        yield* keyedWorker(scope, (n) =>
+          Effect.flatMap(Clock.currentTimeMillis, (at) =>
+            Effect.andThen(
+              Effect.sync(() => void started.push({ n, at })),
+              n === 1 ? Deferred.await(release) : Effect.void
+            )
+          )
+        )
+        yield* advance(1_000, 10)
+        yield* (yield* AwaClient.AwaClient).insertMany(Task, [{ n: 1 }, { n: 2 }])
+        yield* h.send({ _tag: "Wake", queue: "kq" })
+        yield* advance(200, 10)
+        // job 1 holds the key (limit 1); job 2's claim was gated
+        assert.deepStrictEqual(
+          started.map((s) => s.n),
+          [1]
+        )
+        const t0 = yield* Clock.currentTimeMillis
+        yield* Deferred.succeed(release, undefined)
+        yield* advance(200, 10)
+        assert.deepStrictEqual(
+          started.map((s) => s.n),
+          [1, 2],
+          "job 1's closure woke this process's claimer without a signal (the poll is 60 s)"
+        )
+        assert.isAtMost(started[1]!.at - t0, 50)
+        yield* Scope.close(scope, Exit.void)
+      }).pipe(Effect.provide(h.layer))
+    })
+  )
+
+  it.effect("closures are announced to other processes only while a claimer says it waits", () =>
+    Effect.gen(function* () {
+      const h = yield* harness
+      yield* Effect.gen(function* () {
+        yield* (yield* KeyGrants).create({ id: "p", maxInFlight: 10 })
+        const scope = yield* Scope.make()
+        yield* keyedWorker(scope, () => Effect.void)
+        yield* advance(1_000, 10)
+        const client = yield* AwaClient.AwaClient
+        // nobody waits: closures stay in this process
+        yield* client.insertMany(Task, [{ n: 1 }, { n: 2 }])
+        yield* h.send({ _tag: "Wake", queue: "kq" })
+        yield* advance(500, 10)
+        assert.deepStrictEqual(h.announced(), { closed: 0, gated: 0 })
+        // a claimer elsewhere says it waits: this process's closures of the queue are announced…
+        yield* h.send({ _tag: "Gated", queue: "kq" })
+        yield* advance(10, 10)
+        yield* client.insertMany(Task, [{ n: 3 }])
+        yield* h.send({ _tag: "Wake", queue: "kq" })
+        yield* advance(500, 10)
+        assert.strictEqual(h.announced().closed, 1)
+        // …for a few seconds after it said so
+        yield* advance(3_000, 10)
+        yield* client.insertMany(Task, [{ n: 4 }])
+        yield* h.send({ _tag: "Wake", queue: "kq" })
+        yield* advance(500, 10)
+        assert.strictEqual(h.announced().closed, 1)
+        yield* Scope.close(scope, Exit.void)
+      }).pipe(Effect.provide(h.layer))
+    })
+  )
+
+  it.effect(
+    "a gated claimer says it waits, claims once more, and says it again every second while it waits",
+    () =>
+      Effect.gen(function* () {
+        const h = yield* harness
+        yield* Effect.gen(function* () {
+          const grants = yield* KeyGrants
+          yield* grants.create({ id: "p", maxInFlight: 1 })
+          const client = yield* AwaClient.AwaClient
+          yield* client.insertMany(Task, [{ n: 1 }, { n: 2 }])
+          // another process holds the key
+          const held = yield* grants.claim({
+            queue: "kq",
+            policy: "p",
+            max: 1,
+            deadlineMs: 0,
+            agingIntervalMs: 0
+          })
+          assert.strictEqual(held._tag, "Claimed")
+          const scope = yield* Scope.make()
+          yield* keyedWorker(scope, () => Effect.void)
+          yield* advance(100, 10)
+          // the first claim (on subscribing) is gated: it announces and claims once more, gated again
+          // (on subscribing the worker claims once more, gated too: within the second, no announcement)
+          assert.strictEqual(h.announced().gated, 1)
+          const claims = h.claims()
+          assert.isAtLeast(claims, 3, "the holder's claim, the gated claim, and one more after announcing")
+          yield* advance(3_050, 10)
+          assert.strictEqual(h.announced().gated, 4, "once a second while it waits")
+          assert.strictEqual(h.claims(), claims, "waiting costs no claim")
+          yield* Scope.close(scope, Exit.void)
+        }).pipe(Effect.provide(h.layer))
+      })
+  )
+  it.effect(
+    "a closure no one announced, between a gated claim and its announcement, is found by the claim after it",
+    () =>
+      Effect.gen(function* () {
+        const h = yield* harness
+        yield* Effect.gen(function* () {
+          const grants = yield* KeyGrants
+          yield* grants.create({ id: "p", maxInFlight: 1 })
+          const started: Array<number> = []
+          const scope = yield* Scope.make()
+          yield* keyedWorker(scope, (n) => Effect.sync(() => void started.push(n)))
+          yield* advance(1_000, 10)
+          yield* (yield* AwaClient.AwaClient).insertMany(Task, [{ n: 1 }, { n: 2 }])
+          // another process holds the key, and closes its attempt while the worker's claim, which
+          // has found the key at its limit, is still in flight: that process had heard of no waiting
+          // claimer, so it announced nothing
+          const held = yield* grants.claim({
+            queue: "kq",
+            policy: "p",
+            max: 1,
+            deadlineMs: 0,
+            agingIntervalMs: 0
+          })
+          assert.strictEqual(held._tag, "Claimed")
+          if (held._tag !== "Claimed") return
+          const inFlight = yield* h.holdNextClaim
+          yield* h.send({ _tag: "Wake", queue: "kq" })
+          yield* advance(10, 10)
+          yield* Deferred.await(inFlight.entered)
+          yield* (yield* QueueStorage).finalizeMany([
+            { jobId: held.jobs[0]!.jobId, runLease: held.jobs[0]!.runLease, outcome: { _tag: "Complete" } }
+          ])
+          yield* Deferred.succeed(inFlight.until, undefined)
+          yield* advance(200, 10)
+          assert.deepStrictEqual(
+            started,
+            [2],
+            "the claim after the announcement took the job (the poll is 60 s)"
+          )
+          yield* Scope.close(scope, Exit.void)
+        }).pipe(Effect.provide(h.layer))
+      })
   )
 })

@@ -9,8 +9,9 @@
 import { Job } from "@awa/core"
 import { KeyGrants } from "@awa/storage"
 import { TestDatabase } from "@awa/testing"
+import { PgClient } from "@effect/sql-pg"
 import { assert, layer } from "@effect/vitest"
-import { Effect, Exit, Layer, Metric, Schema, Scope } from "effect"
+import { Deferred, Effect, Exit, Layer, Metric, Queue, Schema, Scope } from "effect"
 import * as Awa from "../src/Awa.ts"
 import { AwaClient } from "../src/AwaClient.ts"
 import { handler } from "../src/Handler.ts"
@@ -130,6 +131,75 @@ layer(AwaLive, { excludeTestServices: true, timeout: "90 seconds" })(
         )
         yield* Effect.logInfo(`woken ${ms.toFixed(0)} ms after the rescue`)
         assert.isBelow(ms, 20_000)
+      }).pipe(ownRegistry)
+    )
+    it.effect("a worker announces its closures to other processes while a claimer there waits", () =>
+      Effect.gen(function* () {
+        // Two workers with their own listeners and notifiers, as two processes. A runs the key's
+        // only grant; B's claims find the key at its limit, so B says it waits (`gated:<queue>`),
+        // and A announces its closure (`closed:<queue>`, ADR 0037). The test listens too.
+        const queue = "kwake-workers"
+        const grants = yield* KeyGrants
+        const client = yield* AwaClient
+        const sql = yield* PgClient.PgClient
+        const heard: Array<string> = []
+        const scope = yield* Scope.make()
+        const notifications = yield* Scope.provide(sql.listen("awa_cancel_awa"), scope)
+        yield* Queue.take(notifications).pipe(
+          Effect.flatMap((n) => Effect.sync(() => void heard.push(n.payload))),
+          Effect.forever,
+          Effect.forkIn(scope)
+        )
+        yield* grants.create({ id: "wake-workers", maxInFlight: 1 })
+        const release = yield* Deferred.make<void>()
+        const ran: Array<number> = []
+        const worker = Awa.worker({
+          queues: {
+            [queue]: {
+              keyPolicy: "wake-workers",
+              maxConcurrency: 1,
+              pollInterval: "60 seconds",
+              idlePollMax: "10 minutes"
+            }
+          },
+          handlers: [
+            handler(Task, ({ n }) =>
+              Effect.andThen(
+                Effect.sync(() => void ran.push(n)),
+                n === 0 ? Deferred.await(release) : Effect.void
+              )
+            )
+          ],
+          maintenance: false
+        })
+        yield* Layer.buildWithScope(worker, scope)
+        yield* client.insert(Task, { n: 0 }, { queue, concurrencyKey: "t" })
+        yield* eventually(
+          Effect.sync(() => ran.length === 1),
+          20_000,
+          "A runs job 0"
+        )
+        yield* Layer.buildWithScope(worker, scope)
+        yield* client.insert(Task, { n: 1 }, { queue, concurrencyKey: "t" })
+        yield* eventually(
+          Effect.sync(() => heard.includes(`gated:${queue}`)),
+          20_000,
+          "B said it waits"
+        )
+        assert.notInclude(heard, `closed:${queue}`, "no closure yet")
+        yield* Deferred.succeed(release, undefined)
+        yield* eventually(
+          Effect.sync(() => heard.includes(`closed:${queue}`)),
+          20_000,
+          "A announced its closure"
+        )
+        yield* eventually(
+          Effect.sync(() => ran.length === 2),
+          20_000,
+          "the waiting job started"
+        )
+        assert.deepStrictEqual(ran, [0, 1])
+        yield* Scope.close(scope, Exit.void)
       }).pipe(ownRegistry)
     )
   }

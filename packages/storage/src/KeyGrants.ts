@@ -157,5 +157,12 @@ export class KeyGrants extends Context.Service<
      * safety poll; a claimer whose last claim left nothing claimable behind ignores it.
      */
     readonly notifyClosed: (queues: ReadonlyArray<string>) => Effect.Effect<void, Fails>
+    /**
+     * Tells every process that a claimer of this queue stopped at a key at its limit and waits
+     * for a closure (the `Gated` signal, StorageSignals): workers announce their closures of the
+     * queue's keyed attempts only while such a claimer is about (ADR 0037). Returns once the
+     * announcement has committed.
+     */
+    readonly notifyGated: (queue: string) => Effect.Effect<void, Fails>
   }
 >()("@awa/storage/KeyGrants") {}

@@ -26,7 +26,7 @@ import {
 import { type ClaimRow, claimedJobOf } from "./PgQueueStorage.ts"
 import * as ReadCommitted from "./ReadCommitted.ts"
 import { checkInteger, maxClaimBatch } from "./StorageChecks.ts"
-import { cancelChannel, closedPayload } from "./StorageSignals.ts"
+import { cancelChannel, closedPayload, gatedPayload } from "./StorageSignals.ts"
 
 /** SQLSTATE of claim_keyed for a policy that does not exist. */
 const missingPolicyCode = "AWK01"
@@ -267,7 +267,8 @@ export const make = Effect.fnUntraced(function* (options: PgKeyGrantsOptions = {
   )
 
   // On the cancel channel as `closed:<queue>` (StorageSignals `Closed`): only claimers that may
-  // be waiting for a grant act on it.
+  // be waiting for a grant act on it. `gated:<queue>` (`Gated`) is a waiting claimer's call for
+  // them (ADR 0037).
   const closedChannel = cancelChannel(schema)
   const notifyClosed = (queues: ReadonlyArray<string>) =>
     queues.length === 0
@@ -275,6 +276,9 @@ export const make = Effect.fnUntraced(function* (options: PgKeyGrantsOptions = {
       : Effect.asVoid(
           sql`SELECT pg_notify(${closedChannel}, q) FROM jsonb_array_elements_text(${JSON.stringify([...new Set(queues)].map(closedPayload))}::jsonb) AS q`
         )
+
+  const notifyGated = (queue: string) =>
+    Effect.asVoid(sql`SELECT pg_notify(${closedChannel}, ${gatedPayload(queue)})`)
 
   return KeyGrants.of({
     create,
@@ -286,7 +290,8 @@ export const make = Effect.fnUntraced(function* (options: PgKeyGrantsOptions = {
     claim,
     openGrants,
     stats,
-    notifyClosed
+    notifyClosed,
+    notifyGated
   })
 })
 

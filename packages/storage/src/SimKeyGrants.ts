@@ -221,7 +221,8 @@ export const make = Effect.gen(function* () {
     claim,
     openGrants,
     stats,
-    notifyClosed: () => Effect.void
+    notifyClosed: () => Effect.void,
+    notifyGated: () => Effect.void
   })
 })
 

@@ -4,7 +4,8 @@
  * Postgres: `LISTEN awa_wake_<schema>` (payload: the queue name; sent on commit of an enqueue,
  * promotion or operator retry) and `LISTEN awa_cancel_<schema>` (payload `<job_id>:<run_lease>`;
  * sent after rescue or operator cancel of a running attempt; also `resumed:…` for callbacks and
- * `closed:<queue>` after a worker's finalizations of keyed attempts). Each listener holds one
+ * `closed:<queue>` after a worker's finalizations of keyed attempts, `gated:<queue>` from a claimer
+ * waiting for one). Each listener holds one
  * pooled connection while the stream runs; the stream fails with the `SqlError` when that
  * connection is lost, and the runtime re-subscribes.
  *
@@ -29,6 +30,11 @@ export type Signal =
    * last claim left nothing claimable behind ignores it (ADR 0029, "Closure wake-ups").
    */
   | { readonly _tag: "Closed"; readonly queue: string }
+  /**
+   * A claimer of this queue stopped at a key at its limit and waits for a closure (ADR 0037):
+   * workers announce their closures of the queue's keyed attempts for a while after this.
+   */
+  | { readonly _tag: "Gated"; readonly queue: string }
   /** A callback of this attempt was resumed (migration 0034): wake its wait, or take it back if parked. */
   | { readonly _tag: "Resumed"; readonly token: AttemptToken; readonly queue: string }
   /**
@@ -54,6 +60,9 @@ export const cancelChannel = (schema: string) => `awa_cancel_${schema}`
  * parse there, where on the wake channel they would claim on every closure.
  */
 export const closedPayload = (queue: string) => `closed:${queue}`
+
+/** `gated:<queue>` on the cancel channel: a claimer waits for a closure (PgKeyGrants `notifyGated`). */
+export const gatedPayload = (queue: string) => `gated:${queue}`
 
 /** `resumed:<job>:<lease>:<queue>` on the cancel channel (migration 0034): no third LISTEN. */
 const parseResumed = (payload: string): Array<Signal> => {
@@ -91,7 +100,9 @@ export const layerPg = (options: { readonly schema?: string | undefined } = {}) 
                 ? parseResumed(n.payload)
                 : n.payload.startsWith("closed:")
                   ? [{ _tag: "Closed", queue: n.payload.slice("closed:".length) } satisfies Signal]
-                  : parseCancel(n.payload)
+                  : n.payload.startsWith("gated:")
+                    ? [{ _tag: "Gated", queue: n.payload.slice("gated:".length) } satisfies Signal]
+                    : parseCancel(n.payload)
             )
           )
           return Stream.concat(Stream.succeed<Signal>({ _tag: "Subscribed" }), Stream.merge(wakes, cancels))
