@@ -7,7 +7,7 @@
  * signals driven by the test, keyed claims counted.
  */
 import { Job } from "@awa/core"
-import { KeyGrants, QueueStorage } from "@awa/storage"
+import { KeyGrants, QueueStorage, type StorageSignals } from "@awa/storage"
 import { assert, describe, it } from "@effect/vitest"
 import { Clock, Deferred, Effect, Exit, Layer, Schema, Scope } from "effect"
 import * as Awa from "../src/Awa.ts"
@@ -83,6 +83,53 @@ const keyedWorker = (scope: Scope.Scope, run: (n: number) => Effect.Effect<void>
       }),
       scope
     )
+  )
+
+/**
+ * Policy `p` at limit 1 and a keyed worker whose job 1 runs until `release`; jobs 1 and 2 of
+ * the key are inserted and woken for: job 1 runs, job 2 waits behind it.
+ */
+const heldKey = (h: { readonly send: (signal: StorageSignals.Signal) => Effect.Effect<boolean> }) =>
+  Effect.gen(function* () {
+    yield* (yield* KeyGrants).create({ id: "p", maxInFlight: 1 })
+    const release = yield* Deferred.make<void>()
+    const started: Array<{ n: number; at: number }> = []
+    const scope = yield* Scope.make()
+    yield* keyedWorker(scope, (n) =>
+      Effect.flatMap(Clock.currentTimeMillis, (at) =>
+        Effect.andThen(
+          Effect.sync(() => void started.push({ n, at })),
+          n === 1 ? Deferred.await(release) : Effect.void
+        )
+      )
+    )
+    yield* advance(1_000, 10)
+    yield* (yield* AwaClient.AwaClient).insertMany(Task, [{ n: 1 }, { n: 2 }])
+    yield* h.send({ _tag: "Wake", queue: "kq" })
+    yield* advance(200, 10)
+    assert.deepStrictEqual(
+      started.map((s) => s.n),
+      [1]
+    )
+    return { release, started, scope }
+  })
+
+/** Within 200 ms of virtual time, job 2 has started, 50 ms after `t0` at most. */
+const jobTwoStartedWithin50ms = (
+  started: ReadonlyArray<{ n: number; at: number }>,
+  t0: number,
+  why: string
+) =>
+  Effect.andThen(
+    advance(200, 10),
+    Effect.sync(() => {
+      assert.deepStrictEqual(
+        started.map((s) => s.n),
+        [1, 2],
+        why
+      )
+      assert.isAtMost(started[1]!.at - t0, 50)
+    })
   )
 
 describe("closure wake-ups of a keyed queue", () => {
@@ -192,27 +239,8 @@ describe("closure wake-ups of a keyed queue", () => {
     Effect.gen(function* () {
       const h = yield* harness
       yield* Effect.gen(function* () {
-        yield* (yield* KeyGrants).create({ id: "p", maxInFlight: 1 })
-        const release = yield* Deferred.make<void>()
-        const started: Array<{ n: number; at: number }> = []
-        const scope = yield* Scope.make()
-        yield* keyedWorker(scope, (n) =>
-          Effect.flatMap(Clock.currentTimeMillis, (at) =>
-            Effect.andThen(
-              Effect.sync(() => void started.push({ n, at })),
-              n === 1 ? Deferred.await(release) : Effect.void
-            )
-          )
-        )
-        yield* advance(1_000, 10)
         // job 1 takes the key (limit 1); job 2 waits behind it
-        yield* (yield* AwaClient.AwaClient).insertMany(Task, [{ n: 1 }, { n: 2 }])
-        yield* h.send({ _tag: "Wake", queue: "kq" })
-        yield* advance(200, 10)
-        assert.deepStrictEqual(
-          started.map((s) => s.n),
-          [1]
-        )
+        const { release, started, scope } = yield* heldKey(h)
         // a claim in flight finds the key at its limit; meanwhile job 1 ends and its closure is
         // announced, after the claim read storage
         const held = yield* h.holdNextClaim
@@ -225,13 +253,11 @@ describe("closure wake-ups of a keyed queue", () => {
         yield* advance(10, 10)
         const t0 = yield* Clock.currentTimeMillis
         yield* Deferred.succeed(held.until, undefined)
-        yield* advance(200, 10)
-        assert.deepStrictEqual(
-          started.map((s) => s.n),
-          [1, 2],
+        yield* jobTwoStartedWithin50ms(
+          started,
+          t0,
           "the gated claim's result and the closure during it: claimed again (the poll is 60 s)"
         )
-        assert.isAtMost(started[1]!.at - t0, 50)
         yield* Scope.close(scope, Exit.void)
       }).pipe(Effect.provide(h.layer))
     })
@@ -240,36 +266,15 @@ describe("closure wake-ups of a keyed queue", () => {
     Effect.gen(function* () {
       const h = yield* harness
       yield* Effect.gen(function* () {
-        yield* (yield* KeyGrants).create({ id: "p", maxInFlight: 1 })
-        const release = yield* Deferred.make<void>()
-        const started: Array<{ n: number; at: number }> = []
-        const scope = yield* Scope.make()
-        yield* keyedWorker(scope, (n) =>
-          Effect.flatMap(Clock.currentTimeMillis, (at) =>
-            Effect.andThen(
-              Effect.sync(() => void started.push({ n, at })),
-              n === 1 ? Deferred.await(release) : Effect.void
-            )
-          )
-        )
-        yield* advance(1_000, 10)
-        yield* (yield* AwaClient.AwaClient).insertMany(Task, [{ n: 1 }, { n: 2 }])
-        yield* h.send({ _tag: "Wake", queue: "kq" })
-        yield* advance(200, 10)
         // job 1 holds the key (limit 1); job 2's claim was gated
-        assert.deepStrictEqual(
-          started.map((s) => s.n),
-          [1]
-        )
+        const { release, started, scope } = yield* heldKey(h)
         const t0 = yield* Clock.currentTimeMillis
         yield* Deferred.succeed(release, undefined)
-        yield* advance(200, 10)
-        assert.deepStrictEqual(
-          started.map((s) => s.n),
-          [1, 2],
+        yield* jobTwoStartedWithin50ms(
+          started,
+          t0,
           "job 1's closure woke this process's claimer without a signal (the poll is 60 s)"
         )
-        assert.isAtMost(started[1]!.at - t0, 50)
         yield* Scope.close(scope, Exit.void)
       }).pipe(Effect.provide(h.layer))
     })
