@@ -700,7 +700,8 @@ export const make = Effect.fnUntraced(function* <R>(options: WorkerOptions<R>) {
       Effect.asVoid
     )
   )
-  // Closures of keyed attempts wake the gated claimers of their queue in every process.
+  // Closures of keyed attempts wake the gated claimers of their queue: this process's in memory,
+  // other processes' while one of them says it waits (ADR 0037; the notifier runs below).
   const keyedQueues = new Set(config.queues.flatMap((q) => (q.keyPolicy === undefined ? [] : [q.queue])))
   const closures = yield* KeyedDispatch.makeClosureNotifier
   const gatedAnnouncer = yield* KeyedDispatch.makeGatedAnnouncer
