@@ -104,8 +104,8 @@ const traced = Layer.mergeAll(
         timed("claimKeyed", g.claim(params), (c) =>
           c._tag === "Claimed" ? `${c.jobs.length} ${c.blocked ?? ""} ${seqsOf(c.jobs).join(",")}` : c._tag
         ),
-      notifyClosed: (queues) =>
-        noClosed ? Effect.void : timed("notifyClosed", g.notifyClosed(queues), () => "")
+      notifyClosed: (policies) =>
+        noClosed ? Effect.void : timed("notifyClosed", g.notifyClosed(policies), () => "")
     }))
   ),
   Layer.effect(

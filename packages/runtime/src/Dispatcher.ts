@@ -117,10 +117,10 @@ export interface DispatcherFlow {
   readonly metrics?: FlowMetrics.FlowRecorder | undefined
   /**
    * Keyed queues (ADR 0037): announces that a claim stopped at a key at its limit, so that
-   * closures of the queue are announced to this process; true when it announced just now (then
-   * the dispatcher claims once more). Absent: never announced.
+   * closures under the queue's key policy are announced to this process; true when it announced
+   * just now (then the dispatcher claims once more). Absent: never announced.
    */
-  readonly announceGated?: ((queue: string) => Effect.Effect<boolean>) | undefined
+  readonly announceGated?: Effect.Effect<boolean> | undefined
 }
 
 /** Jitter of the idle poll: the wait is scaled by a factor in [1 − j, 1 + j). */
@@ -295,7 +295,7 @@ export const make = Effect.fnUntraced(function* <R>(
    * A gated claimer's wait (ADR 0037): for a wake-up (a closure's, or new work's) or the poll
    * interval, as `waitForWork`, announcing that it waits every `gatedAnnounceEveryMs` meanwhile.
    */
-  const gatedWait = (announce: (queue: string) => Effect.Effect<boolean>) =>
+  const gatedWait = (announce: Effect.Effect<boolean>) =>
     Effect.gen(function* () {
       const until = (yield* Clock.currentTimeMillis) + (yield* pollWaitMs)
       while (true) {
@@ -308,7 +308,7 @@ export const make = Effect.fnUntraced(function* <R>(
           idleClaims = 0
           return
         }
-        yield* announce(config.queue)
+        yield* announce
       }
     })
 
@@ -443,7 +443,7 @@ export const make = Effect.fnUntraced(function* <R>(
     // second, so that the closers' windows stay open however long the grant's holder runs.
     const announceGated = flow.announceGated
     if ((busy === "gated" || stoppedAtKey === "gated") && announceGated !== undefined && !capped) {
-      if (yield* announceGated(config.queue)) return
+      if (yield* announceGated) return
       return yield* gatedWait(announceGated)
     }
     // A full batch (or a keyed claim cut at its per-call cap) means more may be waiting: claim

@@ -8,15 +8,17 @@
  *   Gated waits for a wake-up (a closure of a keyed attempt notifies its queue) or the poll
  *   interval as a safety net; contended retries after 2–20 ms (jittered), as does a claim that
  *   took some jobs but stopped short at a contended key.
- * - **Closure notifications** Each finalization of a keyed attempt that storage applied queues
- *   its queue; once per burst (coalesced) this process's dispatcher of the queue hears of it at
- *   once, and those of every process through Postgres (StorageSignals `Closed`) while a claimer
- *   of the queue is known to wait for a grant; dispatchers whose last claim left nothing behind
- *   ignore it (Dispatcher, "Closure wake-ups"). A claimer that stops at a key at its limit says
- *   so to every process (`Gated`, at most once a second per process and queue) and claims once
- *   more; for a few seconds after that, closures of its queue are announced (ADR 0037). Closures
- *   by rescue and by an operator's cancel notify in SQL (rescue, cancel_job: migration 0036) as a
- *   plain wake-up, at their commit.
+ * - **Closure notifications** Each finalization of a keyed attempt that storage applied notes its
+ *   queue's key policy (a grant is the policy's: a closure in one queue may admit the key in
+ *   another queue of the same policy); once per burst (coalesced) this process's dispatchers of
+ *   every queue under the policy hear of it at once, and those of every process through Postgres
+ *   (StorageSignals `Closed`) while a claimer under the policy is known to wait for a grant;
+ *   dispatchers whose last claim left nothing behind ignore it (Dispatcher, "Closure wake-ups").
+ *   A claimer that stops at a key at its limit says so to every process (`Gated`, at most once a
+ *   second per process and policy) and claims once more; for a few seconds after that, closures
+ *   under its policy are announced (ADR 0037). Closures by rescue and by an operator's cancel
+ *   notify in SQL (rescue, cancel_job: migration 0036) as a plain wake-up of their queue, at
+ *   their commit.
  * - **Tier 1** `localKeyConcurrency.limit`: at most `limit` handlers per key run in this process
  *   (jobs beyond it wait in the process, holding their claims, in order per key). Approximate
  *   fleet-wide: up to `limit × processes`; nothing is stored.
@@ -147,7 +149,7 @@ export const keyOf = (job: ClaimedJob): string | undefined => {
 }
 
 /**
- * How long after a `Gated` announcement a process announces its closures of that queue (ADR
+ * How long after a `Gated` announcement a process announces its closures under that policy (ADR
  * 0037). A claimer that stays gated announces again every `gatedAnnounceEveryMs`, so the window
  * stays open while anyone waits; these leave room for a claim and a delivery between the two.
  */
@@ -155,16 +157,17 @@ export const gatedWindowMs = 3_000
 export const gatedAnnounceEveryMs = 1_000
 
 export interface ClosureNotifier {
-  /** Notes a closure of a keyed attempt of `queue` (applied by storage). */
-  readonly closed: (queue: string) => void
-  /** A claimer of `queue` somewhere (this process included) announced that it waits for a closure. */
-  readonly gatedSeen: (queue: string) => Effect.Effect<void>
+  /** Notes a closure of a keyed attempt under key policy `policy` (applied by storage). */
+  readonly closed: (policy: string) => void
+  /** A claimer under `policy` somewhere (this process included) announced that it waits for a closure. */
+  readonly gatedSeen: (policy: string) => Effect.Effect<void>
   /**
-   * Sends the notes, one burst at a time, until interrupted: each noted queue's dispatcher in this
-   * process hears of it at once (`local`), and every process through Postgres while a `Gated`
-   * announcement of the queue is recent; otherwise no claimer waits for it and nothing is sent.
+   * Sends the notes, one burst at a time, until interrupted: the dispatchers of each noted
+   * policy's queues in this process hear of it at once (`local`), and every process through
+   * Postgres while a `Gated` announcement of the policy is recent; otherwise no claimer waits for
+   * it and nothing is sent.
    */
-  readonly run: (local: (queue: string) => Effect.Effect<void>) => Effect.Effect<never>
+  readonly run: (local: (policy: string) => Effect.Effect<void>) => Effect.Effect<never>
 }
 
 /**
@@ -176,51 +179,51 @@ export interface ClosureNotifier {
 export const makeClosureNotifier = Effect.gen(function* () {
   const grants = yield* Effect.serviceOption(KeyGrants)
   const pending = new Set<string>()
-  /** Per queue: until when (epoch ms) its closures are announced through Postgres. */
+  /** Per policy: until when (epoch ms) its closures are announced through Postgres. */
   const announceUntil = new Map<string, number>()
   const bell = yield* Queue.sliding<void>(1)
-  const closed = (queue: string) => {
-    pending.add(queue)
+  const closed = (policy: string) => {
+    pending.add(policy)
     Queue.offerUnsafe(bell, undefined)
   }
-  const gatedSeen = (queue: string) =>
-    Effect.map(Clock.currentTimeMillis, (now) => void announceUntil.set(queue, now + gatedWindowMs))
-  const send = (local: (queue: string) => Effect.Effect<void>) =>
+  const gatedSeen = (policy: string) =>
+    Effect.map(Clock.currentTimeMillis, (now) => void announceUntil.set(policy, now + gatedWindowMs))
+  const send = (local: (policy: string) => Effect.Effect<void>) =>
     Effect.gen(function* () {
-      const queues = [...pending]
+      const policies = [...pending]
       pending.clear()
-      if (queues.length === 0) return
+      if (policies.length === 0) return
       const now = yield* Clock.currentTimeMillis
-      const waitedFor = queues.filter((q) => (announceUntil.get(q) ?? 0) > now)
+      const waitedFor = policies.filter((p) => (announceUntil.get(p) ?? 0) > now)
       if (Option.isSome(grants) && waitedFor.length > 0)
         yield* grants.value
           .notifyClosed(waitedFor)
           .pipe(Effect.catchCause((cause) => Effect.logDebug("closure notification lost", cause)))
-      yield* Effect.forEach(queues, local, { discard: true })
+      yield* Effect.forEach(policies, local, { discard: true })
     })
-  const run = (local: (queue: string) => Effect.Effect<void>) =>
+  const run = (local: (policy: string) => Effect.Effect<void>) =>
     Effect.forever(Effect.andThen(Queue.take(bell), send(local)))
   return { closed, gatedSeen, run } satisfies ClosureNotifier
 })
 
 /**
- * A gated claimer's announcement (ADR 0037): at most one per `gatedAnnounceEveryMs` per queue in
- * this process. `announce` answers whether it sent one now (then the claimer claims once more:
+ * A gated claimer's announcement (ADR 0037): at most one per `gatedAnnounceEveryMs` per key policy
+ * in this process. `announce` answers whether it sent one now (then the claimer claims once more:
  * a closure that committed before the announcement reached the closer's process was not
  * announced, and that claim sees it).
  */
 export const makeGatedAnnouncer = Effect.gen(function* () {
   const grants = yield* Effect.serviceOption(KeyGrants)
   const lastAt = new Map<string, number>()
-  const announce = (queue: string): Effect.Effect<boolean> =>
+  const announce = (policy: string): Effect.Effect<boolean> =>
     Option.isNone(grants)
       ? Effect.succeed(false)
       : Effect.gen(function* () {
           const now = yield* Clock.currentTimeMillis
-          const last = lastAt.get(queue)
+          const last = lastAt.get(policy)
           if (last !== undefined && now - last < gatedAnnounceEveryMs) return false
-          lastAt.set(queue, now)
-          return yield* grants.value.notifyGated(queue).pipe(
+          lastAt.set(policy, now)
+          return yield* grants.value.notifyGated(policy).pipe(
             Effect.as(true),
             Effect.catchCause((cause) =>
               Effect.as(Effect.logDebug("gated announcement lost; waiting for the poll", cause), false)

@@ -700,12 +700,17 @@ export const make = Effect.fnUntraced(function* <R>(options: WorkerOptions<R>) {
       Effect.asVoid
     )
   )
-  // Closures of keyed attempts wake the gated claimers of their queue: this process's in memory,
-  // other processes' while one of them says it waits (ADR 0037; the notifier runs below).
-  const keyedQueues = new Set(config.queues.flatMap((q) => (q.keyPolicy === undefined ? [] : [q.queue])))
+  // Closures of keyed attempts wake the gated claimers of every queue under their key policy: this
+  // process's in memory, other processes' while one of them says it waits (ADR 0037; the
+  // notifier runs below).
+  const policyOf = new Map(
+    config.queues.flatMap((q) => (q.keyPolicy === undefined ? [] : [[q.queue, q.keyPolicy]]))
+  )
+  const queuesUnder = new Map<string, Array<string>>() // per policy, its queues here
+  for (const [queue, policy] of policyOf) queuesUnder.set(policy, [...(queuesUnder.get(policy) ?? []), queue])
   const closures = yield* KeyedDispatch.makeClosureNotifier
   const gatedAnnouncer = yield* KeyedDispatch.makeGatedAnnouncer
-  if (keyedQueues.size > 0) {
+  if (queuesUnder.size > 0) {
     const grants = yield* Effect.serviceOption(KeyGrants)
     if (Option.isNone(grants))
       return yield* new AwaConfigError({
@@ -726,7 +731,8 @@ export const make = Effect.fnUntraced(function* <R>(options: WorkerOptions<R>) {
   }
   const executor = yield* Executor.make<R>({
     onApplied: (job) => {
-      if (keyedQueues.has(job.queue) && KeyedDispatch.keyOf(job) !== undefined) closures.closed(job.queue)
+      const policy = policyOf.get(job.queue)
+      if (policy !== undefined && KeyedDispatch.keyOf(job) !== undefined) closures.closed(policy)
     },
     handlers: new Map(options.handlers.map((h) => [h.definition.kind, h])),
     onUnknownKind: options.onUnknownKind ?? "retry",
@@ -767,7 +773,7 @@ export const make = Effect.fnUntraced(function* <R>(options: WorkerOptions<R>) {
       live: lives[i]!.live,
       permits: pool?.share(queue.queue),
       metrics: flowMetrics,
-      announceGated: queue.keyPolicy === undefined ? undefined : gatedAnnouncer.announce
+      announceGated: queue.keyPolicy === undefined ? undefined : gatedAnnouncer.announce(queue.keyPolicy)
     })
     dispatchers.set(queue.queue, dispatcher)
     // Registered before the loop is forked, so it runs after the loop is interrupted.
@@ -775,9 +781,13 @@ export const make = Effect.fnUntraced(function* <R>(options: WorkerOptions<R>) {
     yield* Effect.forkScoped(dispatcher.loop)
   }
 
-  // Closures of keyed attempts: this process's dispatcher at once, others' when one waits (ADR 0037).
-  if (keyedQueues.size > 0)
-    yield* Effect.forkScoped(background(closures.run((q) => dispatchers.get(q)?.closed ?? Effect.void)))
+  // Closures of keyed attempts: this process's dispatchers of the policy at once, others' when one
+  // waits (ADR 0037).
+  const closedUnder = (policy: string) =>
+    Effect.forEach(queuesUnder.get(policy) ?? [], (q) => dispatchers.get(q)?.closed ?? Effect.void, {
+      discard: true
+    })
+  if (queuesUnder.size > 0) yield* Effect.forkScoped(background(closures.run(closedUnder)))
 
   // Wake-ups and cancel broadcasts; re-subscribes after a lost listener connection.
   yield* signals.signals.pipe(
@@ -785,9 +795,9 @@ export const make = Effect.fnUntraced(function* <R>(options: WorkerOptions<R>) {
       signal._tag === "Wake"
         ? (dispatchers.get(signal.queue)?.wake ?? Effect.void)
         : signal._tag === "Closed"
-          ? (dispatchers.get(signal.queue)?.closed ?? Effect.void)
+          ? closedUnder(signal.policy)
           : signal._tag === "Gated"
-            ? closures.gatedSeen(signal.queue)
+            ? closures.gatedSeen(signal.policy)
             : signal._tag === "Cancel"
               ? executor.interrupt(signal.token.jobId, signal.token.runLease)
               : signal._tag === "Resumed"

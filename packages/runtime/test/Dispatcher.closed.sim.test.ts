@@ -22,6 +22,14 @@ const Task = Job.define({
   concurrencyKey: () => "k"
 })
 
+/** The same key in a second queue, which shares policy `p` with `kq` where a test says so. */
+const OtherTask = Job.define({
+  kind: "closed_other_task",
+  args: Schema.Struct({ n: Schema.Number }),
+  queue: "kq2",
+  concurrencyKey: () => "k"
+})
+
 /** A claim held after it has read storage: `entered` when its answer is ready, returns on `until`. */
 interface HeldClaim {
   readonly entered: Deferred.Deferred<void>
@@ -39,17 +47,17 @@ const harness = Effect.gen(function* () {
   let hold: HeldClaim | undefined
   const sim = yield* keyedSimulation((g) => ({
     ...g,
-    notifyClosed: (queues) =>
+    notifyClosed: (policies) =>
       Effect.andThen(
         Effect.sync(() => {
-          announced.closed += queues.length
+          announced.closed += policies.length
         }),
-        g.notifyClosed(queues)
+        g.notifyClosed(policies)
       ),
-    notifyGated: (queue) =>
+    notifyGated: (policy) =>
       Effect.andThen(
         Effect.sync(() => void announced.gated++),
-        g.notifyGated(queue)
+        g.notifyGated(policy)
       ),
     claim: (params) =>
       Effect.suspend(() => {
@@ -84,6 +92,30 @@ const keyedWorker = (scope: Scope.Scope, run: (n: number) => Effect.Effect<void>
       scope
     )
   )
+
+/** A worker of `kq2` alone, or of `kq` and `kq2`, both under policy `p`, polls far apart. */
+const sharedPolicyWorker = (
+  scope: Scope.Scope,
+  queues: ReadonlyArray<"kq" | "kq2">,
+  run: (queue: string, n: number) => Effect.Effect<void>
+) => {
+  const config = {
+    keyPolicy: "p",
+    maxConcurrency: 5,
+    pollInterval: "60 seconds",
+    idlePollMax: "10 minutes"
+  } as const
+  return Effect.asVoid(
+    Layer.buildWithScope(
+      Awa.worker({
+        queues: Object.fromEntries(queues.map((q) => [q, config])),
+        handlers: [handler(Task, ({ n }) => run("kq", n)), handler(OtherTask, ({ n }) => run("kq2", n))],
+        maintenance: false
+      }),
+      scope
+    )
+  )
+}
 
 /**
  * Policy `p` at limit 1 and a keyed worker whose job 1 runs until `release`; jobs 1 and 2 of
@@ -152,7 +184,7 @@ describe("closure wake-ups of a keyed queue", () => {
           const afterIdle = h.claims()
           assert.isAtLeast(afterIdle, 1)
           for (let i = 0; i < 5; i++) {
-            yield* h.send({ _tag: "Closed", queue: "kq" })
+            yield* h.send({ _tag: "Closed", policy: "p" })
             yield* advance(200, 10)
           }
           assert.strictEqual(h.claims(), afterIdle, "closures while the queue is idle cost no claim")
@@ -186,7 +218,7 @@ describe("closure wake-ups of a keyed queue", () => {
             "only the closure wake-up (or the 60-second poll) claims the waiting job"
           )
           const t0 = yield* Clock.currentTimeMillis
-          yield* h.send({ _tag: "Closed", queue: "kq" })
+          yield* h.send({ _tag: "Closed", policy: "p" })
           yield* advance(200, 10)
           assert.deepStrictEqual(
             started.map((s) => s.n),
@@ -198,7 +230,7 @@ describe("closure wake-ups of a keyed queue", () => {
           yield* advance(200, 10)
           const afterAll = h.claims()
           for (let i = 0; i < 3; i++) {
-            yield* h.send({ _tag: "Closed", queue: "kq" })
+            yield* h.send({ _tag: "Closed", policy: "p" })
             yield* advance(200, 10)
           }
           assert.strictEqual(h.claims(), afterAll, "a claim that took all it found ignores closures")
@@ -223,8 +255,8 @@ describe("closure wake-ups of a keyed queue", () => {
         yield* Deferred.await(held.entered)
         const claims = h.claims()
         // closures announced while the claim is in flight; it has read storage already
-        yield* h.send({ _tag: "Closed", queue: "kq" })
-        yield* h.send({ _tag: "Closed", queue: "kq" })
+        yield* h.send({ _tag: "Closed", policy: "p" })
+        yield* h.send({ _tag: "Closed", policy: "p" })
         yield* advance(10, 10)
         yield* Deferred.succeed(held.until, undefined)
         yield* advance(1_000, 10)
@@ -249,7 +281,7 @@ describe("closure wake-ups of a keyed queue", () => {
         yield* Deferred.await(held.entered)
         yield* Deferred.succeed(release, undefined)
         yield* advance(50, 10)
-        yield* h.send({ _tag: "Closed", queue: "kq" })
+        yield* h.send({ _tag: "Closed", policy: "p" })
         yield* advance(10, 10)
         const t0 = yield* Clock.currentTimeMillis
         yield* Deferred.succeed(held.until, undefined)
@@ -295,7 +327,7 @@ describe("closure wake-ups of a keyed queue", () => {
         yield* advance(500, 10)
         assert.deepStrictEqual(h.announced(), { closed: 0, gated: 0 })
         // a claimer elsewhere says it waits: this process's closures of the queue are announced…
-        yield* h.send({ _tag: "Gated", queue: "kq" })
+        yield* h.send({ _tag: "Gated", policy: "p" })
         yield* advance(10, 10)
         yield* client.insertMany(Task, [{ n: 3 }])
         yield* h.send({ _tag: "Wake", queue: "kq" })
@@ -388,5 +420,99 @@ describe("closure wake-ups of a keyed queue", () => {
           yield* Scope.close(scope, Exit.void)
         }).pipe(Effect.provide(h.layer))
       })
+  )
+
+  it.effect(
+    "a closure in one queue reaches, in this process, the gated claimer of another queue under its policy",
+    () =>
+      Effect.gen(function* () {
+        const h = yield* harness
+        yield* Effect.gen(function* () {
+          yield* (yield* KeyGrants).create({ id: "p", maxInFlight: 1 })
+          const release = yield* Deferred.make<void>()
+          const started: Array<{ queue: string; at: number }> = []
+          const scope = yield* Scope.make()
+          yield* sharedPolicyWorker(scope, ["kq", "kq2"], (queue) =>
+            Effect.flatMap(Clock.currentTimeMillis, (at) =>
+              Effect.andThen(
+                Effect.sync(() => void started.push({ queue, at })),
+                queue === "kq" ? Deferred.await(release) : Effect.void
+              )
+            )
+          )
+          yield* advance(1_000, 10)
+          // kq's job takes the key (limit 1); kq2's job of the same key is gated behind it
+          const client = yield* AwaClient.AwaClient
+          yield* client.insert(Task, { n: 1 })
+          yield* h.send({ _tag: "Wake", queue: "kq" })
+          yield* advance(200, 10)
+          yield* client.insert(OtherTask, { n: 2 })
+          yield* h.send({ _tag: "Wake", queue: "kq2" })
+          yield* advance(200, 10)
+          assert.deepStrictEqual(
+            started.map((s) => s.queue),
+            ["kq"]
+          )
+          const t0 = yield* Clock.currentTimeMillis
+          yield* Deferred.succeed(release, undefined)
+          yield* advance(200, 10)
+          assert.deepStrictEqual(
+            started.map((s) => s.queue),
+            ["kq", "kq2"],
+            "kq's closure woke kq2's claimer (the poll is 60 s)"
+          )
+          assert.isAtMost(started[1]!.at - t0, 50)
+          yield* Scope.close(scope, Exit.void)
+        }).pipe(Effect.provide(h.layer))
+      })
+  )
+
+  it.effect("another process's closure under the policy wakes a gated claimer of every queue under it", () =>
+    Effect.gen(function* () {
+      const h = yield* harness
+      yield* Effect.gen(function* () {
+        const grants = yield* KeyGrants
+        yield* grants.create({ id: "p", maxInFlight: 1 })
+        const started: Array<{ queue: string; at: number }> = []
+        const scope = yield* Scope.make()
+        // this process serves kq2 only; another one holds the key with a job of kq
+        yield* sharedPolicyWorker(scope, ["kq2"], (queue) =>
+          Effect.flatMap(Clock.currentTimeMillis, (at) => Effect.sync(() => void started.push({ queue, at })))
+        )
+        yield* advance(1_000, 10)
+        const client = yield* AwaClient.AwaClient
+        yield* client.insert(Task, { n: 1 })
+        const held = yield* grants.claim({
+          queue: "kq",
+          policy: "p",
+          max: 1,
+          deadlineMs: 0,
+          agingIntervalMs: 0
+        })
+        assert.strictEqual(held._tag, "Claimed")
+        if (held._tag !== "Claimed") return
+        yield* client.insert(OtherTask, { n: 2 })
+        yield* h.send({ _tag: "Wake", queue: "kq2" })
+        yield* advance(1_000, 10)
+        assert.deepStrictEqual(started, [], "gated behind kq's grant")
+        assert.isAtLeast(h.announced().gated, 1, "the gated claimer said it waits, under its policy")
+        yield* (yield* QueueStorage).finalizeMany([
+          { jobId: held.jobs[0]!.jobId, runLease: held.jobs[0]!.runLease, outcome: { _tag: "Complete" } }
+        ])
+        yield* advance(200, 10)
+        assert.deepStrictEqual(started, [], "nothing claims before the closure is announced")
+        // the closer (of kq) announces its closure under the policy
+        const t0 = yield* Clock.currentTimeMillis
+        yield* h.send({ _tag: "Closed", policy: "p" })
+        yield* advance(200, 10)
+        assert.deepStrictEqual(
+          started.map((s) => s.queue),
+          ["kq2"],
+          "a closure of kq, announced under p, woke kq2's claimer (the poll is 60 s)"
+        )
+        assert.isAtMost(started[0]!.at - t0, 50)
+        yield* Scope.close(scope, Exit.void)
+      }).pipe(Effect.provide(h.layer))
+    })
   )
 })

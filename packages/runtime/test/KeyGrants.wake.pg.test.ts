@@ -102,7 +102,7 @@ layer(AwaLive, { excludeTestServices: true, timeout: "90 seconds" })(
     it.effect("another worker's completion of the grant's attempt wakes the gated worker", () =>
       Effect.gen(function* () {
         // what a worker's completion batcher does: finalize, then announce the closures
-        // (`notifyClosed`: a `closed:<queue>` notification on the cancel channel)
+        // (`notifyClosed`: a `key-closed:<policy>` notification on the cancel channel)
         const ms = yield* wokenAfter("kwake-done", "wake-done", 0, (holder) =>
           Effect.gen(function* () {
             const client = yield* AwaClient
@@ -110,7 +110,7 @@ layer(AwaLive, { excludeTestServices: true, timeout: "90 seconds" })(
               { jobId: holder.jobId, runLease: holder.runLease, outcome: { _tag: "Complete" } }
             ])
             assert.strictEqual(result?._tag, "Applied")
-            yield* Effect.flatMap(KeyGrants, (g) => g.notifyClosed(["kwake-done"]))
+            yield* Effect.flatMap(KeyGrants, (g) => g.notifyClosed(["wake-done"]))
           })
         )
         yield* Effect.logInfo(`woken ${ms.toFixed(0)} ms after the completion`)
@@ -136,9 +136,10 @@ layer(AwaLive, { excludeTestServices: true, timeout: "90 seconds" })(
     it.effect("a worker announces its closures to other processes while a claimer there waits", () =>
       Effect.gen(function* () {
         // Two workers with their own listeners and notifiers, as two processes. A runs the key's
-        // only grant; B's claims find the key at its limit, so B says it waits (`gated:<queue>`),
-        // and A announces its closure (`closed:<queue>`, ADR 0037). The test listens too.
+        // only grant; B's claims find the key at its limit, so B says it waits (`key-gated:<policy>`),
+        // and A announces its closure (`key-closed:<policy>`, ADR 0037). The test listens too.
         const queue = "kwake-workers"
+        const policy = "wake-workers"
         const grants = yield* KeyGrants
         const client = yield* AwaClient
         const sql = yield* PgClient.PgClient
@@ -150,13 +151,13 @@ layer(AwaLive, { excludeTestServices: true, timeout: "90 seconds" })(
           Effect.forever,
           Effect.forkIn(scope)
         )
-        yield* grants.create({ id: "wake-workers", maxInFlight: 1 })
+        yield* grants.create({ id: policy, maxInFlight: 1 })
         const release = yield* Deferred.make<void>()
         const ran: Array<number> = []
         const worker = Awa.worker({
           queues: {
             [queue]: {
-              keyPolicy: "wake-workers",
+              keyPolicy: policy,
               maxConcurrency: 1,
               pollInterval: "60 seconds",
               idlePollMax: "10 minutes"
@@ -183,14 +184,14 @@ layer(AwaLive, { excludeTestServices: true, timeout: "90 seconds" })(
         yield* client.insert(Task, { n: 1 }, { queue, concurrencyKey: "t" })
         // twice (once a second while it waits): by the second, A's listener has long taken the first
         yield* eventually(
-          Effect.sync(() => heard.filter((p) => p === `gated:${queue}`).length >= 2),
+          Effect.sync(() => heard.filter((p) => p === `key-gated:${policy}`).length >= 2),
           20_000,
           "B said it waits, twice"
         )
-        assert.notInclude(heard, `closed:${queue}`, "no closure yet")
+        assert.notInclude(heard, `key-closed:${policy}`, "no closure yet")
         yield* Deferred.succeed(release, undefined)
         yield* eventually(
-          Effect.sync(() => heard.includes(`closed:${queue}`)),
+          Effect.sync(() => heard.includes(`key-closed:${policy}`)),
           20_000,
           "A announced its closure"
         )

@@ -152,17 +152,18 @@ export class KeyGrants extends Context.Service<
     /** Per policy: state, open grants, keys at their limit, oldest open grant. */
     readonly stats: Effect.Effect<ReadonlyArray<KeyGrantStats>, Fails>
     /**
-     * Tells the claimers of these queues that a closure of a keyed attempt committed (the
-     * `Closed` signal, StorageSignals), so a gated claimer retries at once instead of at its
-     * safety poll; a claimer whose last claim left nothing claimable behind ignores it.
+     * Tells the claimers of every queue under these key policies that a closure of a keyed
+     * attempt committed (the `Closed` signal, StorageSignals), so a gated claimer retries at once
+     * instead of at its safety poll; a claimer whose last claim left nothing claimable behind
+     * ignores it.
      */
-    readonly notifyClosed: (queues: ReadonlyArray<string>) => Effect.Effect<void, Fails>
+    readonly notifyClosed: (policies: ReadonlyArray<string>) => Effect.Effect<void, Fails>
     /**
-     * Tells every process that a claimer of this queue stopped at a key at its limit and waits
-     * for a closure (the `Gated` signal, StorageSignals): workers announce their closures of the
-     * queue's keyed attempts only while such a claimer is about (ADR 0037). Returns once the
+     * Tells every process that a claimer under this key policy stopped at a key at its limit and
+     * waits for a closure (the `Gated` signal, StorageSignals): workers announce their closures of
+     * the policy's keyed attempts only while such a claimer is about (ADR 0037). Returns once the
      * announcement has committed.
      */
-    readonly notifyGated: (queue: string) => Effect.Effect<void, Fails>
+    readonly notifyGated: (policy: string) => Effect.Effect<void, Fails>
   }
 >()("@awa/storage/KeyGrants") {}

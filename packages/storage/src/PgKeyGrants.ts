@@ -266,19 +266,19 @@ export const make = Effect.fnUntraced(function* (options: PgKeyGrantsOptions = {
       )
   )
 
-  // On the cancel channel as `closed:<queue>` (StorageSignals `Closed`): only claimers that may
-  // be waiting for a grant act on it. `gated:<queue>` (`Gated`) is a waiting claimer's call for
-  // them (ADR 0037).
+  // On the cancel channel as `key-closed:<policy>` (StorageSignals `Closed`): only claimers that
+  // may be waiting for a grant act on it. `key-gated:<policy>` (`Gated`) is a waiting claimer's
+  // call for them (ADR 0037).
   const closedChannel = cancelChannel(schema)
-  const notifyClosed = (queues: ReadonlyArray<string>) =>
-    queues.length === 0
+  const notifyClosed = (policies: ReadonlyArray<string>) =>
+    policies.length === 0
       ? Effect.void
       : Effect.asVoid(
-          sql`SELECT pg_notify(${closedChannel}, q) FROM jsonb_array_elements_text(${JSON.stringify([...new Set(queues)].map(closedPayload))}::jsonb) AS q`
+          sql`SELECT pg_notify(${closedChannel}, p) FROM jsonb_array_elements_text(${JSON.stringify([...new Set(policies)].map(closedPayload))}::jsonb) AS p`
         )
 
-  const notifyGated = (queue: string) =>
-    Effect.asVoid(sql`SELECT pg_notify(${closedChannel}, ${gatedPayload(queue)})`)
+  const notifyGated = (policy: string) =>
+    Effect.asVoid(sql`SELECT pg_notify(${closedChannel}, ${gatedPayload(policy)})`)
 
   return KeyGrants.of({
     create,

@@ -4,8 +4,8 @@
  * Postgres: `LISTEN awa_wake_<schema>` (payload: the queue name; sent on commit of an enqueue,
  * promotion or operator retry) and `LISTEN awa_cancel_<schema>` (payload `<job_id>:<run_lease>`;
  * sent after rescue or operator cancel of a running attempt; also `resumed:…` for callbacks and
- * `closed:<queue>` after a worker's finalizations of keyed attempts, `gated:<queue>` from a claimer
- * waiting for one). Each listener holds one pooled connection while the stream runs; the stream
+ * `key-closed:<policy>` after a worker's finalizations of keyed attempts, `key-gated:<policy>` from
+ * a claimer waiting for one). Each listener holds one pooled connection while the stream runs; the stream
  * fails with the `SqlError` when that connection is lost, and the runtime re-subscribes.
  *
  * **Gotchas** Notifications are hints, not a log: one sent while nobody listens is lost. Workers
@@ -24,16 +24,17 @@ export type Signal =
   | { readonly _tag: "Wake"; readonly queue: string }
   | { readonly _tag: "Cancel"; readonly token: AttemptToken }
   /**
-   * A worker closed keyed attempts of this queue (capabilities.md §23): a grant may be free now.
-   * Only a claimer that may be waiting for one needs it, so it is not a `Wake`: a claimer whose
-   * last claim left nothing claimable behind ignores it (ADR 0029, "Closure wake-ups").
+   * A worker closed keyed attempts under this key policy (capabilities.md §23): a grant may be
+   * free now, for a claimer of any queue that shares the policy. Only a claimer that may be
+   * waiting for one needs it, so it is not a `Wake`: a claimer whose last claim left nothing
+   * claimable behind ignores it (ADR 0029, "Closure wake-ups").
    */
-  | { readonly _tag: "Closed"; readonly queue: string }
+  | { readonly _tag: "Closed"; readonly policy: string }
   /**
-   * A claimer of this queue stopped at a key at its limit and waits for a closure (ADR 0037):
-   * workers announce their closures of the queue's keyed attempts for a while after this.
+   * A claimer under this key policy stopped at a key at its limit and waits for a closure (ADR
+   * 0037): workers announce their closures of the policy's keyed attempts for a while after this.
    */
-  | { readonly _tag: "Gated"; readonly queue: string }
+  | { readonly _tag: "Gated"; readonly policy: string }
   /** A callback of this attempt was resumed (migration 0034): wake its wait, or take it back if parked. */
   | { readonly _tag: "Resumed"; readonly token: AttemptToken; readonly queue: string }
   /**
@@ -54,14 +55,16 @@ export const wakeChannel = (schema: string) => `awa_wake_${schema}`
 export const cancelChannel = (schema: string) => `awa_cancel_${schema}`
 
 /**
- * `closed:<queue>` on the cancel channel: a worker's closure notification (PgKeyGrants
+ * `key-closed:<policy>` on the cancel channel: a worker's closure notification (PgKeyGrants
  * `notifyClosed`). On the cancel channel because workers older than it ignore what they cannot
- * parse there, where on the wake channel they would claim on every closure.
+ * parse there, where on the wake channel they would claim on every closure. By policy, not by
+ * queue: a grant freed in one queue admits the key in every queue of its policy (ADR 0037,
+ * amendment). The `closed:<queue>` and `gated:<queue>` of earlier builds are ignored.
  */
-export const closedPayload = (queue: string) => `closed:${queue}`
+export const closedPayload = (policy: string) => `key-closed:${policy}`
 
-/** `gated:<queue>` on the cancel channel: a claimer waits for a closure (PgKeyGrants `notifyGated`). */
-export const gatedPayload = (queue: string) => `gated:${queue}`
+/** `key-gated:<policy>` on the cancel channel: a claimer waits for a closure (PgKeyGrants `notifyGated`). */
+export const gatedPayload = (policy: string) => `key-gated:${policy}`
 
 /** `resumed:<job>:<lease>:<queue>` on the cancel channel (migration 0034): no third LISTEN. */
 const parseResumed = (payload: string): Array<Signal> => {
@@ -97,10 +100,10 @@ export const layerPg = (options: { readonly schema?: string | undefined } = {}) 
             Stream.fromIterable(
               n.payload.startsWith("resumed:")
                 ? parseResumed(n.payload)
-                : n.payload.startsWith("closed:")
-                  ? [{ _tag: "Closed", queue: n.payload.slice("closed:".length) } satisfies Signal]
-                  : n.payload.startsWith("gated:")
-                    ? [{ _tag: "Gated", queue: n.payload.slice("gated:".length) } satisfies Signal]
+                : n.payload.startsWith("key-closed:")
+                  ? [{ _tag: "Closed", policy: n.payload.slice("key-closed:".length) } satisfies Signal]
+                  : n.payload.startsWith("key-gated:")
+                    ? [{ _tag: "Gated", policy: n.payload.slice("key-gated:".length) } satisfies Signal]
                     : parseCancel(n.payload)
             )
           )
