@@ -204,5 +204,72 @@ layer(AwaLive, { excludeTestServices: true, timeout: "90 seconds" })(
         yield* Scope.close(scope, Exit.void)
       }).pipe(ownRegistry)
     )
+    it.effect(
+      "a worker's closure in one queue wakes another process's gated claimer of another queue under the policy",
+      () =>
+        Effect.gen(function* () {
+          // A serves queue a, B queue b, both under one policy (ADR 0037, amendment). A's job holds
+          // the key's only grant; B's job of the same key, in b, waits. B says it waits under the
+          // policy; A announces its closure under the policy; B's claimer wakes (its poll is 60 s).
+          const policy = "wake-shared"
+          const grants = yield* KeyGrants
+          const client = yield* AwaClient
+          const sql = yield* PgClient.PgClient
+          const heard: Array<string> = []
+          const scope = yield* Scope.make()
+          const notifications = yield* Scope.provide(sql.listen("awa_cancel_awa"), scope)
+          yield* Queue.take(notifications).pipe(
+            Effect.flatMap((n) => Effect.sync(() => void heard.push(n.payload))),
+            Effect.forever,
+            Effect.forkIn(scope)
+          )
+          yield* grants.create({ id: policy, maxInFlight: 1 })
+          const release = yield* Deferred.make<void>()
+          const ran: Array<number> = []
+          const workerOf = (queue: string) =>
+            Awa.worker({
+              queues: {
+                [queue]: {
+                  keyPolicy: policy,
+                  maxConcurrency: 1,
+                  pollInterval: "60 seconds",
+                  idlePollMax: "10 minutes"
+                }
+              },
+              handlers: [
+                handler(Task, ({ n }) =>
+                  Effect.andThen(
+                    Effect.sync(() => void ran.push(n)),
+                    n === 0 ? Deferred.await(release) : Effect.void
+                  )
+                )
+              ],
+              maintenance: false
+            })
+          yield* Layer.buildWithScope(workerOf("kwake-shared-a"), scope)
+          yield* client.insert(Task, { n: 0 }, { queue: "kwake-shared-a", concurrencyKey: "t" })
+          yield* eventually(
+            Effect.sync(() => ran.length === 1),
+            20_000,
+            "A runs job 0"
+          )
+          yield* Layer.buildWithScope(workerOf("kwake-shared-b"), scope)
+          yield* client.insert(Task, { n: 1 }, { queue: "kwake-shared-b", concurrencyKey: "t" })
+          yield* eventually(
+            Effect.sync(() => heard.filter((p) => p === `key-gated:${policy}`).length >= 2),
+            20_000,
+            "B said it waits under the policy, twice"
+          )
+          assert.deepStrictEqual(ran, [0], "job 1 waits for the key")
+          yield* Deferred.succeed(release, undefined)
+          yield* eventually(
+            Effect.sync(() => ran.length === 2),
+            20_000,
+            "B's job started on A's closure"
+          )
+          assert.include(heard, `key-closed:${policy}`)
+          yield* Scope.close(scope, Exit.void)
+        }).pipe(ownRegistry)
+    )
   }
 )
