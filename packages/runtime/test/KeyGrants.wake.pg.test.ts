@@ -26,9 +26,10 @@ const ownRegistry = <A, E, R>(effect: Effect.Effect<A, E, R>) =>
   Effect.provideService(effect, Metric.MetricRegistry, new Map())
 
 /**
- * Holds the key's only grant outside the worker, starts a worker on the queue (poll 60 s), waits
- * until its claim has found the key gated, then runs `close` on the holder; returns the ms from
- * `close` until the waiting job started.
+ * Holds the key's only grant outside the worker (a job of `holderQueue`, by default the worker's
+ * queue, under the same policy), starts a worker on the queue (poll 60 s), waits until its claim
+ * has found the key gated, then runs `close` on the holder; returns the ms from `close` until the
+ * waiting job started.
  */
 const wokenAfter = (
   queue: string,
@@ -37,16 +38,17 @@ const wokenAfter = (
   close: (holder: {
     jobId: bigint
     runLease: bigint
-  }) => Effect.Effect<unknown, unknown, AwaClient | KeyGrants>
+  }) => Effect.Effect<unknown, unknown, AwaClient | KeyGrants>,
+  holderQueue = queue
 ) =>
   Effect.gen(function* () {
     const grants = yield* KeyGrants
     const client = yield* AwaClient
     yield* grants.create({ id: policy, maxInFlight: 1 })
-    yield* client.insert(Task, { n: 0 }, { queue, concurrencyKey: "t" })
+    yield* client.insert(Task, { n: 0 }, { queue: holderQueue, concurrencyKey: "t" })
     yield* client.insert(Task, { n: 1 }, { queue, concurrencyKey: "t" })
     const held = yield* grants.claim({
-      queue,
+      queue: holderQueue,
       policy,
       max: 1,
       deadlineMs: holderDeadlineMs,
@@ -132,6 +134,47 @@ layer(AwaLive, { excludeTestServices: true, timeout: "90 seconds" })(
         yield* Effect.logInfo(`woken ${ms.toFixed(0)} ms after the rescue`)
         assert.isBelow(ms, 20_000)
       }).pipe(ownRegistry)
+    )
+    it.effect(
+      "an operator's cancel of a grant's attempt in another queue under the policy wakes the gated worker",
+      () =>
+        Effect.gen(function* () {
+          // cancel_job announces `key-closed:<policy>` besides its queue's wake-up (migration 0050)
+          const ms = yield* wokenAfter(
+            "kwake-cancel-b",
+            "wake-cancel-shared",
+            0,
+            (holder) =>
+              Effect.flatMap(AwaClient, (client) => client.storage.cancelJob(holder.jobId, "operator")),
+            "kwake-cancel-a"
+          )
+          yield* Effect.logInfo(`woken ${ms.toFixed(0)} ms after the cancel`)
+          assert.isBelow(ms, 20_000)
+        }).pipe(ownRegistry)
+    )
+
+    it.effect(
+      "a deadline rescue of a grant's attempt in another queue under the policy wakes the gated worker",
+      () =>
+        Effect.gen(function* () {
+          // rescue announces `key-closed:<policy>` besides the queues' wake-ups (migration 0050)
+          const ms = yield* wokenAfter(
+            "kwake-rescue-b",
+            "wake-rescue-shared",
+            1,
+            () =>
+              Effect.flatMap(AwaClient, (client) =>
+                eventually(
+                  Effect.map(client.storage.rescueDeadlines(10), (rescued) => rescued.length === 1),
+                  10_000,
+                  "the holder was rescued"
+                )
+              ),
+            "kwake-rescue-a"
+          )
+          yield* Effect.logInfo(`woken ${ms.toFixed(0)} ms after the rescue`)
+          assert.isBelow(ms, 20_000)
+        }).pipe(ownRegistry)
     )
     it.effect("a worker announces its closures to other processes while a claimer there waits", () =>
       Effect.gen(function* () {
