@@ -15,7 +15,7 @@
  *   (StorageSignals `Closed`) while a claimer under the policy is known to wait for a grant;
  *   dispatchers whose last claim left nothing behind ignore it (Dispatcher, "Closure wake-ups").
  *   A claimer that stops at a key at its limit says so to every process (`Gated`, at most once a
- *   second per process and policy) and claims once more; for a few seconds after that, closures
+ *   second per process and queue) and claims once more; for a few seconds after that, closures
  *   under its policy are announced (ADR 0037). Closures by rescue and by an operator's cancel
  *   notify in SQL (rescue, cancel_job: migration 0036) as a plain wake-up of their queue, at
  *   their commit.
@@ -207,22 +207,24 @@ export const makeClosureNotifier = Effect.gen(function* () {
 })
 
 /**
- * A gated claimer's announcement (ADR 0037): at most one per `gatedAnnounceEveryMs` per key policy
- * in this process. `announce` answers whether it sent one now (then the claimer claims once more:
+ * A gated claimer's announcement (ADR 0037): `key-gated:<policy>`, at most one per
+ * `gatedAnnounceEveryMs` per queue in this process (per queue, not per policy: each gated queue's
+ * dispatcher then claims once more after its own announcement, so two queues under one policy
+ * in one process announce twice a second, and each covers its own race). `announce` answers whether it sent one now (then the claimer claims once more:
  * a closure that committed before the announcement reached the closer's process was not
  * announced, and that claim sees it).
  */
 export const makeGatedAnnouncer = Effect.gen(function* () {
   const grants = yield* Effect.serviceOption(KeyGrants)
   const lastAt = new Map<string, number>()
-  const announce = (policy: string): Effect.Effect<boolean> =>
+  const announce = (policy: string, queue: string): Effect.Effect<boolean> =>
     Option.isNone(grants)
       ? Effect.succeed(false)
       : Effect.gen(function* () {
           const now = yield* Clock.currentTimeMillis
-          const last = lastAt.get(policy)
+          const last = lastAt.get(queue)
           if (last !== undefined && now - last < gatedAnnounceEveryMs) return false
-          lastAt.set(policy, now)
+          lastAt.set(queue, now)
           return yield* grants.value.notifyGated(policy).pipe(
             Effect.as(true),
             Effect.catchCause((cause) =>

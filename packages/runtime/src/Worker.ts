@@ -773,7 +773,8 @@ export const make = Effect.fnUntraced(function* <R>(options: WorkerOptions<R>) {
       live: lives[i]!.live,
       permits: pool?.share(queue.queue),
       metrics: flowMetrics,
-      announceGated: queue.keyPolicy === undefined ? undefined : gatedAnnouncer.announce(queue.keyPolicy)
+      announceGated:
+        queue.keyPolicy === undefined ? undefined : gatedAnnouncer.announce(queue.keyPolicy, queue.queue)
     })
     dispatchers.set(queue.queue, dispatcher)
     // Registered before the loop is forked, so it runs after the loop is interrupted.

@@ -515,4 +515,38 @@ describe("closure wake-ups of a keyed queue", () => {
       }).pipe(Effect.provide(h.layer))
     })
   )
+
+  it.effect(
+    "two gated queues under one policy in one process each say they wait, and each claims once more",
+    () =>
+      Effect.gen(function* () {
+        const h = yield* harness
+        yield* Effect.gen(function* () {
+          const grants = yield* KeyGrants
+          yield* grants.create({ id: "p", maxInFlight: 1 })
+          const client = yield* AwaClient.AwaClient
+          // another process holds the key with a job of kq; one job of the key waits in each queue
+          yield* client.insert(Task, { n: 0 })
+          const held = yield* grants.claim({
+            queue: "kq",
+            policy: "p",
+            max: 1,
+            deadlineMs: 0,
+            agingIntervalMs: 0
+          })
+          assert.strictEqual(held._tag, "Claimed")
+          yield* client.insert(Task, { n: 1 })
+          yield* client.insert(OtherTask, { n: 2 })
+          const before = h.claims()
+          const scope = yield* Scope.make()
+          yield* sharedPolicyWorker(scope, ["kq", "kq2"], () => Effect.void)
+          yield* advance(100, 10)
+          assert.strictEqual(h.announced().gated, 2, "one announcement per gated queue, not per policy")
+          // per queue: the gated claim, and one more after its announcement (a first claim on
+          // subscribing may add one more, gated too, within the second)
+          assert.isAtLeast(h.claims() - before, 4)
+          yield* Scope.close(scope, Exit.void)
+        }).pipe(Effect.provide(h.layer))
+      })
+  )
 })
