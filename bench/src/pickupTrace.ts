@@ -4,7 +4,8 @@
  * at `--rate` jobs/s for `--seconds`, a worker (50 in flight, tracing off) runs them, and every
  * storage call the worker makes on the hot path (claim, keyed claim, finalize, closure
  * notification) and every signal it receives is logged with its start and end. For the slowest
- * jobs it prints what happened between their insert's commit and their start.
+ * jobs it prints what happened between their insert's commit and their start, and for all jobs
+ * where the pickup's time goes, by segment (commit → wake-up → claim start → claim end → start).
  *
  *   DATABASE_URL=postgres://… node bench/src/pickupTrace.ts [--keys 50] [--limit 2] [--rate 200]
  *     [--seconds 20] [--warm 2] [--slowest 20]
@@ -51,14 +52,22 @@ interface Event {
 const events: Array<Event> = []
 const seqsOf = (jobs: ReadonlyArray<{ readonly args: unknown }>) =>
   jobs.map((j) => (j.args as { seq: number }).seq)
-const timed = <A, E, R>(what: string, effect: Effect.Effect<A, E, R>, detail: (a: A) => string) =>
+/** Per job (by `seq`), the claim call that returned it. */
+const claimOf = new Map<number, Event>()
+/** Notes `e` as the claim of `jobs`; their seqs, for the event's detail. */
+const noteClaimed = (jobs: ReadonlyArray<{ readonly args: unknown }>, e: Event): string => {
+  const seqs = seqsOf(jobs)
+  for (const seq of seqs) claimOf.set(seq, e)
+  return seqs.join(",")
+}
+const timed = <A, E, R>(what: string, effect: Effect.Effect<A, E, R>, detail: (a: A, e: Event) => string) =>
   Effect.suspend(() => {
     const e: Event = { what, start: now() }
     events.push(e)
     return Effect.tap(effect, (a) =>
       Effect.sync(() => {
         e.end = now()
-        e.detail = detail(a)
+        e.detail = detail(a, e)
       })
     )
   })
@@ -74,9 +83,9 @@ const traced = Layer.mergeAll(
         wrapped[name] =
           typeof value === "function"
             ? (...args: Array<unknown>) =>
-                timed(name, (value as (...a: Array<unknown>) => Effect.Effect<unknown>)(...args), (a) =>
+                timed(name, (value as (...a: Array<unknown>) => Effect.Effect<unknown>)(...args), (a, e) =>
                   name === "claim"
-                    ? `${(a as ReadonlyArray<never>).length} ${seqsOf(a as ReadonlyArray<{ args: unknown }>).join(",")}`
+                    ? `${(a as ReadonlyArray<never>).length} ${noteClaimed(a as ReadonlyArray<{ args: unknown }>, e)}`
                     : name === "finalizeMany"
                       ? `${(args[0] as ReadonlyArray<unknown>).length}`
                       : (JSON.stringify(a, (_k, v) => (typeof v === "bigint" ? String(v) : v))?.slice(
@@ -101,8 +110,8 @@ const traced = Layer.mergeAll(
     Effect.map(Effect.service(KeyGrants), (g) => ({
       ...g,
       claim: (params) =>
-        timed("claimKeyed", g.claim(params), (c) =>
-          c._tag === "Claimed" ? `${c.jobs.length} ${c.blocked ?? ""} ${seqsOf(c.jobs).join(",")}` : c._tag
+        timed("claimKeyed", g.claim(params), (c, e) =>
+          c._tag === "Claimed" ? `${c.jobs.length} ${c.blocked ?? ""} ${noteClaimed(c.jobs, e)}` : c._tag
         ),
       notifyClosed: (policies) =>
         noClosed ? Effect.void : timed("notifyClosed", g.notifyClosed(policies), () => "")
@@ -209,6 +218,7 @@ const main = Effect.gen(function* () {
   console.log(
     `keys ${keys} limit ${limit}: pickup p50 ${round(quantile(sorted, 0.5), 3)} p99 ${round(quantile(sorted, 0.99), 3)} max ${round(sorted.at(-1)!, 3)} ms`
   )
+  printSegments(jobs)
   const t0 = jobs[0]!.committed
   const rel = (t: number) => round(t - t0, 2)
   for (const job of [...jobs].sort((a, b) => b.pickup - a.pickup).slice(0, slowest)) {
@@ -235,6 +245,58 @@ const main = Effect.gen(function* () {
   writeFileSync(file, JSON.stringify({ keys, limit, rate, seconds, t0, jobs, events }))
   console.log(`\nwritten ${file}`)
 })
+
+/**
+ * Where the pickups' time goes, by segment (p50 / p90 / p99 over the jobs whose wake-up came
+ * before the claim that returned them): insert's commit → the first wake-up after it → the start
+ * of that claim → its end → the handler's start. A job whose claim started before its wake-up
+ * (taken by a claim already in flight) is only counted.
+ */
+const printSegments = (
+  jobs: ReadonlyArray<{ readonly seq: number; readonly committed: number; readonly started: number }>
+) => {
+  const wakes = events.filter((e) => e.what === "signal Wake").map((e) => e.start)
+  const firstWakeAfter = (t: number) => {
+    let lo = 0
+    let hi = wakes.length
+    while (lo < hi) {
+      const mid = (lo + hi) >> 1
+      if (wakes[mid]! < t) lo = mid + 1
+      else hi = mid
+    }
+    return wakes[lo]
+  }
+  const segs = {
+    "commit→wake": [] as Array<number>,
+    "wake→claim": [] as Array<number>,
+    claim: [] as Array<number>,
+    "claim→start": [] as Array<number>
+  }
+  let early = 0
+  for (const job of jobs) {
+    const c = claimOf.get(job.seq)
+    const wake = firstWakeAfter(job.committed)
+    if (c === undefined || c.end === undefined) continue
+    if (wake === undefined || wake > c.start) {
+      early++
+      continue
+    }
+    segs["commit→wake"].push(wake - job.committed)
+    segs["wake→claim"].push(c.start - wake)
+    segs.claim.push(c.end - c.start)
+    segs["claim→start"].push(job.started - c.end)
+  }
+  const q = (xs: Array<number>) => {
+    const sorted = [...xs].sort((a, b) => a - b)
+    return [0.5, 0.9, 0.99].map((p) => round(quantile(sorted, p), 3)).join(" / ")
+  }
+  console.log(
+    `segments, ms p50 / p90 / p99 (${segs.claim.length} jobs; ${early} taken by a claim begun before their wake-up): ` +
+      Object.entries(segs)
+        .map(([name, xs]) => `${name} ${q(xs)}`)
+        .join(", ")
+  )
+}
 
 Effect.runPromise(Effect.scoped(main)).catch((error) => {
   console.error(error)
