@@ -295,6 +295,31 @@ describe.skipIf(!runBrowser)("dashboard", () => {
       assert.strictEqual(await page.locator("tr[data-job]").count(), 10)
     })
 
+    it("queue page: a filter chosen but not applied survives the poll's redraw, focused or not", async () => {
+      await open(page, server, "#/queue/work", "tr[data-job]")
+      await page.selectOption('select[name="state"]', "retryable")
+      // focus leaves the form (a click elsewhere before Filter): only the pending edit holds the redraw
+      await page.evaluate(() => (document.activeElement as HTMLElement | null)?.blur())
+      const polls = Number(await page.locator("#view").getAttribute("data-polls"))
+      // two polls later: at least one whole poll ran after the blur
+      await page.waitForFunction(
+        (n) => Number(document.getElementById("view")?.dataset.polls) >= n + 2,
+        polls
+      )
+      assert.strictEqual(await page.locator('select[name="state"]').inputValue(), "retryable")
+      await page.click("#filters button[type=submit]")
+      await page.locator('main[data-route="#/queue/work?state=retryable"] tr[data-job]').first().waitFor()
+      // applied: the polls redraw again
+      const after = Number(await page.locator("#view").getAttribute("data-polls"))
+      const before = await page.locator("#updated").innerText()
+      await page.waitForFunction(
+        ([n, text]) =>
+          Number(document.getElementById("view")?.dataset.polls) >= (n as number) + 2 &&
+          document.getElementById("updated")?.textContent !== text,
+        [after, before] as const
+      )
+    })
+
     it("queue page: the time filter (created or finalized, after/before) is in the URL", async () => {
       await open(page, server, "#/queue/orders", "tr[data-job]")
       await page.fill('input[name="after"]', "2999-01-01T00:00")

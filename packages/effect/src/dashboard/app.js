@@ -8,6 +8,11 @@ let config = { apiBase: "", pollIntervalMs: 5000, traceLinkTemplate: null, cronP
 let caps = { actions: false, readOnly: true, authReads: false }
 let timer
 let renderSeq = 0
+// the filters form has edits not applied yet (a select changed, a field typed in): a poll's redraw
+// would throw them away, focused or not (the user may have clicked elsewhere before Filter)
+let filtersEdited = false
+// page fetches finished, redrawn or held back (tests wait for a poll to have passed)
+let polls = 0
 // dead letters ticked for a bulk action, kept across the page's redraws
 const picked = new Set()
 
@@ -356,8 +361,10 @@ async function render() {
   try {
     const html = await page()
     if (seq !== renderSeq) return
-    // keep focus and filter edits across a poll: skip the redraw while a form field is being edited
-    if (document.activeElement?.closest?.("#filters")) return
+    view.dataset.polls = String(++polls)
+    // keep filter edits across a poll: skip the redraw while the form has edits not applied, or
+    // one of its fields is focused
+    if (filtersEdited || document.activeElement?.closest?.("#filters")) return
     const focused = focusKey(document.activeElement)
     view.innerHTML = html
     // a keyboard user's focus survives the redraw: the same link, button or box is focused again
@@ -412,7 +419,13 @@ view.addEventListener("click", (event) => {
   void act(target.dataset.method ?? "POST", target.dataset.path, questions[act_], outcomes[act_])
 })
 
+const noteFilterEdit = (event) => {
+  if (event.target.closest?.("#filters")) filtersEdited = true
+}
+view.addEventListener("input", noteFilterEdit)
+
 view.addEventListener("change", (event) => {
+  noteFilterEdit(event)
   const box = event.target
   if (!box.classList?.contains("pick")) return
   if (box.checked) picked.add(box.value)
@@ -427,6 +440,7 @@ view.addEventListener("submit", (event) => {
   for (const [key, value] of new FormData(event.target)) if (value !== "") data.set(key, value)
   // the time field only matters with a bound
   if (!data.has("after") && !data.has("until")) data.delete("time")
+  filtersEdited = false
   document.activeElement?.blur?.()
   location.hash = `#/${parts.map(encodeURIComponent).join("/")}${data.size > 0 ? `?${data}` : ""}`
 })
@@ -457,6 +471,8 @@ function showMode() {
 
 window.addEventListener("hashchange", () => {
   notice.hidden = true
+  // another page, or the filters applied: nothing pending any more
+  filtersEdited = false
   void render().then(() => view.focus())
 })
 
