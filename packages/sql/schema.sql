@@ -843,11 +843,10 @@ BEGIN
       IF FOUND THEN
         PERFORM pg_notify('awa_cancel_awa', p_job_id || ':' || v_job.run_lease);
         -- 0036: a cancelled keyed attempt freed a grant: wake its queue's gated claimers (at commit)
-        PERFORM pg_notify('awa_wake_awa', c.queue) FROM claims c -- 0036
+        -- 0050: and those of every queue under its key policy, in every process (same read)
+        PERFORM pg_notify('awa_wake_awa', c.queue), -- 0050
+                pg_notify('awa_cancel_awa', 'key-closed:' || c.key_policy) FROM claims c -- 0050
         WHERE c.job_id = p_job_id AND c.run_lease = v_job.run_lease AND c.key_policy IS NOT NULL LIMIT 1; -- 0036
-        -- 0050: and every queue under its key policy, in every process
-        PERFORM pg_notify('awa_cancel_awa', 'key-closed:' || c.key_policy) FROM claims c -- 0050
-        WHERE c.job_id = p_job_id AND c.run_lease = v_job.run_lease AND c.key_policy IS NOT NULL LIMIT 1; -- 0050
         RETURN v_state;
       END IF;
 
@@ -4760,15 +4759,13 @@ BEGIN
     RETURN NEXT;
   END LOOP;
   -- 0036: a rescued keyed attempt freed a grant: wake its queue's gated claimers (at commit).
-  PERFORM pg_notify('awa_wake_awa', q.queue) -- 0036
-  FROM (SELECT DISTINCT c.queue FROM generate_series(1, cardinality(v_closed), 2) AS i(i) -- 0036
+  -- 0050: and those of every queue under its key policy, in every process; one read of the
+  -- claims (a pair's queue or policy repeated is one notification: Postgres folds identical ones)
+  PERFORM pg_notify('awa_wake_awa', q.queue), -- 0050
+          pg_notify('awa_cancel_awa', 'key-closed:' || q.key_policy) -- 0050
+  FROM (SELECT DISTINCT c.queue, c.key_policy FROM generate_series(1, cardinality(v_closed), 2) AS i(i) -- 0050
         JOIN claims c ON c.job_id = v_closed[i.i] AND c.run_lease = v_closed[i.i + 1] -- 0036
         WHERE c.key_policy IS NOT NULL) q; -- 0036
-  -- 0050: and the gated claimers of every queue under the attempts' key policies, in every process
-  PERFORM pg_notify('awa_cancel_awa', 'key-closed:' || q.key_policy) -- 0050
-  FROM (SELECT DISTINCT c.key_policy FROM generate_series(1, cardinality(v_closed), 2) AS i(i) -- 0050
-        JOIN claims c ON c.job_id = v_closed[i.i] AND c.run_lease = v_closed[i.i + 1] -- 0050
-        WHERE c.key_policy IS NOT NULL) q; -- 0050
 END
 $function$
 -- execute besides the owner: owner only

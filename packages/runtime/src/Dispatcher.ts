@@ -30,12 +30,13 @@
  * from the queue's live settings, which hot overrides change.
  *
  * **Closure wake-ups** (keyed queues, docs/adr/0029-key-execution-grants.md) A worker's
- * finalization of keyed attempts sends `Closed` for their queue: a grant may be free for a claimer
- * that stopped at a key at its limit. It reaches this process's dispatcher in memory, and every
- * process's while a claimer has announced that it waits (a gated claim announces, at most once a
- * second, and claims once more: docs/adr/0037-closure-announcements-on-demand.md). Rung only
- * when that can be this one: the last claim found keys at their limit (taking nothing, or
- * stopping short at one: migration 0041 says so), or took a full batch. A dispatcher whose last claim took all it found ignores it (a
+ * finalization of keyed attempts sends `Closed` for their key policy: a grant may be free for a
+ * claimer of any queue under it that stopped at a key at its limit. It reaches this process's
+ * dispatchers of those queues in memory, and every process's while a claimer has announced that it
+ * waits (a gated claim announces, at most once a second, and claims once more:
+ * docs/adr/0037-closure-announcements-on-demand.md). Rung only when that can be this one: the last
+ * claim found keys at their limit (taking nothing, or stopping short at one: migration 0041 says
+ * so), or took a full batch. A dispatcher whose last claim took all it found ignores it (a
  * closure adds no claimable job; new work comes with its own wake-up), so neither one process
  * nor a fleet's idle ones claim once per burst of closures. One that arrives while a claim is in
  * flight is noted and answered by that claim's result: the dispatcher claims again at once only

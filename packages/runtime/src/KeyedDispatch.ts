@@ -209,10 +209,10 @@ export const makeClosureNotifier = Effect.gen(function* () {
 /**
  * A gated claimer's announcement (ADR 0037): `key-gated:<policy>`, at most one per
  * `gatedAnnounceEveryMs` per queue in this process (per queue, not per policy: each gated queue's
- * dispatcher then claims once more after its own announcement, so two queues under one policy
- * in one process announce twice a second, and each covers its own race). `announce` answers whether it sent one now (then the claimer claims once more:
- * a closure that committed before the announcement reached the closer's process was not
- * announced, and that claim sees it).
+ * dispatcher then claims once more after its own announcement, so two queues under one policy in
+ * one process announce twice a second, and each covers its own race). `announce` answers whether
+ * it sent one now (then the claimer claims once more: a closure that committed before the
+ * announcement reached the closer's process was not announced, and that claim sees it).
  */
 export const makeGatedAnnouncer = Effect.gen(function* () {
   const grants = yield* Effect.serviceOption(KeyGrants)

@@ -707,7 +707,11 @@ export const make = Effect.fnUntraced(function* <R>(options: WorkerOptions<R>) {
     config.queues.flatMap((q) => (q.keyPolicy === undefined ? [] : [[q.queue, q.keyPolicy]]))
   )
   const queuesUnder = new Map<string, Array<string>>() // per policy, its queues here
-  for (const [queue, policy] of policyOf) queuesUnder.set(policy, [...(queuesUnder.get(policy) ?? []), queue])
+  for (const [queue, policy] of policyOf) {
+    const queues = queuesUnder.get(policy)
+    if (queues === undefined) queuesUnder.set(policy, [queue])
+    else queues.push(queue)
+  }
   const closures = yield* KeyedDispatch.makeClosureNotifier
   const gatedAnnouncer = yield* KeyedDispatch.makeGatedAnnouncer
   if (queuesUnder.size > 0) {

@@ -5,8 +5,9 @@
  * promotion or operator retry) and `LISTEN awa_cancel_<schema>` (payload `<job_id>:<run_lease>`;
  * sent after rescue or operator cancel of a running attempt; also `resumed:…` for callbacks and
  * `key-closed:<policy>` after a worker's finalizations of keyed attempts, `key-gated:<policy>` from
- * a claimer waiting for one). Each listener holds one pooled connection while the stream runs; the stream
- * fails with the `SqlError` when that connection is lost, and the runtime re-subscribes.
+ * a claimer waiting for one). Each listener holds one pooled connection while the stream runs;
+ * the stream fails with the `SqlError` when that connection is lost, and the runtime
+ * re-subscribes.
  *
  * **Gotchas** Notifications are hints, not a log: one sent while nobody listens is lost. Workers
  * therefore also poll, and heartbeat replies report attempts closed elsewhere. Close the stream
