@@ -2430,6 +2430,7 @@ DECLARE
   v_keys int;
   v_inserted int;
   v_shards smallint[]; -- 0042: each header's shard, by header index + 1
+  v_on_demand boolean; -- 0051: wake_on_demand(), read once
 BEGIN
   SELECT array_agg(e.o::int - 1 ORDER BY e.o) FILTER (WHERE v_divert OR x.run_at > v_now) INTO scheduled_headers
   FROM jsonb_array_elements(p_headers) WITH ORDINALITY AS e(v, o), jsonb_to_record(e.v) AS x(run_at timestamptz);
@@ -2578,9 +2579,12 @@ BEGIN
   END IF;
 
   -- Delivered on commit only; identical (channel, payload) pairs are folded by Postgres.
+  -- 0051: unless no worker waits for the queue's wake-ups (see the header).
+  v_on_demand := wake_on_demand(); -- 0051
   PERFORM pg_notify('awa_wake_awa', q.queue)
   FROM (SELECT DISTINCT x.queue FROM jsonb_to_recordset(p_headers) AS x(queue text, run_at timestamptz)
-        WHERE NOT v_divert AND (x.run_at IS NULL OR x.run_at <= v_now)) q;
+        WHERE NOT v_divert AND (x.run_at IS NULL OR x.run_at <= v_now)) q
+  WHERE NOT (v_on_demand AND pg_try_advisory_xact_lock(lock_ns('waiters'), waiter_bucket(q.queue))); -- 0051
 END
 $function$
 -- execute besides the owner: owner only
@@ -2671,8 +2675,11 @@ BEGIN
             p_metadata, v_tags, '[]', 0, 0, p_max_attempts, coalesce(p_run_at, v_now), v_now, p_unique_key,
             coalesce(p_unique_states, 0));
     state := 'available';
-    -- Delivered on commit only.
-    PERFORM pg_notify('awa_wake_awa', p_queue);
+    -- Delivered on commit only. 0051: unless no worker waits for this queue's wake-ups (see the
+    -- header): then the try holds the queue's waiter bucket to commit instead.
+    IF NOT (wake_on_demand() AND pg_try_advisory_xact_lock(lock_ns('waiters'), waiter_bucket(p_queue))) THEN -- 0051
+      PERFORM pg_notify('awa_wake_awa', p_queue);
+    END IF; -- 0051
   ELSE
     INSERT INTO deferred (job_id, state, kind, queue, priority, shard, args, metadata, tags, errors, attempt,
                           run_lease, max_attempts, run_at, created_at, unique_key, unique_states)
@@ -5505,4 +5512,18 @@ BEGIN
   RETURN v_moved;
 END
 $function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.waiter_bucket(p_queue text)
+ RETURNS integer
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$ SELECT hashtext(p_queue) & 63 $function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.wake_on_demand()
+ RETURNS boolean
+ LANGUAGE sql
+ STABLE PARALLEL SAFE
+AS $function$ SELECT coalesce((SELECT s.value = 'true'::jsonb FROM awa.settings s WHERE s.key = 'wake_on_demand'), false) $function$
 -- execute besides the owner: owner only

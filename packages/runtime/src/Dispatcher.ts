@@ -12,6 +12,13 @@
  * a wake-up, and within `idlePollMaxMs × 1.2` (plus one claim) if its wake-up is lost
  * (docs/adr/0016-dlq-retry-unique-masks-idle-dispatch.md).
  *
+ * **Wake-ups on demand** (docs/adr/0038-wake-ups-on-demand.md) An insert sends its queue's
+ * wake-up only while a worker says it waits for one. So before it waits, a dispatcher says so
+ * (`WakeSource.waitFor`); having just said so, it claims once more first (an insert committed
+ * before may have sent none), and an insert still in flight that sent none makes it claim again
+ * shortly instead. Two full claims in a row (a backlog) make it stop waiting, so that inserts
+ * skip their wake-ups while it claims anyway.
+ *
  * **Claiming ahead** A claim round trip costs about as much for 500 jobs as for 50, so claiming
  * only the free capacity caps a busy queue at `maxConcurrency` jobs per round trip, and leaves the
  * handlers idle while each claim is in flight. The dispatcher therefore claims up to `prefetch`
@@ -48,7 +55,7 @@
  * retried after the poll interval (the dispatcher never dies on a database error). On `stop`,
  * jobs still waiting are given back (snoozed with no delay) instead of starting.
  */
-import { CallbackStorage, type FlowStorage } from "@awa/storage"
+import { CallbackStorage, type FlowStorage, type StorageSignals } from "@awa/storage"
 import { Clock, Effect, type FiberSet, Option, Queue, Random } from "effect"
 import type { QueueShare } from "./ConcurrencyPermits.ts"
 import type { Executor, RunningAttempt } from "./Executor.ts"
@@ -102,12 +109,24 @@ export interface Dispatcher<R> {
   readonly stop: Effect.Effect<void>
 }
 
-/** Whether wake-ups are being received now (the worker's listener is subscribed). */
+/** Wake-ups: whether they are being received now, and saying which queues wait for them. */
 export interface WakeSource {
+  /** The worker's listener is subscribed. */
   readonly listening: () => boolean
+  /**
+   * This queue's dispatcher is about to wait for a wake-up: inserts must send it one (migration
+   * 0051, docs/adr/0038-wake-ups-on-demand.md; `StorageSignals.Waiters`).
+   */
+  readonly waitFor: (queue: string) => Effect.Effect<StorageSignals.Waiting>
+  /** This queue's dispatcher claims from a backlog: inserts may skip its wake-ups. */
+  readonly stopWaiting: (queue: string) => Effect.Effect<void>
 }
 
-const alwaysPoll: WakeSource = { listening: () => false }
+const alwaysPoll: WakeSource = {
+  listening: () => false,
+  waitFor: () => Effect.succeed("Unavailable"),
+  stopWaiting: () => Effect.void
+}
 
 /** Flow control of one queue (all optional: absent, the dispatcher claims as before). */
 export interface DispatcherFlow {
@@ -318,6 +337,28 @@ export const make = Effect.fnUntraced(function* <R>(
   const batchThreshold = Math.max(1, Math.floor(config.maxConcurrency / 4))
   let lingered = false
 
+  // Wake-ups on demand: consecutive full claims (two make a backlog), and consecutive answers that
+  // an insert in flight holds the queue's bucket (each doubles the short wait before the next claim).
+  let fullClaims = 0
+  let bucketBusy = 0
+
+  /**
+   * Before waiting for a wake-up: true when this queue is registered as waiting (or registering
+   * is not possible now: then the wait polls); false when the dispatcher must claim again first,
+   * at once (just registered) or after a short wait (an insert in flight will send no wake-up).
+   */
+  const mayWait = Effect.suspend(() => {
+    fullClaims = 0
+    return Effect.flatMap(wakes.waitFor(config.queue), (waiting) => {
+      if (waiting === "Busy") {
+        const waitMs = Math.min(live.pollIntervalMs, 2 ** Math.min(bucketBusy++, 8))
+        return Effect.as(Effect.sleep(waitMs), false)
+      }
+      bucketBusy = 0
+      return Effect.succeed(waiting !== "Taken")
+    })
+  })
+
   const claimOnce = Effect.gen(function* () {
     const now = yield* Clock.currentTimeMillis
     // One rate sample per elapsed interval between claims; claims in the same millisecond share it.
@@ -445,11 +486,15 @@ export const make = Effect.fnUntraced(function* <R>(
     const announceGated = flow.announceGated
     if ((busy === "gated" || stoppedAtKey === "gated") && announceGated !== undefined && !capped) {
       if (yield* announceGated) return
+      if (!(yield* mayWait)) return
       return yield* gatedWait(announceGated)
     }
     // A full batch (or a keyed claim cut at its per-call cap) means more may be waiting: claim
-    // again at once. Gated: until a closure's wake-up, or the poll interval at the latest.
-    if (claimed < batch - resumedCount && !capped) yield* waitForWork
+    // again at once; two in a row, a backlog: no wake-ups needed meanwhile. Gated: until a
+    // closure's wake-up, or the poll interval at the latest.
+    if (claimed < batch - resumedCount && !capped) {
+      if (yield* mayWait) yield* waitForWork
+    } else if (++fullClaims === 2) yield* wakes.stopWaiting(config.queue)
   })
 
   /**

@@ -749,9 +749,17 @@ export const make = Effect.fnUntraced(function* <R>(options: WorkerOptions<R>) {
   })
   yield* Effect.forkScoped(executor.deadlines)
   const dispatchers = new Map<string, Dispatcher.Dispatcher<R>>()
-  // Set while the listener is subscribed: dispatchers then let idle polls back off.
+  // Set while the listener is subscribed: dispatchers then let idle polls back off, and say which
+  // queues wait for wake-ups through the subscription's waiters (migration 0051; none: the
+  // wake-ups need no registration, as in the simulation).
   let listening = false
-  const wakes: Dispatcher.WakeSource = { listening: () => listening }
+  let waiters: StorageSignals.Waiters | undefined
+  const wakes: Dispatcher.WakeSource = {
+    listening: () => listening,
+    waitFor: (queue) =>
+      waiters !== undefined ? waiters.waitFor(queue) : Effect.succeed(listening ? "Held" : "Unavailable"),
+    stopWaiting: (queue) => (waiters === undefined ? Effect.void : waiters.stopWaiting(queue))
+  }
   // Flow control (docs/adr/0028-flow-control.md): live settings per queue, the weighted pool.
   const flowMetrics = yield* FlowMetrics.makeRecorder
   const startedAt = yield* Clock.currentTimeMillis
@@ -813,10 +821,16 @@ export const make = Effect.fnUntraced(function* <R>(options: WorkerOptions<R>) {
                 : // (re)subscribed: wake-ups sent while nobody listened were lost, so look now
                   Effect.suspend(() => {
                     listening = true
+                    waiters = signal.waiters
                     return Effect.forEach(dispatchers.values(), (d) => d.wake, { discard: true })
                   })
     ),
-    Effect.ensuring(Effect.sync(() => (listening = false))),
+    Effect.ensuring(
+      Effect.sync(() => {
+        listening = false
+        waiters = undefined
+      })
+    ),
     Effect.catchCause((cause) => Effect.logWarning("notification listener lost; re-subscribing", cause)),
     Effect.andThen(Effect.sleep(1000)),
     Effect.forever,

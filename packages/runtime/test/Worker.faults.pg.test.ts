@@ -133,7 +133,7 @@ describe("Worker faults on Postgres", () => {
         )
         const killed = yield* sql<{ n: number }>`
           SELECT count(pg_terminate_backend(pid))::int AS n FROM pg_stat_activity
-          WHERE datname = current_database() AND query ILIKE 'LISTEN%'`
+          WHERE datname = current_database() AND application_name LIKE '% signals'`
         assert.isAtLeast(killed[0]!.n, 1)
         // inserted while nobody listens (re-subscribing takes ≥ 1 s): its NOTIFY is lost, and
         // only the worker's look-for-work on re-subscription can pick it up before the 60 s poll

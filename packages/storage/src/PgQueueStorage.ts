@@ -1042,6 +1042,16 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
       INSERT INTO ${s}.settings (key, value) VALUES ('dlq_enabled_by_default', ${JSON.stringify(enabled)}::jsonb)
       ON CONFLICT (key) DO UPDATE SET value = excluded.value, updated_at = now()`)
 
+  // 0051: read by enqueue_one and enqueue_batch (wake_on_demand()); absent counts as off.
+  const wakeOnDemand = Effect.map(
+    sql<{ on: boolean }>`SELECT ${s}.wake_on_demand() AS on`,
+    (rows) => rows[0]?.on === true
+  )
+  const setWakeOnDemand = (enabled: boolean) =>
+    Effect.asVoid(sql`
+      INSERT INTO ${s}.settings (key, value) VALUES ('wake_on_demand', ${JSON.stringify(enabled)}::jsonb)
+      ON CONFLICT (key) DO UPDATE SET value = excluded.value, updated_at = now()`)
+
   const dlqFilterArgs = (f: DlqFilter) =>
     sql`${f.queue ?? null}::text, ${f.kind ?? null}::text, ${f.tag ?? null}::text, ${f.since ?? null}::timestamptz,
         ${f.until ?? null}::timestamptz, ${f.before ?? null}::bigint`
@@ -1192,6 +1202,8 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
     resumeQueue: (queue) => setPaused(queue, false),
     configureQueue,
     setDlqDefault,
+    wakeOnDemand,
+    setWakeOnDemand,
     listDlq,
     getDlq,
     retryFromDlq,

@@ -570,6 +570,14 @@ export class QueueStorage extends Context.Service<
     ) => Effect.Effect<void, ValidationError | SqlError.SqlError>
     /** Whether queues without their own setting dead-letter failed jobs (default false). */
     readonly setDlqDefault: (enabled: boolean) => Effect.Effect<void, SqlError.SqlError>
+    /**
+     * Whether inserts skip their queue's wake-up while no worker waits for one (migration 0051,
+     * docs/adr/0038-wake-ups-on-demand.md): on in a new install, off in an upgraded one until it is
+     * turned on, once every worker runs a build that says when it waits (workers of earlier builds
+     * would find such jobs only at their idle poll).
+     */
+    readonly wakeOnDemand: Effect.Effect<boolean, SqlError.SqlError>
+    readonly setWakeOnDemand: (enabled: boolean) => Effect.Effect<void, SqlError.SqlError>
     readonly listDlq: (
       filter: DlqFilter
     ) => Effect.Effect<ReadonlyArray<DlqEntry>, ValidationError | SqlError.SqlError>

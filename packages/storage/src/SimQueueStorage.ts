@@ -1214,6 +1214,14 @@ export const makeWithCallbacks: Effect.Effect<{
       dlqDefault = enabled
     })
 
+  // Nothing to skip here: the simulation's wake-ups are in memory. Kept so that a test reads back
+  // what it set, as from Postgres (a new install starts with it on).
+  let wakeOnDemand = true
+  const setWakeOnDemand = (enabled: boolean) =>
+    Effect.sync(() => {
+      wakeOnDemand = enabled
+    })
+
   /** Dead-lettered jobs matching the filter (its `limit` aside), newest id first. */
   const matchingDlq = (filter: DlqFilter): Array<SimJob> => {
     const since = filter.since?.getTime()
@@ -1443,6 +1451,8 @@ export const makeWithCallbacks: Effect.Effect<{
     status: Effect.succeed(status),
     configureQueue,
     setDlqDefault,
+    wakeOnDemand: Effect.sync(() => wakeOnDemand),
+    setWakeOnDemand,
     listDlq,
     getDlq,
     retryFromDlq,

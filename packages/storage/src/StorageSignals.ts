@@ -5,9 +5,15 @@
  * promotion or operator retry) and `LISTEN awa_cancel_<schema>` (payload `<job_id>:<run_lease>`;
  * sent after rescue or operator cancel of a running attempt; also `resumed:…` for callbacks and
  * `key-closed:<policy>` after a worker's finalizations of keyed attempts, `key-gated:<policy>` from
- * a claimer waiting for one). Each listener holds one pooled connection while the stream runs;
- * the stream fails with the `SqlError` when that connection is lost, and the runtime
- * re-subscribes.
+ * a claimer waiting for one). Both LISTENs share one connection of the layer's own (outside the
+ * application's pool) while the stream runs; the stream fails with the `SqlError` when that
+ * connection is lost, and the runtime re-subscribes.
+ *
+ * **Waiting for wake-ups** (migration 0051, docs/adr/0038-wake-ups-on-demand.md) An insert sends
+ * its queue's wake-up only while some worker waits for one: a dispatcher says so with `waitFor`
+ * (a session lock on that same connection, shared per bucket of queues) before it sleeps, and
+ * `stopWaiting` while it claims from a backlog. The locks go with the connection: when it is
+ * lost, the stream fails and every registration with it.
  *
  * **Gotchas** Notifications are hints, not a log: one sent while nobody listens is lost. Workers
  * therefore also poll, and heartbeat replies report attempts closed elsewhere. Close the stream
@@ -16,10 +22,30 @@
  */
 
 import { Migrations } from "@awa/sql"
-import { PgClient } from "@effect/sql-pg"
-import { Context, Effect, Layer, Stream } from "effect"
+import { PgClient, PgConnection } from "@effect/sql-pg"
+import { Context, Deferred, Effect, Exit, Layer, Stream } from "effect"
 import type { SqlError } from "effect/sql"
 import type { AttemptToken } from "./QueueStorage.ts"
+
+/**
+ * What `Waiters.waitFor` found:
+ * - `Held`: this process already waits for the queue's wake-ups (it may sleep until one);
+ * - `Taken`: it does from now on; an insert committed before may have sent none, so claim once
+ *   more before sleeping;
+ * - `Busy`: an insert in flight holds the queue's bucket and will send no wake-up: claim again
+ *   shortly (after it commits), then ask again;
+ * - `Unavailable`: the subscription's connection is gone: inserts may skip the wake-up, so poll
+ *   (the stream fails, and the re-subscription wakes every dispatcher).
+ */
+export type Waiting = "Held" | "Taken" | "Busy" | "Unavailable"
+
+/** A subscription's registrations: which queues' wake-ups its process waits for (migration 0051). */
+export interface Waiters {
+  /** Waits for wake-ups of `queue` from now on (held until `stopWaiting` or the subscription ends). */
+  readonly waitFor: (queue: string) => Effect.Effect<Waiting>
+  /** No longer waits for wake-ups of `queue`: inserts into it may skip them. */
+  readonly stopWaiting: (queue: string) => Effect.Effect<void>
+}
 
 export type Signal =
   | { readonly _tag: "Wake"; readonly queue: string }
@@ -40,9 +66,11 @@ export type Signal =
   | { readonly _tag: "Resumed"; readonly token: AttemptToken; readonly queue: string }
   /**
    * First element of every (re)subscription, once Postgres has confirmed both LISTENs:
-   * notifications sent while nobody listened are lost, so a subscriber should look for work now.
+   * notifications sent while nobody listened were lost, so a subscriber should look for work now.
+   * `waiters`: where this subscription's process says which queues it waits on (absent: wake-ups
+   * need no registration, as in the simulation).
    */
-  | { readonly _tag: "Subscribed" }
+  | { readonly _tag: "Subscribed"; readonly waiters?: Waiters | undefined }
 
 export class StorageSignals extends Context.Service<
   StorageSignals,
@@ -81,18 +109,66 @@ const parseCancel = (payload: string): Array<Signal> => {
   return [{ _tag: "Cancel", token: { jobId: BigInt(jobId), runLease: BigInt(runLease) } }]
 }
 
-/** LISTEN on both channels of `schema` (each LISTEN holds a pooled connection). */
+/**
+ * LISTEN on both channels of `schema`, on one connection of the layer's own per subscription (the
+ * application's `PgClient` settings), which also holds that subscription's waiters' locks
+ * (migration 0051).
+ */
 export const layerPg = (options: { readonly schema?: string | undefined } = {}) =>
   Layer.effect(
     StorageSignals,
     Effect.gen(function* () {
-      const sql = yield* PgClient.PgClient
+      const client = yield* PgClient.PgClient
       const schema = yield* Migrations.checkSchemaName(options.schema ?? Migrations.defaultSchema)
+      const config: PgConnection.Config = {
+        ...client.config,
+        applicationName: `${client.config.applicationName ?? "awa"} signals`
+      }
+      const bucketKey = `${schema}.lock_ns('waiters'), ${schema}.waiter_bucket($1)`
       const signals = Stream.unwrap(
         Effect.gen(function* () {
-          // sql.listen returns once Postgres confirmed the LISTEN; the queues live as long as the stream
-          const wakeQueue = yield* sql.listen(wakeChannel(schema))
-          const cancelQueue = yield* sql.listen(cancelChannel(schema))
+          const connection = yield* PgConnection.make(config)
+          // pinned: the LISTENs and the lock calls share the session (and so its locks)
+          const session = yield* connection.pin
+          // listen returns once Postgres confirmed the LISTEN; the queues live as long as the stream
+          const wakeQueue = yield* session.listen(wakeChannel(schema))
+          const cancelQueue = yield* session.listen(cancelChannel(schema))
+          const lost = yield* Deferred.make<never, SqlError.SqlError>()
+          const waiting = new Set<string>()
+          let open = true
+          // first when the stream ends: no registration is answered after its connection
+          yield* Effect.addFinalizer(() => Effect.sync(() => (open = false)))
+          const failed = (error: SqlError.SqlError) =>
+            Effect.sync(() => {
+              open = false
+              Deferred.doneUnsafe(lost, Exit.fail(error))
+            })
+          const waiters: Waiters = {
+            waitFor: (queue) =>
+              Effect.suspend((): Effect.Effect<Waiting> => {
+                if (!open) return Effect.succeed("Unavailable")
+                if (waiting.has(queue)) return Effect.succeed("Held")
+                return session
+                  .query(`SELECT pg_try_advisory_lock_shared(${bucketKey}) AS taken`, [queue])
+                  .pipe(
+                    Effect.map((result): Waiting => {
+                      if (result.rows[0]?.taken !== true) return "Busy"
+                      waiting.add(queue)
+                      return "Taken"
+                    }),
+                    Effect.catch((error) => Effect.as(failed(error), "Unavailable" as const)),
+                    // a lock taken is noted before anything can interrupt (a lost note would leak it)
+                    Effect.uninterruptible
+                  )
+              }),
+            stopWaiting: (queue) =>
+              Effect.suspend(() => {
+                if (!open || !waiting.delete(queue)) return Effect.void
+                return session
+                  .query(`SELECT pg_advisory_unlock_shared(${bucketKey})`, [queue])
+                  .pipe(Effect.asVoid, Effect.catch(failed), Effect.uninterruptible)
+              })
+          }
           const wakes = Stream.map(
             Stream.fromQueue(wakeQueue),
             (n): Signal => ({ _tag: "Wake", queue: n.payload })
@@ -108,7 +184,10 @@ export const layerPg = (options: { readonly schema?: string | undefined } = {}) 
                     : parseCancel(n.payload)
             )
           )
-          return Stream.concat(Stream.succeed<Signal>({ _tag: "Subscribed" }), Stream.merge(wakes, cancels))
+          return Stream.concat(
+            Stream.succeed<Signal>({ _tag: "Subscribed", waiters }),
+            Stream.merge(Stream.merge(wakes, cancels), Stream.fromEffectDrain(Deferred.await(lost)))
+          )
         })
       )
       return StorageSignals.of({ signals })
