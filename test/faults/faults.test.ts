@@ -183,7 +183,7 @@ describe("faults: worker processes", () => {
           const listening = Effect.map(
             sql<{ n: number }>`
               SELECT count(DISTINCT application_name)::int AS n FROM pg_stat_activity
-              WHERE datname = current_database() AND application_name LIKE 'awa-fault-w%' AND query ILIKE 'LISTEN%'`,
+              WHERE datname = current_database() AND application_name LIKE 'awa-fault-w% signals'`,
             (rows) => rows[0]!.n
           )
           // the heartbeat threads' own connections (`Heartbeats.layerThread`, the default)
@@ -228,7 +228,7 @@ describe("faults: worker processes", () => {
                                     WHERE l.pid = a.pid AND l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
                                       AND l.classid = ((k.key >> 32) & 4294967295)::oid
                                       AND l.objid = (k.key & 4294967295)::oid) THEN 'leader'
-                       WHEN a.query ILIKE 'LISTEN%' THEN 'listen'
+                       WHEN a.application_name LIKE '% signals' THEN 'listen'
                        WHEN a.application_name LIKE '% heartbeat' THEN 'heartbeat'
                        WHEN a.application_name LIKE '% hot %' THEN 'hot'
                        ELSE 'pool' END AS kind,
@@ -1037,7 +1037,7 @@ describe("faults: worker processes", () => {
           const frozenAt = Date.now()
           yield* sql`
             SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-            WHERE datname = current_database() AND application_name = 'awa-fault-a' AND query ILIKE 'LISTEN%'`
+            WHERE datname = current_database() AND application_name = 'awa-fault-a signals'`
           // B leads, rescues the silent attempt after the staleness and claims the retry
           const [b] = yield* startWorkers(url, [
             workerConfig("b", { stale: { maxConcurrency: 1 }, work: {} })

@@ -355,6 +355,30 @@ const queues = Command.make(
   )
 )
 
+// wake-on-demand [on|off] -----------------------------------------------------------------------
+
+const wakeOnDemand = Command.make(
+  "wake-on-demand",
+  {
+    state: Argument.Literals("state", ["on", "off"] as const).pipe(
+      Argument.withDescription("on: inserts skip wake-ups no worker waits for; off: every insert notifies"),
+      Argument.optional
+    )
+  },
+  ({ state }) =>
+    withAdmin((admin, json) =>
+      Effect.gen(function* () {
+        if (Option.isSome(state)) yield* admin.setWakeOnDemand(state.value === "on")
+        const on = yield* admin.wakeOnDemand
+        yield* print(json, { wakeOnDemand: on }, () => `wake-ups on demand: ${on ? "on" : "off"}`)
+      })
+    )
+).pipe(
+  Command.withDescription(
+    "show or set whether inserts skip wake-ups no worker waits for (turn on once every worker runs this version; ADR 0038)"
+  )
+)
+
 // queue pause|resume|drain ----------------------------------------------------------------------
 
 const queueArgument = Argument.String("queue").pipe(Argument.withDescription("queue name"))
@@ -1164,6 +1188,7 @@ export const command = root.pipe(
     dlq,
     cron,
     doctor,
+    wakeOnDemand,
     serve,
     callback
   ])

@@ -130,6 +130,29 @@ describe("awa CLI", () => {
     )
   )
 
+  it.live("wake-on-demand shows the setting, sets it, and refuses anything but on and off", () =>
+    withDatabase((url) =>
+      Effect.gen(function* () {
+        const storage = yield* QueueStorage
+        // a new install starts with it on (migration 0051)
+        assert.deepStrictEqual(yield* awa(url, "wake-on-demand"), {
+          code: 0,
+          out: "wake-ups on demand: on",
+          err: ""
+        })
+        assert.deepStrictEqual(json(yield* awa(url, "--json", "wake-on-demand", "off")), {
+          wakeOnDemand: false
+        })
+        assert.isFalse(yield* storage.wakeOnDemand)
+        assert.strictEqual((yield* awa(url, "wake-on-demand", "on")).out, "wake-ups on demand: on")
+        assert.isTrue(yield* storage.wakeOnDemand)
+        const bad = yield* awa(url, "wake-on-demand", "maybe")
+        assert.strictEqual(bad.code, 1)
+        assert.isTrue(yield* storage.wakeOnDemand, "a refused call changes nothing")
+      })
+    )
+  )
+
   it.live("queue pause, resume and drain", () =>
     withDatabase((url) =>
       Effect.gen(function* () {

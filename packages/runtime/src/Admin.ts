@@ -52,6 +52,9 @@ const make = Effect.fnUntraced(function* (options: AdminOptions = {}) {
     pendingMigrations: withSql(Migrations.pending(schema)),
     migrate: withSql(Migrations.migrate(schema)),
     pauseQueue: storage.pauseQueue,
+    /** Whether inserts skip wake-ups nobody waits for (docs/adr/0038-wake-ups-on-demand.md). */
+    wakeOnDemand: storage.wakeOnDemand,
+    setWakeOnDemand: storage.setWakeOnDemand,
     resumeQueue: storage.resumeQueue,
     /** Spreads each priority of the queue over `shards` lanes (1–64), capabilities.md §22. */
     setEnqueueShards: (queue: string, shards: number) =>

@@ -4,7 +4,7 @@
  */
 import { randomUUID } from "node:crypto"
 import { TestDatabase } from "@awa/testing"
-import { PgClient } from "@effect/sql-pg"
+import { PgClient, PgConnection } from "@effect/sql-pg"
 import { assert, describe, it } from "@effect/vitest"
 import { Deferred, Effect, Fiber, Layer, Queue, Random, Redacted, type Scope } from "effect"
 import { SqlClient } from "effect/sql"
@@ -65,9 +65,16 @@ describe("PgQueueStorage properties", () => {
         const storage = yield* QueueStorage
         // a queue name of the maximum length still fits the 63-byte channel: the payload carries it
         const q = `${"w".repeat(190)}${randomUUID().slice(0, 10)}`
+        const marker = fresh("marker")
         const notes = yield* Effect.scoped(
           Effect.gen(function* () {
             const wake = yield* sql.listen("awa_wake_awa")
+            // a worker waits on both queues (migration 0051: inserts wake only a waiting worker)
+            const waiter = yield* PgConnection.make(sql.config)
+            yield* waiter.query(
+              "SELECT pg_advisory_lock_shared(awa.lock_ns('waiters'), awa.waiter_bucket(q)) FROM unnest($1::text[]) q",
+              [[q, marker]]
+            )
             yield* sql
               .withTransaction(
                 Effect.andThen(storage.enqueueMany([job(q, 1)]), Effect.fail("rollback" as const))
@@ -87,7 +94,6 @@ describe("PgQueueStorage properties", () => {
             )
             // a marker committed last: notifications arrive in commit order, so everything the
             // transactions above sent has arrived once the marker has (no wait for time)
-            const marker = fresh("marker")
             yield* storage.enqueueMany([job(marker, 0)])
             const seen: Array<{ payload: string }> = []
             while (seen.at(-1)?.payload !== marker) seen.push(yield* Queue.take(wake))
