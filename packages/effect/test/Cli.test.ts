@@ -70,7 +70,8 @@ describe("awa CLI", () => {
               "default isolation",
               "lock budget",
               "privileges",
-              "long transactions"
+              "long transactions",
+              "wake-ups on demand"
             ]
           )
           assert.strictEqual(checks.find((c) => c.name === "schema")!.status, "pass")

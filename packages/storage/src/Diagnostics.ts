@@ -167,7 +167,8 @@ export const longTransactionMs = 60_000
 
 /**
  * Server checks, each pass/warn/fail with its fix: version, schema, JIT, default isolation, lock
- * budget, privileges and transactions old enough to hold back ring reclamation.
+ * budget, privileges, transactions old enough to hold back ring reclamation, and whether inserts
+ * skip wake-ups nobody waits for (migration 0051).
  */
 export const doctor = Effect.fn("Diagnostics.doctor")(function* (
   options: { readonly schema?: string | undefined } = {}
@@ -195,6 +196,11 @@ export const doctor = Effect.fn("Diagnostics.doctor")(function* (
     ORDER BY a.xact_start LIMIT 5`
   const locks = Number(get("max_locks_per_transaction"))
   const isolation = get("default_transaction_isolation")
+  // migration 0051's setting; a schema without it notifies on every insert, as when it is off
+  const [wake] =
+    version >= 51
+      ? yield* sql<{ on: boolean }>`SELECT ${sql(schema)}.wake_on_demand() AS on`
+      : [{ on: false }]
   return [
     check(
       "server version",
@@ -248,6 +254,14 @@ export const doctor = Effect.fn("Diagnostics.doctor")(function* (
             .map((l) => `pid ${l.pid} ${l.state} for ${Math.round(l.age_ms / 1000)} s: ${l.query}`)
             .join("; "),
       "a long transaction holding a ring slot blocks its reclamation (idle in transaction: prune ends it after a while); end it (pg_terminate_backend(pid)) or set idle_in_transaction_session_timeout"
+    ),
+    check(
+      "wake-ups on demand",
+      wake?.on === true,
+      wake?.on === true
+        ? "on: inserts notify only while a worker waits for work"
+        : "off: every insert notifies, and its commit queues on the cluster's notification lock",
+      "once every worker runs this version: awa wake-on-demand on (docs/adr/0038-wake-ups-on-demand.md)"
     )
   ] satisfies ReadonlyArray<DoctorCheck>
 })
