@@ -5206,6 +5206,20 @@ END
 $function$
 -- execute besides the owner: owner only
 
+CREATE OR REPLACE FUNCTION awa.set_wake_on_demand(p_on boolean)
+ RETURNS void
+ LANGUAGE plpgsql
+ SET search_path TO 'awa', 'pg_catalog'
+ SET jit TO 'off'
+AS $function$
+BEGIN
+  PERFORM pg_advisory_xact_lock(lock_ns('wake_on_demand'), 0);
+  EXECUTE format('CREATE OR REPLACE FUNCTION %I.wake_on_demand() RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE AS %L',
+                 'awa', 'SELECT ' || CASE WHEN p_on THEN 'true' ELSE 'false' END);
+END
+$function$
+-- execute besides the owner: owner only
+
 CREATE OR REPLACE FUNCTION awa.shard_draw()
  RETURNS bigint
  LANGUAGE sql
@@ -5524,6 +5538,6 @@ AS $function$ SELECT hashtext(p_queue) & 63 $function$
 CREATE OR REPLACE FUNCTION awa.wake_on_demand()
  RETURNS boolean
  LANGUAGE sql
- STABLE PARALLEL SAFE
-AS $function$ SELECT coalesce((SELECT s.value = 'true'::jsonb FROM awa.settings s WHERE s.key = 'wake_on_demand'), false) $function$
+ IMMUTABLE PARALLEL SAFE
+AS $function$SELECT true$function$
 -- execute besides the owner: owner only

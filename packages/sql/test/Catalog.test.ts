@@ -33,6 +33,7 @@ const isolationAgnostic: Record<string, string> = {
     "reads one queue_meta row and draws from a sequence; called inside retry functions that check the level (0042)",
   shard_draw:
     "a sequence draw kept in a transaction-local setting, no table; called inside enqueue_one and enqueue_batch (0042)",
+  set_wake_on_demand: "replaces one constant function (DDL, the same at any level), reads no table (0051)",
   lane_cursor: "a read, called only inside checked functions",
   queue_slot_ranges: "a read, called only inside checked functions",
   queue_stats: "a read of one statement (one snapshot at any level) that writes nothing (0030)",

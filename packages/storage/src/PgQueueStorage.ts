@@ -1042,15 +1042,13 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
       INSERT INTO ${s}.settings (key, value) VALUES ('dlq_enabled_by_default', ${JSON.stringify(enabled)}::jsonb)
       ON CONFLICT (key) DO UPDATE SET value = excluded.value, updated_at = now()`)
 
-  // 0051: read by enqueue_one and enqueue_batch (wake_on_demand()); absent counts as off.
+  // 0051: a constant function enqueue_one and enqueue_batch fold into their plans; setting it
+  // replaces the function (set_wake_on_demand), which invalidates those plans everywhere.
   const wakeOnDemand = Effect.map(
     sql<{ on: boolean }>`SELECT ${s}.wake_on_demand() AS on`,
     (rows) => rows[0]?.on === true
   )
-  const setWakeOnDemand = (enabled: boolean) =>
-    Effect.asVoid(sql`
-      INSERT INTO ${s}.settings (key, value) VALUES ('wake_on_demand', ${JSON.stringify(enabled)}::jsonb)
-      ON CONFLICT (key) DO UPDATE SET value = excluded.value, updated_at = now()`)
+  const setWakeOnDemand = (enabled: boolean) => Effect.asVoid(sql`SELECT ${s}.set_wake_on_demand(${enabled})`)
 
   const dlqFilterArgs = (f: DlqFilter) =>
     sql`${f.queue ?? null}::text, ${f.kind ?? null}::text, ${f.tag ?? null}::text, ${f.since ?? null}::timestamptz,
