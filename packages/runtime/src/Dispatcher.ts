@@ -351,7 +351,8 @@ export const make = Effect.fnUntraced(function* <R>(
     fullClaims = 0
     return Effect.flatMap(wakes.waitFor(config.queue), (waiting) => {
       if (waiting === "Busy") {
-        const waitMs = Math.min(live.pollIntervalMs, 2 ** Math.min(bucketBusy++, 8))
+        const waitMs = Math.min(live.pollIntervalMs, 2 ** Math.min(bucketBusy, 8))
+        bucketBusy += 1
         return Effect.as(Effect.sleep(waitMs), false)
       }
       bucketBusy = 0

@@ -20113,7 +20113,6 @@ DECLARE
   v_keys int;
   v_inserted int;
   v_shards smallint[]; -- 0042: each header's shard, by header index + 1
-  v_on_demand boolean; -- 0051: wake_on_demand(), read once
 BEGIN
   SELECT array_agg(e.o::int - 1 ORDER BY e.o) FILTER (WHERE v_divert OR x.run_at > v_now) INTO scheduled_headers
   FROM jsonb_array_elements(p_headers) WITH ORDINALITY AS e(v, o), jsonb_to_record(e.v) AS x(run_at timestamptz);
@@ -20263,11 +20262,10 @@ BEGIN
 
   -- Delivered on commit only; identical (channel, payload) pairs are folded by Postgres.
   -- 0051: unless no worker waits for the queue's wake-ups (see the header).
-  v_on_demand := wake_on_demand(); -- 0051
   PERFORM pg_notify('awa_wake_:AWA_SCHEMA', q.queue)
   FROM (SELECT DISTINCT x.queue FROM jsonb_to_recordset(p_headers) AS x(queue text, run_at timestamptz)
         WHERE NOT v_divert AND (x.run_at IS NULL OR x.run_at <= v_now)) q
-  WHERE NOT (v_on_demand AND pg_try_advisory_xact_lock(lock_ns('waiters'), waiter_bucket(q.queue))); -- 0051
+  WHERE NOT (wake_on_demand() AND pg_try_advisory_xact_lock(lock_ns('waiters'), waiter_bucket(q.queue))); -- 0051
 END
 $function$;
 REVOKE EXECUTE ON FUNCTION :AWA_SCHEMA.enqueue_batch(jsonb, jsonb, int[], jsonb) FROM PUBLIC;
