@@ -841,12 +841,25 @@ describe("hot path plans", () => {
           const large = yield* measure(200)
           assert.strictEqual(small.seq, 0, "a sequential scan of a ring partition")
           assert.strictEqual(large.seq, 0, "a sequential scan of a ring partition")
+          // Before PostgreSQL 17 a B-tree scan for `job_id = ANY (array)` descends from the root
+          // once per element (17 walks the leaves between them): finalize's four lookups by the
+          // batch's job ids then read ~14 more index blocks per job (measured: 544 and 26.8 on
+          // 14-16 against 418 and 12.9 on 17-18). Neither is a read of what the ring retains.
+          const [server] = yield* sql<{ version: number }>`
+            SELECT current_setting('server_version_num')::int AS version`
+          const descentPerElement = server!.version < 170000
           // A scan of the retained claims alone would read well over 1,000 blocks; the batch's
           // own rows take a few per partition plus a handful per job.
-          assert.isBelow(small.blocks, 450, `claim(10) + finalize(10) read ${small.blocks} ring blocks`)
+          const smallLimit = descentPerElement ? 650 : 450
+          assert.isBelow(
+            small.blocks,
+            smallLimit,
+            `claim(10) + finalize(10) read ${small.blocks} ring blocks`
+          )
           // each further job: its own rows and index entries (~11 blocks), nothing retained
           const perJob = (large.blocks - small.blocks) / 190
-          assert.isBelow(perJob, 16, `each further job read ${perJob} ring blocks`)
+          const perJobLimit = descentPerElement ? 32 : 16
+          assert.isBelow(perJob, perJobLimit, `each further job read ${perJob} ring blocks`)
         }).pipe(Effect.provide(client(url, 1)))
       ),
     120_000
