@@ -1,6 +1,7 @@
 -- The Awa schema as the migrations leave it: every table, index, view and function in its
 -- current definition, read from the catalogs of a freshly migrated database (schema "awa").
--- Generated: do not edit. After adding a migration, regenerate it with
+-- Generated on PostgreSQL 17 (the default test server): do not edit. After adding a migration,
+-- regenerate it with
 --   npx vitest run packages/sql/test/Schema.test.ts -u
 -- and review the diff with the migration.
 
