@@ -203,6 +203,16 @@ const threadStartTimeoutMs = 60_000
 /** How long a thread may take to finish its write when a session ends or the layer closes. */
 const threadStopTimeoutMs = 5000
 
+/**
+ * The thread's young generation, in MB (V8's default is sized for a main thread: up to 48 MB at
+ * 16 MB semi-spaces). The thread keeps little alive (its attempts map) but receives a `track` and
+ * an `untrack` message per claimed job, and under a busy drain V8 grew its heap to 170–210 MB
+ * (40–100 MB used): 95–110 MB of a worker process's RSS in `bench/src/soak.ts`, for no throughput
+ * (docs/benchmarks.md, "A worker's memory"). Only the young generation is capped: an old
+ * generation limit would end the thread with an out-of-memory error under enough in-flight work.
+ */
+const threadYoungGenerationMb = 4
+
 /** One thread spawned, from spawn to exit; `ready` settles once it is connected (or could not be). */
 interface Spawned {
   readonly worker: NodeWorker
@@ -292,7 +302,11 @@ const makeThreads = (schema: string, storage: QueueStorage["Service"]) =>
 
     const spawn = (slot: Slot, connection: ThreadConnection): Spawned => {
       const data: ThreadData = { connection, schema }
-      const worker = new NodeWorker(threadEntry, { workerData: data, name: "awa-heartbeat" })
+      const worker = new NodeWorker(threadEntry, {
+        workerData: data,
+        name: "awa-heartbeat",
+        resourceLimits: { maxYoungGenerationSizeMb: threadYoungGenerationMb }
+      })
       const ready = Deferred.makeUnsafe<void, SqlError>()
       const exited = Deferred.makeUnsafe<number>()
       worker.on("message", (message: FromThread) => {
