@@ -219,6 +219,7 @@ const main = Effect.gen(function* () {
     `keys ${keys} limit ${limit}: pickup p50 ${round(quantile(sorted, 0.5), 3)} p99 ${round(quantile(sorted, 0.99), 3)} max ${round(sorted.at(-1)!, 3)} ms`
   )
   printSegments(jobs)
+  printClaimCalls()
   const t0 = jobs[0]!.committed
   const rel = (t: number) => round(t - t0, 2)
   for (const job of [...jobs].sort((a, b) => b.pickup - a.pickup).slice(0, slowest)) {
@@ -245,6 +246,25 @@ const main = Effect.gen(function* () {
   writeFileSync(file, JSON.stringify({ keys, limit, rate, seconds, t0, jobs, events }))
   console.log(`\nwritten ${file}`)
 })
+
+/**
+ * The claim calls of the measured interval (`claim` or `claimKeyed`, whichever the queue uses):
+ * their duration in Node's view, p50 / p90 / p99 / max, over every call and over the calls that
+ * returned at least one job. Issue 20's cost proof compares these, keyed against plain.
+ */
+const printClaimCalls = () => {
+  const calls = events.filter((e) => (e.what === "claim" || e.what === "claimKeyed") && e.end !== undefined)
+  const q = (xs: ReadonlyArray<number>) => {
+    const sorted = [...xs].sort((a, b) => a - b)
+    return `${[0.5, 0.9, 0.99].map((p) => round(quantile(sorted, p), 3)).join(" / ")} / ${round(sorted.at(-1) ?? 0, 3)}`
+  }
+  const durations = (es: ReadonlyArray<Event>) => es.map((e) => e.end! - e.start)
+  const taking = calls.filter((e) => e.detail !== undefined && Number.parseInt(e.detail, 10) > 0)
+  console.log(
+    `claim calls, ms p50 / p90 / p99 / max: all ${calls.length} ${q(durations(calls))}; ` +
+      `the ${taking.length} that took jobs ${q(durations(taking))}`
+  )
+}
 
 /**
  * Where the pickups' time goes, by segment (p50 / p90 / p99 over the jobs whose wake-up came
