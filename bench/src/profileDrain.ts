@@ -31,6 +31,7 @@ import { EmbeddedPostgres } from "@awa/testing"
 import { Effect } from "effect"
 import { resetStatements, topStatements } from "./compare/observer.ts"
 import { createDatabase, databaseName, dropDatabase, withClient } from "./lib.ts"
+import { factories } from "./systems/factories.ts"
 import type { Profile, SystemName } from "./systems/types.ts"
 
 const arg = (name: string, fallback: string) => {
@@ -135,12 +136,6 @@ interface AllocationNode {
   readonly selfSize: number
   readonly children: ReadonlyArray<AllocationNode>
 }
-
-const factories = {
-  awa: async () => (await import("./systems/awa.ts")).make,
-  "graphile-worker": async () => (await import("./systems/graphile.ts")).make,
-  "pg-boss": async () => (await import("./systems/pgboss.ts")).make
-} satisfies Record<SystemName, unknown>
 
 const main = async () => {
   const server = process.env.DATABASE_URL

@@ -9,7 +9,9 @@
  * heartbeat thread) and the driver's buffers.
  *
  *   node --expose-gc --conditions=@awa/source bench/src/soak.ts [--system awa] [--seconds 60]
- *     [--every 10] [--profile tuned|defaults]
+ *     [--every 10] [--profile tuned|defaults] [--rate n]
+ *
+ * `--rate n`: n jobs/s offered (in batches every 10 ms) instead of a standing backlog.
  *
  * One system per process, so that each one's memory is its own: run it once per system (the
  * order alternating) to compare. Postgres: `DATABASE_URL`, or a temporary embedded server with
@@ -18,6 +20,7 @@
 import { EmbeddedPostgres } from "@awa/testing"
 import { Effect } from "effect"
 import { createDatabase, databaseName, dropDatabase, intArg } from "./lib.ts"
+import { factories } from "./systems/factories.ts"
 import type { Profile, SystemName } from "./systems/types.ts"
 
 const arg = (name: string, fallback: string) => {
@@ -28,14 +31,10 @@ const system = arg("--system", "awa") as SystemName
 const profile = arg("--profile", "tuned") as Profile
 const seconds = intArg("--seconds", 60)
 const every = intArg("--every", 10)
+/** Jobs per second offered; 0 (the default): as many as the workers take. */
+const rate = intArg("--rate", 0)
 const gc = (globalThis as { gc?: () => void }).gc
 if (gc === undefined) throw new Error("run with node --expose-gc")
-
-const factories = {
-  awa: async () => (await import("./systems/awa.ts")).make,
-  "graphile-worker": async () => (await import("./systems/graphile.ts")).make,
-  "pg-boss": async () => (await import("./systems/pgboss.ts")).make
-} satisfies Record<SystemName, unknown>
 
 const mb = (bytes: number) => (bytes / 1e6).toFixed(1)
 
@@ -53,21 +52,26 @@ const main = async () => {
     await adapter.startWorkers(() => {
       started++
     })
-    console.log(`${system} ${adapter.version} (${system === "awa" ? profile : "its settings"}), ${seconds} s`)
+    console.log(
+      `${system} ${adapter.version} (${system === "awa" ? profile : "its settings"}), ${seconds} s, ${rate > 0 ? `${rate} jobs/s offered` : "a standing backlog"}`
+    )
     console.log("seconds  jobs/s  heapUsed MB  heapTotal MB  external MB  rss MB   (memory after a full GC)")
     let inserted = 0
     const t0 = performance.now()
     let mark = { at: t0, started: 0 }
     const peak = { rss: 0 }
     while (performance.now() - t0 < seconds * 1000) {
-      if (inserted - started < 3000) {
+      // at `--rate`: what is due by now, in one batch per 10 ms; else a backlog of 2,000-3,000
+      const due = rate > 0 ? Math.floor(((performance.now() - t0) * rate) / 1000) - inserted : 0
+      if (rate > 0 ? due > 0 : inserted - started < 3000) {
+        const n = rate > 0 ? due : 1000
         const from = inserted
-        inserted += 1000
-        await adapter.enqueueBatch(Array.from({ length: 1000 }, (_, i) => from + i))
+        inserted += n
+        await adapter.enqueueBatch(Array.from({ length: n }, (_, i) => from + i))
       } else await new Promise((resolve) => setTimeout(resolve, 10))
       const now = performance.now()
       if (now - mark.at >= every * 1000) {
-        const rate = ((started - mark.started) * 1000) / (now - mark.at)
+        const startedPerSecond = ((started - mark.started) * 1000) / (now - mark.at)
         mark = { at: now, started }
         gc!()
         const m = process.memoryUsage()
@@ -75,7 +79,7 @@ const main = async () => {
         console.log(
           [
             String(Math.round((now - t0) / 1000)).padStart(7),
-            String(Math.round(rate)).padStart(7),
+            String(Math.round(startedPerSecond)).padStart(7),
             mb(m.heapUsed).padStart(12),
             mb(m.heapTotal).padStart(13),
             mb(m.external).padStart(12),

@@ -6,14 +6,8 @@
  * over processes in the scale phase: `executions`).
  */
 import { now, quantile, round, sum, summarize } from "../lib.ts"
-import {
-  type AdapterFactory,
-  type Profile,
-  profiles,
-  queueName,
-  type SystemAdapter,
-  type SystemName
-} from "../systems/types.ts"
+import { factories } from "../systems/factories.ts"
+import { type Profile, profiles, queueName, type SystemAdapter, type SystemName } from "../systems/types.ts"
 import type {
   DrainTimes,
   Executions,
@@ -24,12 +18,6 @@ import type {
   Timed,
   Verification
 } from "./protocol.ts"
-
-const factories: Record<SystemName, () => Promise<AdapterFactory>> = {
-  awa: async () => (await import("../systems/awa.ts")).make,
-  "graphile-worker": async () => (await import("../systems/graphile.ts")).make,
-  "pg-boss": async () => (await import("../systems/pgboss.ts")).make
-}
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms))
 
