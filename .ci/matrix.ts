@@ -61,7 +61,8 @@ const legs: ReadonlyArray<Leg> = [
  * (every outcome kind, the DLQ); the key-grant contract and races (issue 20), the callback contract
  * and its resolve race (issue 21), flow control on Postgres (capped depth, overrides), and the
  * hot-path connections (ADR 0033: their own sessions, at READ COMMITTED whatever the server's
- * default; a terminated one replaced). The full suite (ring properties under
+ * default; a terminated one replaced), and the hot path's plans (what the ring children claim and
+ * finalize read: plans are what differs between majors). The full suite (ring properties under
  * churn and a pinned horizon, prune and liveness, cron, tracing, the multi-process fault
  * scenarios, the docs' examples) runs once, on the default server: with full durability on 2
  * cores it would take a leg over 20 minutes, and CI has 90 for everything.
@@ -86,7 +87,8 @@ const suites = [
   "packages/storage/test/LockBudget.keyed.test.ts",
   "packages/storage/test/PgQueueStorage.pruneCounts.test.ts",
   "packages/storage/test/FleetRate.pg.test.ts",
-  "packages/storage/test/FleetRate.keyed.pg.test.ts"
+  "packages/storage/test/FleetRate.keyed.pg.test.ts",
+  "packages/storage/test/PgQueueStorage.plans.test.ts"
 ]
 
 const arg = (name: string) => {

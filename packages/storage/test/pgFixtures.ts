@@ -6,7 +6,7 @@
 import { randomUUID } from "node:crypto"
 import { TestDatabase } from "@awa/testing"
 import { PgClient } from "@effect/sql-pg"
-import { Deferred, Effect, Layer, Redacted, Schedule } from "effect"
+import { Deferred, Effect, Layer, Redacted, Schedule, type Scope } from "effect"
 import { SqlClient } from "effect/sql"
 import { type PgQueueStorageOptions, layer as pgLayer } from "../src/PgQueueStorage.ts"
 import { type ClaimedJob, QueueStorage, type RetentionParams } from "../src/QueueStorage.ts"
@@ -33,6 +33,17 @@ export const completeAll = (claimed: ReadonlyArray<ClaimedJob>) =>
 export const eagerStorage = (url: string, maxConnections: number, options: PgQueueStorageOptions = {}) =>
   pgLayer({ rotateMinRows: 1, pruneCarryAfterMs: 0, ...options }).pipe(
     Layer.provideMerge(PgClient.layer({ url: Redacted.make(url), maxConnections }))
+  )
+
+/** `body` in a fresh database, with eager storage on a pool of `maxConnections` and its clients. */
+export const withStorageDatabase = <A, E>(
+  body: (
+    url: string
+  ) => Effect.Effect<A, E, QueueStorage | PgClient.PgClient | SqlClient.SqlClient | Scope.Scope>,
+  maxConnections = 4
+) =>
+  Effect.flatMap(TestDatabase.acquire(), ({ url }) =>
+    body(url).pipe(Effect.provide(eagerStorage(url, maxConnections)))
   )
 
 /** `body` in a fresh database, with eager storage (3 connections) and its SQL client. */
