@@ -59,7 +59,7 @@ const main = async () => {
     let inserted = 0
     const t0 = performance.now()
     let mark = { at: t0, started: 0 }
-    const peak = { rss: 0 }
+    let peakRss = 0
     while (performance.now() - t0 < seconds * 1000) {
       // at `--rate`: what is due by now, in one batch per 10 ms; else a backlog of 2,000-3,000
       const due = rate > 0 ? Math.floor(((performance.now() - t0) * rate) / 1000) - inserted : 0
@@ -75,7 +75,7 @@ const main = async () => {
         mark = { at: now, started }
         gc!()
         const m = process.memoryUsage()
-        peak.rss = Math.max(peak.rss, m.rss)
+        peakRss = Math.max(peakRss, m.rss)
         console.log(
           [
             String(Math.round((now - t0) / 1000)).padStart(7),
@@ -89,7 +89,7 @@ const main = async () => {
       }
     }
     console.log(
-      `${system}: ${started} jobs started in ${seconds} s (${Math.round(started / seconds)} jobs/s), peak rss after GC ${mb(peak.rss)} MB`
+      `${system}: ${started} jobs started in ${seconds} s (${Math.round(started / seconds)} jobs/s), peak rss after GC ${mb(peakRss)} MB`
     )
     await adapter.stopWorkers()
     await adapter.close()

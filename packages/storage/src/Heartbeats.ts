@@ -208,8 +208,9 @@ const threadStopTimeoutMs = 5000
  * 16 MB semi-spaces). The thread keeps little alive (its attempts map) but receives a `track` and
  * an `untrack` message per claimed job, and under a busy drain V8 grew its heap to 170–210 MB
  * (40–100 MB used): 95–110 MB of a worker process's RSS in `bench/src/soak.ts`, for no throughput
- * (docs/benchmarks.md, "A worker's memory"). Only the young generation is capped: an old
- * generation limit would end the thread with an out-of-memory error under enough in-flight work.
+ * (docs/benchmarks.md, "A steady drain with a producer, and a worker's memory"). Only the young
+ * generation is capped: an old generation limit would end the thread with an out-of-memory error
+ * under enough in-flight work.
  */
 const threadYoungGenerationMb = 4
 

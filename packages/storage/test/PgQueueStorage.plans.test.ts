@@ -20,7 +20,6 @@ import {
 } from "./pgFixtures.ts"
 
 const job = (queue: string, n = 0, priority = 2) => ({ kind: "prop", queue, args: { n }, priority })
-const client = eagerStorage
 
 describe("hot path plans", () => {
   it.live(
@@ -167,7 +166,7 @@ describe("hot path plans", () => {
           const perJob = (large.blocks - small.blocks) / 190
           const perJobLimit = descentPerElement ? 32 : 16
           assert.isBelow(perJob, perJobLimit, `each further job read ${perJob} ring blocks`)
-        }).pipe(Effect.provide(client(url, 1)))
+        }).pipe(Effect.provide(eagerStorage(url, 1)))
       ),
     120_000
   )
@@ -293,7 +292,7 @@ describe("hot path plans", () => {
               })
             )
           }).pipe(
-            Effect.provide(client(url, 1), { local: true }),
+            Effect.provide(eagerStorage(url, 1), { local: true }),
             Effect.forkChild({ startImmediately: true })
           )
           yield* Deferred.await(locked)
@@ -359,7 +358,7 @@ describe("hot path plans", () => {
               })
             )
           }).pipe(
-            Effect.provide(client(url, 1), { local: true }),
+            Effect.provide(eagerStorage(url, 1), { local: true }),
             Effect.forkChild({ startImmediately: true })
           )
           yield* Deferred.await(lockHeld)

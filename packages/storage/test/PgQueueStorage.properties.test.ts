@@ -28,10 +28,6 @@ import {
 
 const job = (queue: string, n = 0, priority = 2) => ({ kind: "prop", queue, args: { n }, priority })
 
-// These tests drive the ring slot by slot: `eagerStorage` rotates whenever the current slot has
-// rows (rotation by size is tested in PgQueueStorage.prune.test.ts).
-const client = eagerStorage
-
 /** One maintenance tick as the leader runs it: rotate, then prune until nothing more is prunable. */
 const tick = (retention: RetentionParams = keepAll) =>
   Effect.gen(function* () {
@@ -132,7 +128,7 @@ describe("PgQueueStorage properties", () => {
                 )
                 .pipe(Effect.ignore)
             }
-          }).pipe(Effect.provide(client(url, 1), { local: true }))
+          }).pipe(Effect.provide(eagerStorage(url, 1), { local: true }))
         const claimed: Array<ClaimedJob> = []
         const claimer = Effect.gen(function* () {
           const storage = yield* QueueStorage
@@ -144,7 +140,7 @@ describe("PgQueueStorage properties", () => {
               yield* Effect.sleep("20 millis")
             } else idle = 0
           }
-        }).pipe(Effect.provide(client(url, 1), { local: true }))
+        }).pipe(Effect.provide(eagerStorage(url, 1), { local: true }))
         yield* Effect.all(
           [
             Effect.forEach(
@@ -189,7 +185,7 @@ describe("PgQueueStorage properties", () => {
             for (const c of batch) seen.push(`${c.jobId}:${c.runLease}`)
             idle = batch.length === 0 ? idle + 1 : 0
           }
-        }).pipe(Effect.provide(client(url, 1), { local: true }))
+        }).pipe(Effect.provide(eagerStorage(url, 1), { local: true }))
         yield* Effect.all(
           Array.from({ length: 6 }, () => claimer),
           { concurrency: 6 }
@@ -226,7 +222,7 @@ describe("PgQueueStorage properties", () => {
               }
             }
             produced = true
-          }).pipe(Effect.provide(client(url, 1), { local: true }))
+          }).pipe(Effect.provide(eagerStorage(url, 1), { local: true }))
           const claimer = Effect.gen(function* () {
             const s = yield* QueueStorage
             // idle polls count only once everything is produced (the producer may wait for a prune)
@@ -245,7 +241,7 @@ describe("PgQueueStorage properties", () => {
               } else yield* Effect.sleep("5 millis")
               idle = batch.length === 0 && produced ? idle + 1 : 0
             }
-          }).pipe(Effect.provide(client(url, 1), { local: true }))
+          }).pipe(Effect.provide(eagerStorage(url, 1), { local: true }))
           // the leader's duties back to back: every claim races a rotation or a prune
           let running = true
           const leader = Effect.gen(function* () {
@@ -253,7 +249,7 @@ describe("PgQueueStorage properties", () => {
               yield* tick(keepNothing)
               yield* Effect.sleep("2 millis")
             }
-          }).pipe(Effect.provide(client(url, 1), { local: true }))
+          }).pipe(Effect.provide(eagerStorage(url, 1), { local: true }))
           const leaderFiber = yield* Effect.forkChild(leader, { startImmediately: true })
           yield* Effect.all([producer, claimer, claimer, claimer, claimer], { concurrency: 5 })
           running = false
@@ -291,14 +287,14 @@ describe("PgQueueStorage properties", () => {
         const claimed = yield* storage.claim({ queue: q, max: 40, deadlineMs: 1, agingIntervalMs: 0 })
         yield* Effect.sleep("20 millis")
         const completer = Effect.suspend(() => Effect.forEach(claimed, (c) => completeAll([c]))).pipe(
-          Effect.provide(client(url, 1), { local: true })
+          Effect.provide(eagerStorage(url, 1), { local: true })
         )
         const rescuer = Effect.flatMap(QueueStorage, (s) =>
           Effect.forEach(claimed, () => s.rescueDeadlines(3))
-        ).pipe(Effect.provide(client(url, 1), { local: true }))
+        ).pipe(Effect.provide(eagerStorage(url, 1), { local: true }))
         const canceller = Effect.flatMap(QueueStorage, (s) =>
           Effect.forEach(claimed, (c) => s.cancelJob(c.jobId, "race").pipe(Effect.ignore))
-        ).pipe(Effect.provide(client(url, 1), { local: true }))
+        ).pipe(Effect.provide(eagerStorage(url, 1), { local: true }))
         const [completions] = yield* Effect.all([completer, rescuer, canceller], { concurrency: 3 })
         for (const [i, c] of claimed.entries()) {
           const closures = yield* sql<{ outcome: string }>`
@@ -353,7 +349,10 @@ describe("PgQueueStorage properties", () => {
               Effect.andThen(Deferred.succeed(enqueued, undefined), Deferred.await(commit))
             )
           )
-        }).pipe(Effect.provide(client(url, 1), { local: true }), Effect.forkChild({ startImmediately: true }))
+        }).pipe(
+          Effect.provide(eagerStorage(url, 1), { local: true }),
+          Effect.forkChild({ startImmediately: true })
+        )
         yield* Deferred.await(enqueued)
         // traffic on another lane (the holder keeps its own lane locked until it commits)
         const other = fresh("prune-other")
@@ -384,7 +383,10 @@ describe("PgQueueStorage properties", () => {
               Effect.andThen(Deferred.succeed(read, undefined), Deferred.await(done))
             )
           )
-        }).pipe(Effect.provide(client(url, 1), { local: true }), Effect.forkChild({ startImmediately: true }))
+        }).pipe(
+          Effect.provide(eagerStorage(url, 1), { local: true }),
+          Effect.forkChild({ startImmediately: true })
+        )
         yield* Deferred.await(read)
         assert.deepStrictEqual(yield* storage.prune(keepAll), { _tag: "Blocked", reason: "lock" })
         yield* Deferred.succeed(done, undefined)
@@ -486,7 +488,10 @@ describe("PgQueueStorage properties", () => {
               yield* Effect.never
             })
           )
-        }).pipe(Effect.provide(client(url, 1), { local: true }), Effect.forkChild({ startImmediately: true }))
+        }).pipe(
+          Effect.provide(eagerStorage(url, 1), { local: true }),
+          Effect.forkChild({ startImmediately: true })
+        )
         yield* Deferred.await(pinned)
         yield* Effect.gen(function* () {
           const storage = yield* QueueStorage
@@ -509,7 +514,7 @@ describe("PgQueueStorage properties", () => {
           while ((yield* storage.promoteDue(1000)) > 0)
             yield* completeAll(yield* storage.claim(claimOf(q, 512)))
           yield* completeAll(yield* storage.claim(claimOf(q, 512)))
-        }).pipe(Effect.provide(client(url, 2), { local: true }))
+        }).pipe(Effect.provide(eagerStorage(url, 2), { local: true }))
         // the workload's connections are closed: wait until the server's statistics show all of
         // its enqueues (the statistics of a closed connection reach the views a little later)
         const readyInserts = (stats: ReadonlyArray<{ relname: string; ins: bigint }>) =>
@@ -689,7 +694,7 @@ describe("claim contention", () => {
                 holderDone = true
                 return claimed
               }).pipe(
-                Effect.provide(client(url, 1), { local: true }),
+                Effect.provide(eagerStorage(url, 1), { local: true }),
                 Effect.forkChild({ startImmediately: true })
               )
               yield* Deferred.await(locked)
