@@ -88,7 +88,8 @@ const suites = [
   "packages/storage/test/PgQueueStorage.pruneCounts.test.ts",
   "packages/storage/test/FleetRate.pg.test.ts",
   "packages/storage/test/FleetRate.keyed.pg.test.ts",
-  "packages/storage/test/PgQueueStorage.plans.test.ts"
+  "packages/storage/test/PgQueueStorage.plans.test.ts",
+  "packages/storage/test/PgQueueStorage.tombstones.test.ts"
 ]
 
 const arg = (name: string) => {

@@ -7,8 +7,12 @@
  * subtransaction so every call finds the same backlog. Rounds alternate the calls; the table
  * gives each call's median, minimum and maximum µs over the rounds.
  *
- *   node --conditions=@awa/source bench/src/claimCost.ts [--jobs 20000] [--rounds 8] [--calls 300]
+ *   node --conditions=@awa/source bench/src/claimCost.ts [--jobs 20000] [--rounds 8] [--calls 300] [--slots 1]
  *   DATABASE_URL=postgres://…/postgres node --conditions=@awa/source bench/src/claimCost.ts   # any server
+ *
+ * `--slots n` spreads each backlog over n ring slots (a rotation after every n-th of it), as a
+ * drain's backlog spans the slots rotated in while it was enqueued: probes that read every live
+ * slot (the tombstone anti-join before migration 0052) cost more per row with more of them.
  *
  * Each measurement's loop runs in one transaction (its calls are rolled back one by one, and the
  * dead rows they leave are vacuumed before the next measurement). Read the figures as relative
@@ -32,6 +36,7 @@ import {
 const jobs = intArg("--jobs", 20_000)
 const rounds = intArg("--rounds", 8)
 const calls = intArg("--calls", 300)
+const slots = intArg("--slots", 1)
 
 const plain = "cost_plain"
 const sharded = "cost_sharded"
@@ -42,6 +47,7 @@ const policy = "cost_policy"
 const probes: ReadonlyArray<readonly [string, string]> = [
   ["claim(1), one lane", `SELECT count(*) FROM awa.claim('${plain}', 1, 0, 0)`],
   ["claim(50), one lane", `SELECT count(*) FROM awa.claim('${plain}', 50, 0, 0)`],
+  ["claim(200), one lane", `SELECT count(*) FROM awa.claim('${plain}', 200, 0, 0)`],
   ["claim(1), 8 shards", `SELECT count(*) FROM awa.claim('${sharded}', 1, 0, 0)`],
   ["claim(50), 8 shards", `SELECT count(*) FROM awa.claim('${sharded}', 50, 0, 0)`],
   ["claim_keyed(1), one lane", `SELECT count(*) FROM awa.claim_keyed('${keyed}', '${policy}', 1, 0, 0)`],
@@ -65,6 +71,13 @@ const load = (url: string) =>
       yield* storage.enqueueMany(
         seqs.map((n) => ({ kind: "cost", queue: keyed, args: { n }, concurrencyKey: `k${n % 1000}` }))
       )
+      // the next part of each backlog in the next slot
+      if (
+        slots > 1 &&
+        from + chunk < jobs &&
+        Math.floor(((from + chunk) * slots) / jobs) > Math.floor((from * slots) / jobs)
+      )
+        yield* storage.rotate
     }
   }).pipe(
     Effect.provide(
@@ -119,7 +132,7 @@ const program = Effect.gen(function* () {
   yield* load(url)
   const samples = yield* measure(url)
   console.log(
-    `claim cost in one backend: ${jobs.toLocaleString("en-US")} jobs per backlog, ${rounds} rounds of ${calls} calls`
+    `claim cost in one backend: ${jobs.toLocaleString("en-US")} jobs per backlog over ${slots} slot(s), ${rounds} rounds of ${calls} calls`
   )
   console.log(
     table(

@@ -1104,10 +1104,16 @@ BEGIN
         -- two ranges of scalar parameters: what partition pruning can use at executor start-up
         -- (it cannot use `slot = ANY (array parameter)`), so the other children are not opened
         AND (r.slot BETWEEN v_lo1 AND v_hi1 OR r.slot BETWEEN v_lo2 AND v_hi2)
-        -- a tombstone lives in its ready row's slot
-        AND NOT EXISTS (SELECT 1 FROM ready_tombstones t
-                        WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard AND t.lane_seq = r.lane_seq
-                          AND (t.slot BETWEEN v_lo1 AND v_hi1 OR t.slot BETWEEN v_lo2 AND v_hi2))
+        -- a tombstone lives in its ready row's slot. 0052: probed per row only when the lane has
+        -- one at or past the cursor in these slots, which the first arm asks once (uncorrelated:
+        -- an InitPlan, in this statement's snapshot); the common lane has none.
+        AND (NOT EXISTS (SELECT 1 FROM ready_tombstones t0 -- 0052
+                         WHERE t0.queue = p_queue AND t0.priority = v_prios[v_k] AND t0.shard = v_shards[v_k] -- 0052
+                           AND t0.lane_seq >= v_cursor -- 0052
+                           AND (t0.slot BETWEEN v_lo1 AND v_hi1 OR t0.slot BETWEEN v_lo2 AND v_hi2)) -- 0052
+             OR NOT EXISTS (SELECT 1 FROM ready_tombstones t
+                            WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard AND t.lane_seq = r.lane_seq
+                              AND (t.slot BETWEEN v_lo1 AND v_hi1 OR t.slot BETWEEN v_lo2 AND v_hi2))) -- 0052
         -- Paused, checked again in the pick's own snapshot: the check above ran in an earlier
         -- statement, and a job enqueued after a pause committed (seen here) must not be claimed.
         AND NOT EXISTS (SELECT 1 FROM queue_meta m WHERE m.queue = p_queue AND m.paused)
@@ -1403,9 +1409,14 @@ BEGIN
       FROM ready r
       WHERE r.queue = p_queue AND r.priority = v_prios[v_k] AND r.shard = v_shards[v_k] AND r.lane_seq >= v_cursor
         AND (r.slot BETWEEN v_lo1 AND v_hi1 OR r.slot BETWEEN v_lo2 AND v_hi2)
-        AND NOT EXISTS (SELECT 1 FROM ready_tombstones t
-                        WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard AND t.lane_seq = r.lane_seq
-                          AND (t.slot BETWEEN v_lo1 AND v_hi1 OR t.slot BETWEEN v_lo2 AND v_hi2))
+        -- 0052: per row only when the lane has a tombstone at or past the cursor (as claim's pick)
+        AND (NOT EXISTS (SELECT 1 FROM ready_tombstones t0 -- 0052
+                         WHERE t0.queue = p_queue AND t0.priority = v_prios[v_k] AND t0.shard = v_shards[v_k] -- 0052
+                           AND t0.lane_seq >= v_cursor -- 0052
+                           AND (t0.slot BETWEEN v_lo1 AND v_hi1 OR t0.slot BETWEEN v_lo2 AND v_hi2)) -- 0052
+             OR NOT EXISTS (SELECT 1 FROM ready_tombstones t
+                            WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard AND t.lane_seq = r.lane_seq
+                              AND (t.slot BETWEEN v_lo1 AND v_hi1 OR t.slot BETWEEN v_lo2 AND v_hi2))) -- 0052
         AND NOT EXISTS (SELECT 1 FROM queue_meta m WHERE m.queue = p_queue AND m.paused)
         AND r.lane_seq < coalesce((SELECT p.lane_seq FROM parked p
                                    WHERE p.queue = p_queue AND p.priority = v_prios[v_k] AND p.shard = v_shards[v_k]

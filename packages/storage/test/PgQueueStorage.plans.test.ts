@@ -155,8 +155,11 @@ describe("hot path plans", () => {
             SELECT current_setting('server_version_num')::int AS version`
           const descentPerElement = server!.version < 170000
           // A scan of the retained claims alone would read well over 1,000 blocks; the batch's
-          // own rows take a few per partition plus a handful per job.
-          const smallLimit = descentPerElement ? 650 : 450
+          // own rows take a few per partition plus a handful per job. The measured claim plans
+          // again (the session's plan predates the ring's statistics), and planning reads the
+          // metapage of every child index a statement names while the index is empty: since 0052
+          // the pick names ready_tombstones twice: up to 64 more such reads (418 → 464 blocks on 17).
+          const smallLimit = descentPerElement ? 700 : 500
           assert.isBelow(
             small.blocks,
             smallLimit,
