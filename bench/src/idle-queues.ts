@@ -18,17 +18,22 @@ import { Awa, AwaClient, Handler, type Worker } from "@awa/runtime"
 import { NodeRuntime } from "@effect/platform-node"
 import { PgClient } from "@effect/sql-pg"
 import { Clock, Console, Deferred, Effect, Layer, Redacted, Schema } from "effect"
-import { acquireServer, createDatabase, databaseName, dropDatabase, execute, loadLine, round } from "./lib.ts"
+import {
+  acquireServer,
+  createDatabase,
+  databaseName,
+  dropDatabase,
+  execute,
+  loadLine,
+  round,
+  stringArg
+} from "./lib.ts"
 
-const arg = (name: string, fallback: string) => {
-  const i = process.argv.indexOf(`--${name}`)
-  return i === -1 ? fallback : process.argv[i + 1]!
-}
-const queueCount = Number(arg("queues", "1000"))
-const warmupS = Number(arg("warmup", "90"))
-const windowS = Number(arg("window", "60"))
-const mode = arg("mode", "backoff") as "backoff" | "fixed"
-const probes = Number(arg("probes", "20"))
+const queueCount = Number(stringArg("--queues", "1000"))
+const warmupS = Number(stringArg("--warmup", "90"))
+const windowS = Number(stringArg("--window", "60"))
+const mode = stringArg("--mode", "backoff") as "backoff" | "fixed"
+const probes = Number(stringArg("--probes", "20"))
 
 const Probe = Job.define({ kind: "idle_probe", args: Schema.Struct({ sentAt: Schema.Number }), queue: "iq0" })
 

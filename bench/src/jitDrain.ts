@@ -16,15 +16,11 @@
 import os from "node:os"
 import { EmbeddedPostgres } from "@awa/testing"
 import { Effect } from "effect"
-import { createDatabase, databaseName, dropDatabase, execute, withClient } from "./lib.ts"
+import { createDatabase, databaseName, dropDatabase, execute, stringArg, withClient } from "./lib.ts"
 import { make } from "./systems/awa.ts"
 
-const arg = (name: string, fallback: string) => {
-  const i = process.argv.indexOf(name)
-  return i >= 0 ? process.argv[i + 1]! : fallback
-}
-const jobs = Number(arg("--jobs", "5000"))
-const cap = Number(arg("--cap", "5"))
+const jobs = Number(stringArg("--jobs", "5000"))
+const cap = Number(stringArg("--cap", "5"))
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms))
 

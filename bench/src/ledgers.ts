@@ -21,14 +21,19 @@ import { NodeRuntime } from "@effect/platform-node"
 import { PgClient } from "@effect/sql-pg"
 import { Console, Effect, Layer, Redacted } from "effect"
 import { Reactivity } from "effect/reactivity"
-import { acquireServer, createDatabase, databaseName, dropDatabase, loadLine, now, round } from "./lib.ts"
+import {
+  acquireServer,
+  createDatabase,
+  databaseName,
+  dropDatabase,
+  loadLine,
+  now,
+  round,
+  stringArg
+} from "./lib.ts"
 
-const arg = (name: string, fallback: string) => {
-  const i = process.argv.indexOf(`--${name}`)
-  return i === -1 ? fallback : process.argv[i + 1]!
-}
-const days = Number(arg("days", "30"))
-const reps = Number(arg("reps", "30"))
+const days = Number(stringArg("--days", "30"))
+const reps = Number(stringArg("--reps", "30"))
 const queueGenerations = days * 8640
 const historyGenerations = days * 1440
 

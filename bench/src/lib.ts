@@ -134,6 +134,13 @@ export const dropDatabase = (serverUrl: string, name: string) =>
 // ---------------------------------------------------------------------------------------------
 // Arguments, timing and stored-job fixtures (stats.ts, dashboard.ts)
 
+/** `--name <value>` from the command line, else `fallback`. */
+export const stringArg = (name: string, fallback: string): string => {
+  const argv = process.argv.slice(2)
+  const i = argv.indexOf(name)
+  return i === -1 ? fallback : argv[i + 1]!
+}
+
 /** `--name <non-negative integer>` from the command line, else `fallback`. */
 export const intArg = (name: string, fallback: number): number => {
   const argv = process.argv.slice(2)

@@ -18,18 +18,23 @@ import { NodeRuntime } from "@effect/platform-node"
 import { PgClient } from "@effect/sql-pg"
 import { Console, Effect, Layer, Redacted } from "effect"
 import { Reactivity } from "effect/reactivity"
-import { acquireServer, createDatabase, databaseName, dropDatabase, loadLine, now, round } from "./lib.ts"
+import {
+  acquireServer,
+  createDatabase,
+  databaseName,
+  dropDatabase,
+  loadLine,
+  now,
+  round,
+  stringArg
+} from "./lib.ts"
 
-const arg = (name: string, fallback: string) => {
-  const i = process.argv.indexOf(`--${name}`)
-  return i === -1 ? fallback : process.argv[i + 1]!
-}
-const backlogJobs = Number(arg("backlog", "1000000"))
-const busyJobs = Number(arg("busy", "200000"))
-const heldJobs = Number(arg("held", "1000"))
-const busyPerTick = Number(arg("busy-per-tick", "2000"))
-const slowPerTick = Number(arg("slow-per-tick", "200"))
-const drainBatch = Number(arg("drain-batch", "1000"))
+const backlogJobs = Number(stringArg("--backlog", "1000000"))
+const busyJobs = Number(stringArg("--busy", "200000"))
+const heldJobs = Number(stringArg("--held", "1000"))
+const busyPerTick = Number(stringArg("--busy-per-tick", "2000"))
+const slowPerTick = Number(stringArg("--slow-per-tick", "200"))
+const drainBatch = Number(stringArg("--drain-batch", "1000"))
 const retention = { completedMs: 86_400_000, failedMs: 259_200_000, cancelledMs: 259_200_000 }
 
 const job = (queue: string, n: number) => ({ kind: "liveness", queue, args: { n } })

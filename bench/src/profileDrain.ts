@@ -30,18 +30,14 @@ import { join } from "node:path"
 import { EmbeddedPostgres } from "@awa/testing"
 import { Effect } from "effect"
 import { resetStatements, topStatements } from "./compare/observer.ts"
-import { createDatabase, databaseName, dropDatabase, withClient } from "./lib.ts"
+import { createDatabase, databaseName, dropDatabase, stringArg, withClient } from "./lib.ts"
 import { factories } from "./systems/factories.ts"
 import type { Profile, SystemName } from "./systems/types.ts"
 
-const arg = (name: string, fallback: string) => {
-  const i = process.argv.indexOf(name)
-  return i >= 0 ? process.argv[i + 1]! : fallback
-}
-const system = arg("--system", "awa") as SystemName
-const jobs = Number(arg("--jobs", "20000"))
-const awaProfile = arg("--profile", "tuned") as Profile
-const warm = Number(arg("--warm", "1000"))
+const system = stringArg("--system", "awa") as SystemName
+const jobs = Number(stringArg("--jobs", "20000"))
+const awaProfile = stringArg("--profile", "tuned") as Profile
+const warm = Number(stringArg("--warm", "1000"))
 const keepDatabase = process.argv.includes("--keep-database")
 const allocations = process.argv.includes("--alloc")
 const statements = process.argv.includes("--statements")

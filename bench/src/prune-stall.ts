@@ -35,18 +35,15 @@ import {
   loadLine,
   now,
   round,
+  stringArg,
   table
 } from "./lib.ts"
 
-const arg = (name: string, fallback: string) => {
-  const i = process.argv.indexOf(`--${name}`)
-  return i === -1 ? fallback : process.argv[i + 1]!
-}
-const sizes = arg("sizes", "20000,100000").split(",").map(Number)
-const reps = Number(arg("reps", "2"))
-const variants = arg("variants", "old,new").split(",") as Array<"old" | "new">
-const retentions = arg("retention", "0,day").split(",")
-const intervalMs = Number(arg("interval", "5"))
+const sizes = stringArg("--sizes", "20000,100000").split(",").map(Number)
+const reps = Number(stringArg("--reps", "2"))
+const variants = stringArg("--variants", "old,new").split(",") as Array<"old" | "new">
+const retentions = stringArg("--retention", "0,day").split(",")
+const intervalMs = Number(stringArg("--interval", "5"))
 const day = 86_400_000
 const retentionOf = (r: string): RetentionParams =>
   r === "day"

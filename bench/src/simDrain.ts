@@ -12,14 +12,11 @@
 import { Job } from "@awa/core"
 import { Awa, AwaClient, Handler } from "@awa/runtime"
 import { Deferred, Effect, Layer, References, Schema } from "effect"
+import { stringArg } from "./lib.ts"
 
-const arg = (name: string, fallback: string) => {
-  const i = process.argv.indexOf(name)
-  return i >= 0 ? process.argv[i + 1]! : fallback
-}
-const jobs = Number(arg("--jobs", "20000"))
-const tuned = arg("--profile", "tuned") === "tuned"
-const rounds = Number(arg("--rounds", "5"))
+const jobs = Number(stringArg("--jobs", "20000"))
+const tuned = stringArg("--profile", "tuned") === "tuned"
+const rounds = Number(stringArg("--rounds", "5"))
 
 const BenchJob = Job.define({ kind: "bench", args: Schema.Struct({ seq: Schema.Number }), queue: "bench" })
 

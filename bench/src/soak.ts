@@ -19,16 +19,12 @@
  */
 import { EmbeddedPostgres } from "@awa/testing"
 import { Effect } from "effect"
-import { createDatabase, databaseName, dropDatabase, intArg } from "./lib.ts"
+import { createDatabase, databaseName, dropDatabase, intArg, stringArg } from "./lib.ts"
 import { factories } from "./systems/factories.ts"
 import type { Profile, SystemName } from "./systems/types.ts"
 
-const arg = (name: string, fallback: string) => {
-  const i = process.argv.indexOf(name)
-  return i >= 0 ? process.argv[i + 1]! : fallback
-}
-const system = arg("--system", "awa") as SystemName
-const profile = arg("--profile", "tuned") as Profile
+const system = stringArg("--system", "awa") as SystemName
+const profile = stringArg("--profile", "tuned") as Profile
 const seconds = intArg("--seconds", 60)
 const every = intArg("--every", 10)
 /** Jobs per second offered; 0 (the default): as many as the workers take. */

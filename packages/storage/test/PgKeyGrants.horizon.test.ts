@@ -7,19 +7,12 @@
  * of an earlier lane of the same call, grants taken while the policy was disabled) and that the
  * count does not read the key's history.
  */
-import { TestDatabase } from "@awa/testing"
 import { assert, describe, it } from "@effect/vitest"
-import { Effect, Layer } from "effect"
+import { Effect } from "effect"
 import { SqlClient } from "effect/sql"
 import { type KeyedClaim, KeyGrants } from "../src/KeyGrants.ts"
-import { layer as pgGrants } from "../src/PgKeyGrants.ts"
 import { type ClaimedJob, QueueStorage } from "../src/QueueStorage.ts"
-import { eagerStorage, fresh } from "./pgFixtures.ts"
-
-const withGrants = <A, E>(body: Effect.Effect<A, E, QueueStorage | KeyGrants | SqlClient.SqlClient>) =>
-  Effect.flatMap(TestDatabase.acquire(), ({ url }) =>
-    body.pipe(Effect.provide(pgGrants().pipe(Layer.provideMerge(eagerStorage(url, 2)))))
-  )
+import { fresh, withGrantsDatabase } from "./pgFixtures.ts"
 
 const claimOf = (queue: string, policy: string, max = 10) => ({
   queue,
@@ -63,7 +56,7 @@ const claimsIndexReads = Effect.flatMap(SqlClient.SqlClient, (sql) =>
 
 describe("key grants counted from the key's horizon (0036)", () => {
   it.live("a long-open grant stays counted past many later grants of its key", () =>
-    withGrants(
+    withGrantsDatabase(
       Effect.gen(function* () {
         const grants = yield* KeyGrants
         const q = fresh("horizon-long")
@@ -93,7 +86,7 @@ describe("key grants counted from the key's horizon (0036)", () => {
   )
 
   it.live("grants of the same key from an earlier lane of the same call are counted by later calls", () =>
-    withGrants(
+    withGrantsDatabase(
       Effect.gen(function* () {
         const grants = yield* KeyGrants
         const q = fresh("horizon-lanes")
@@ -119,7 +112,7 @@ describe("key grants counted from the key's horizon (0036)", () => {
   )
 
   it.live("grants taken while the policy was disabled are counted once it is active again", () =>
-    withGrants(
+    withGrantsDatabase(
       Effect.gen(function* () {
         const grants = yield* KeyGrants
         const sql = yield* SqlClient.SqlClient
@@ -147,7 +140,7 @@ describe("key grants counted from the key's horizon (0036)", () => {
   )
 
   it.live("the count reads the grants since the key's horizon, not the key's history", () =>
-    withGrants(
+    withGrantsDatabase(
       Effect.gen(function* () {
         const grants = yield* KeyGrants
         const sql = yield* SqlClient.SqlClient

@@ -13,13 +13,20 @@
  */
 import { TestDatabase } from "@awa/testing"
 import { assert, describe, it } from "@effect/vitest"
-import { Deferred, Effect, Fiber, Layer } from "effect"
+import { Deferred, Effect, Fiber } from "effect"
 import { SqlClient } from "effect/sql"
 import { KeyGrants } from "../src/KeyGrants.ts"
-import { layer as pgGrants } from "../src/PgKeyGrants.ts"
 import type { ClaimedJob } from "../src/QueueStorage.ts"
 import { QueueStorage } from "../src/QueueStorage.ts"
-import { claimOf, completeAll, eagerStorage, fresh, keepNothing } from "./pgFixtures.ts"
+import {
+  claimers,
+  claimOf,
+  completeAll,
+  eagerGrants,
+  eagerStorage,
+  fresh,
+  keepNothing
+} from "./pgFixtures.ts"
 
 const job = (queue: string, name: string) => ({ kind: "cursor", queue, args: { name }, concurrencyKey: name })
 
@@ -27,27 +34,11 @@ const names = (rows: ReadonlyArray<ClaimedJob>) => rows.map((r) => (r.args as { 
 
 const policyOf = (q: string) => `${q}-policy`
 
-/** The two claims that read a lane's cursor: claim, and claim_keyed under a policy no key reaches. */
-const claimers: Record<
-  "claim" | "claim_keyed",
-  (q: string) => Effect.Effect<ReadonlyArray<string>, unknown, QueueStorage | KeyGrants>
-> = {
-  claim: (q: string) => Effect.flatMap(QueueStorage, (s) => s.claim(claimOf(q, 10))).pipe(Effect.map(names)),
-  claim_keyed: (q: string) =>
-    Effect.gen(function* () {
-      const grants = yield* KeyGrants
-      const out = yield* grants.claim({
-        queue: q,
-        policy: policyOf(q),
-        max: 10,
-        deadlineMs: 0,
-        agingIntervalMs: 0
-      })
-      return out._tag === "Claimed" ? names(out.jobs) : []
-    })
-}
+/** The two claims that read a lane's cursor, returning the jobs' names (the keyed one under a policy no key reaches). */
+const claimNames = (claimer: keyof typeof claimers, q: string) =>
+  Effect.map(claimers[claimer](q, policyOf(q), 10), names)
 
-const session = (url: string) => pgGrants().pipe(Layer.provideMerge(eagerStorage(url, 1)))
+const session = (url: string) => eagerGrants(url, 1)
 
 /** Waits until some session of this database waits for a relation lock. */
 const untilRelationLockWaiter = Effect.gen(function* () {
@@ -107,7 +98,7 @@ describe("claim's cursor in the live slots (0047)", () => {
         }).pipe(Effect.provide(eagerStorage(url, 1)), Effect.forkChild({ startImmediately: true }))
         assert.deepStrictEqual(yield* Deferred.await(pruned), { marks: "2:2", carried: "2:2,2:3" })
 
-        const claiming = yield* claimers[claimer](q).pipe(
+        const claiming = yield* claimNames(claimer, q).pipe(
           Effect.provide(session(url)),
           Effect.forkChild({ startImmediately: true })
         )

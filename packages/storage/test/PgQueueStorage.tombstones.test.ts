@@ -11,44 +11,21 @@
  * and with the first probe asking `> cursor` instead of `>= cursor` (the second claim took the
  * cancelled job at the cursor).
  */
-import { TestDatabase } from "@awa/testing"
 import { assert, describe, it } from "@effect/vitest"
-import { Effect, Layer } from "effect"
+import { Effect } from "effect"
 import { SqlClient } from "effect/sql"
 import { KeyGrants } from "../src/KeyGrants.ts"
-import { layer as pgGrants } from "../src/PgKeyGrants.ts"
 import type { ClaimedJob } from "../src/QueueStorage.ts"
 import { QueueStorage } from "../src/QueueStorage.ts"
-import { claimOf, eagerStorage, fresh } from "./pgFixtures.ts"
+import { claimers, fresh, withGrantsDatabase } from "./pgFixtures.ts"
 
 const names = (rows: ReadonlyArray<ClaimedJob>) => rows.map((r) => (r.args as { n: number }).n)
 
 const policyOf = (q: string) => `${q}-policy`
 
-/** The two claims whose pick reads the tombstones: claim, and claim_keyed under a policy no key reaches. */
-const claimers: Record<
-  "claim" | "claim_keyed",
-  (q: string, max: number) => Effect.Effect<ReadonlyArray<number>, unknown, QueueStorage | KeyGrants>
-> = {
-  claim: (q, max) => Effect.flatMap(QueueStorage, (s) => s.claim(claimOf(q, max))).pipe(Effect.map(names)),
-  claim_keyed: (q, max) =>
-    Effect.gen(function* () {
-      const out = yield* (yield* KeyGrants).claim({
-        queue: q,
-        policy: policyOf(q),
-        max,
-        deadlineMs: 0,
-        agingIntervalMs: 0
-      })
-      return out._tag === "Claimed" ? names(out.jobs) : []
-    })
-}
-
-const withDatabase = <A, E>(body: Effect.Effect<A, E, QueueStorage | KeyGrants | SqlClient.SqlClient>) =>
-  Effect.gen(function* () {
-    const { url } = yield* TestDatabase.acquire()
-    return yield* body.pipe(Effect.provide(pgGrants().pipe(Layer.provideMerge(eagerStorage(url, 2)))))
-  })
+/** The claim under test, returning the jobs' `n`s (the keyed one under a policy no key reaches). */
+const claimerOf = (claimer: keyof typeof claimers) => (q: string, max: number) =>
+  Effect.map(claimers[claimer](q, policyOf(q), max), names)
 
 /** Enqueues jobs n = from … to-1 on the queue (each with its own concurrency key). */
 const enqueueRange = (q: string, from: number, to: number) =>
@@ -75,7 +52,7 @@ describe("tombstone probes in the claim (0052)", () => {
   it.live.each(Object.keys(claimers) as Array<keyof typeof claimers>)(
     "%s skips exactly the cancelled rows: at the cursor, mid-batch, first and last of another slot",
     (claimer) =>
-      withDatabase(
+      withGrantsDatabase(
         Effect.gen(function* () {
           const storage = yield* QueueStorage
           const q = fresh("tomb")
@@ -86,7 +63,7 @@ describe("tombstone probes in the claim (0052)", () => {
           const second = yield* enqueueRange(q, 10, 20)
           const cancelled = [first[0]!, first[4]!, second[0]!, second[9]!]
           for (const job of cancelled) yield* storage.cancelJob(job.id, "test")
-          const claim = claimers[claimer]
+          const claim = claimerOf(claimer)
           assert.deepStrictEqual(
             yield* claim(q, 100),
             [1, 2, 3, 5, 6, 7, 8, 9, 11, 12, 13, 14, 15, 16, 17, 18]
@@ -105,13 +82,13 @@ describe("tombstone probes in the claim (0052)", () => {
   it.live.each(Object.keys(claimers) as Array<keyof typeof claimers>)(
     "%s probes per row only while its lane has a tombstone at or past the cursor",
     (claimer) =>
-      withDatabase(
+      withGrantsDatabase(
         Effect.gen(function* () {
           const storage = yield* QueueStorage
           const sql = yield* SqlClient.SqlClient
           const q = fresh("tomb")
           yield* (yield* KeyGrants).create({ id: policyOf(q), maxInFlight: 1_000 })
-          const claim = claimers[claimer]
+          const claim = claimerOf(claimer)
           // a tombstone behind the cursor (its row was skipped by a claim), and three live slots
           const head = yield* enqueueRange(q, 0, 2)
           yield* storage.cancelJob(head[0]!.id, "test")

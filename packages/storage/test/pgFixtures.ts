@@ -1,13 +1,16 @@
 /**
  * Shared fixtures of the Postgres storage tests (properties, prune, ledgers, liveness): retention
- * policies, fresh queue names, job and claim parameters, completing a claimed batch, storage on a
- * pool of its own, and a transaction held open on its own connection.
+ * policies, fresh queue names, job and claim parameters, completing a claimed batch, the two
+ * claims side by side, storage (and key grants) on a pool of its own, and a transaction held open
+ * on its own connection.
  */
 import { randomUUID } from "node:crypto"
 import { TestDatabase } from "@awa/testing"
 import { PgClient } from "@effect/sql-pg"
 import { Deferred, Effect, Layer, Redacted, Schedule, type Scope } from "effect"
 import { SqlClient } from "effect/sql"
+import { KeyGrants } from "../src/KeyGrants.ts"
+import { layer as pgGrants } from "../src/PgKeyGrants.ts"
 import { type PgQueueStorageOptions, layer as pgLayer } from "../src/PgQueueStorage.ts"
 import { type ClaimedJob, QueueStorage, type RetentionParams } from "../src/QueueStorage.ts"
 
@@ -29,31 +32,59 @@ export const completeAll = (claimed: ReadonlyArray<ClaimedJob>) =>
     )
   )
 
+/**
+ * The two claims that read a lane, by migration name: `claim`, and `claim_keyed` under `policy`
+ * (for what both share, a policy no key of the test reaches). A gated keyed claim returns no jobs.
+ */
+export const claimers: Record<
+  "claim" | "claim_keyed",
+  (
+    queue: string,
+    policy: string,
+    max: number
+  ) => Effect.Effect<ReadonlyArray<ClaimedJob>, unknown, QueueStorage | KeyGrants>
+> = {
+  claim: (queue, _policy, max) => Effect.flatMap(QueueStorage, (s) => s.claim(claimOf(queue, max))),
+  claim_keyed: (queue, policy, max) =>
+    Effect.flatMap(KeyGrants, (grants) =>
+      Effect.map(grants.claim({ queue, policy, max, deadlineMs: 0, agingIntervalMs: 0 }), (out) =>
+        out._tag === "Claimed" ? out.jobs : []
+      )
+    )
+}
+
 /** Storage on its own pool of `url`, rotating whenever the slot has rows, carrying at once. */
 export const eagerStorage = (url: string, maxConnections: number, options: PgQueueStorageOptions = {}) =>
   pgLayer({ rotateMinRows: 1, pruneCarryAfterMs: 0, ...options }).pipe(
     Layer.provideMerge(PgClient.layer({ url: Redacted.make(url), maxConnections }))
   )
 
+/** Eager storage and the key-grant layer on it, on a pool of `maxConnections`. */
+export const eagerGrants = (url: string, maxConnections: number) =>
+  pgGrants().pipe(Layer.provideMerge(eagerStorage(url, maxConnections)))
+
 /** `body` in a fresh database, with eager storage on a pool of `maxConnections` and its clients. */
 export const withStorageDatabase = <A, E>(
   body: (
     url: string
   ) => Effect.Effect<A, E, QueueStorage | PgClient.PgClient | SqlClient.SqlClient | Scope.Scope>,
-  maxConnections = 4
+  maxConnections = 4,
+  options: PgQueueStorageOptions = {}
 ) =>
   Effect.flatMap(TestDatabase.acquire(), ({ url }) =>
-    body(url).pipe(Effect.provide(eagerStorage(url, maxConnections)))
+    body(url).pipe(Effect.provide(eagerStorage(url, maxConnections, options)))
   )
 
 /** `body` in a fresh database, with eager storage (3 connections) and its SQL client. */
 export const withEagerDatabase = <A, E>(
   options: PgQueueStorageOptions,
   body: (url: string) => Effect.Effect<A, E, QueueStorage | SqlClient.SqlClient>
-) =>
-  Effect.flatMap(TestDatabase.acquire(), ({ url }) =>
-    body(url).pipe(Effect.provide(eagerStorage(url, 3, options)))
-  )
+) => withStorageDatabase(body, 3, options)
+
+/** `body` in a fresh database, with eager storage and key grants on a pool of 2 and its SQL client. */
+export const withGrantsDatabase = <A, E>(
+  body: Effect.Effect<A, E, QueueStorage | KeyGrants | SqlClient.SqlClient>
+) => Effect.flatMap(TestDatabase.acquire(), ({ url }) => body.pipe(Effect.provide(eagerGrants(url, 2))))
 
 /**
  * Runs `statement` in a transaction on its own connection and keeps it open until `release`
