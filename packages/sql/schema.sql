@@ -52,6 +52,21 @@ PARTITION BY LIST (slot);
 -- partitions: claim_marks_0 … claim_marks_15, one per slot (FOR VALUES IN (k))
 -- privileges besides the owner: owner only
 
+CREATE TABLE awa.claim_spans (
+  slot integer NOT NULL,
+  generation bigint NOT NULL,
+  queue text NOT NULL,
+  priority smallint NOT NULL,
+  shard smallint NOT NULL,
+  first_lane_seq bigint NOT NULL,
+  last_lane_seq bigint NOT NULL,
+  claimed_at timestamp with time zone NOT NULL,
+  deadline_at timestamp with time zone
+)
+PARTITION BY LIST (slot);
+-- partitions: claim_spans_0 … claim_spans_15, one per slot (FOR VALUES IN (k))
+-- privileges besides the owner: owner only
+
 CREATE TABLE awa.claims (
   slot integer NOT NULL,
   generation bigint NOT NULL,
@@ -447,9 +462,9 @@ CREATE INDEX attempt_state_resumed ON awa.attempt_state USING btree (job_id) WHE
 
 CREATE INDEX claim_marks_queue_priority_shard_next_lane_seq_idx ON ONLY awa.claim_marks USING btree (queue, priority, shard, next_lane_seq DESC);
 
-CREATE INDEX claims_claimed_at_idx ON ONLY awa.claims USING btree (claimed_at);
+CREATE INDEX claim_spans_claimed_at_idx ON ONLY awa.claim_spans USING btree (claimed_at);
 
-CREATE INDEX claims_deadline_at_idx ON ONLY awa.claims USING btree (deadline_at) WHERE (deadline_at IS NOT NULL);
+CREATE INDEX claim_spans_deadline_at_idx ON ONLY awa.claim_spans USING btree (deadline_at) WHERE (deadline_at IS NOT NULL);
 
 CREATE INDEX claims_key_seq_idx ON ONLY awa.claims USING btree (key_policy, key_digest, key_seq) WHERE (key_policy IS NOT NULL);
 
@@ -1140,6 +1155,14 @@ BEGIN
       FROM picked p
       WHERE p.unique_key IS NULL OR (p.unique_states & 6) <> 4 -- 0024: not a row whose key is taken at claim
     ),
+    -- 0053: the claims' times, once per slot the claimed rows lie in (see claim_spans)
+    span AS ( -- 0053
+      INSERT INTO claim_spans (slot, generation, queue, priority, shard, first_lane_seq, last_lane_seq, claimed_at, deadline_at) -- 0053
+      SELECT p.slot, p.generation, p_queue, v_prios[v_k], v_shards[v_k], min(p.lane_seq), max(p.lane_seq), v_now, v_deadline -- 0053
+      FROM picked p -- 0053
+      WHERE p.unique_key IS NULL OR (p.unique_states & 6) <> 4 -- 0053: the rows ins claims
+      GROUP BY p.slot, p.generation -- 0053
+    ),
     -- available -> running leaves a mask that holds 'available' but not 'running': the key goes
     -- (capabilities.md §4). Default masks hold both: the filter finds nothing.
     rel_unique AS (
@@ -1210,6 +1233,12 @@ BEGIN
       SELECT s.slot, s.generation, s.job_id, s.run_lease + 1, s.attempt + 1, s.queue, s.priority, s.shard, s.lane_seq,
              v_now, v_deadline
       FROM settled s WHERE s.holder = s.job_id
+    ),
+    span AS ( -- 0053: as in the pick above
+      INSERT INTO claim_spans (slot, generation, queue, priority, shard, first_lane_seq, last_lane_seq, claimed_at, deadline_at) -- 0053
+      SELECT s.slot, s.generation, p_queue, v_prios[v_k], v_shards[v_k], min(s.lane_seq), max(s.lane_seq), v_now, v_deadline -- 0053
+      FROM settled s WHERE s.holder = s.job_id -- 0053
+      GROUP BY s.slot, s.generation -- 0053
     ),
     tomb AS (
       INSERT INTO ready_tombstones (slot, generation, job_id, queue, priority, shard, lane_seq)
@@ -1544,6 +1573,12 @@ BEGIN
              v_now, v_deadline, CASE WHEN p.digest IS NOT NULL THEN p_policy END, p.digest,
              CASE WHEN p.digest IS NOT NULL THEN v_floor END, p.hz -- 0036: NULL unless counted (active)
       FROM picked p
+    ),
+    span AS ( -- 0053: the claims' times, once per slot the claimed rows lie in (see claim_spans)
+      INSERT INTO claim_spans (slot, generation, queue, priority, shard, first_lane_seq, last_lane_seq, claimed_at, deadline_at) -- 0053
+      SELECT p.slot, p.generation, p_queue, v_prios[v_k], v_shards[v_k], min(p.lane_seq), max(p.lane_seq), v_now, v_deadline -- 0053
+      FROM picked p -- 0053
+      GROUP BY p.slot, p.generation -- 0053
     )
     SELECT count(*)::int INTO v_n FROM picked; -- 0041
     v_out := v_out || v_rows[1:v_admit]; -- 0041: in lane order, each lane's rows by position
@@ -2285,7 +2320,7 @@ BEGIN
     WHERE l.locktype = 'relation' AND l.granted AND l.pid <> pg_backend_pid()
       AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
       AND l.relation IN (SELECT format('%I.%I', 'awa', t || '_' || p_slot)::regclass::oid
-                         FROM unnest(ARRAY['ready', 'ready_tombstones', 'claims', 'claim_marks', 'closures', 'terminal']) t)
+                         FROM unnest(ARRAY['ready', 'ready_tombstones', 'claims', 'claim_marks', 'closures', 'terminal', 'claim_spans']) t) -- 0053
       AND a.state IN ('idle in transaction', 'idle in transaction (aborted)')
       AND a.state_change < now() - p_idle_ms * interval '1 millisecond'
   LOOP
@@ -3615,7 +3650,7 @@ BEGIN
     RETURN;
   END;
 
-  v_children := format('%1$I.ready_%2$s, %1$I.ready_tombstones_%2$s, %1$I.claims_%2$s, %1$I.claim_marks_%2$s, %1$I.closures_%2$s, %1$I.terminal_%2$s',
+  v_children := format('%1$I.ready_%2$s, %1$I.ready_tombstones_%2$s, %1$I.claims_%2$s, %1$I.claim_marks_%2$s, %1$I.closures_%2$s, %1$I.terminal_%2$s, %1$I.claim_spans_%2$s', -- 0053
                        'awa', v_slot);
   -- Freeze the slot: SHARE waits for writers still inserting into it and keeps new ones out until
   -- commit, but does not conflict with the ACCESS SHARE of claimers and readers. A queued SHARE
@@ -3742,6 +3777,11 @@ BEGIN
     SELECT v_cur.slot, v_cur.generation, o.job_id, o.run_lease, o.attempt, o.queue, o.priority, o.shard, o.lane_seq, o.claimed_at, o.deadline_at,
            o.key_policy, o.key_digest -- 0033
     FROM unnest(v_open_claims) o;
+    -- 0053: their spans in the current slot, one per lane and claim time (a call's claims share it)
+    INSERT INTO claim_spans (slot, generation, queue, priority, shard, first_lane_seq, last_lane_seq, claimed_at, deadline_at) -- 0053
+    SELECT v_cur.slot, v_cur.generation, o.queue, o.priority, o.shard, min(o.lane_seq), max(o.lane_seq), o.claimed_at, o.deadline_at -- 0053
+    FROM unnest(v_open_claims) o -- 0053
+    GROUP BY o.queue, o.priority, o.shard, o.claimed_at, o.deadline_at; -- 0053
     -- the lane's cursor is past every carried row (they were claimed); a mark at it keeps it there
     -- once this slot's marks are gone
     INSERT INTO claim_marks (slot, generation, queue, priority, shard, next_lane_seq)
@@ -3883,9 +3923,17 @@ BEGIN
   IF p_carry_after_ms > 0 THEN -- 0048
     PERFORM set_config('enable_seqscan', 'off', true); -- 0048
     PERFORM set_config('enable_sort', 'off', true); -- 0048: the claimed_at index, newest first
-    SELECT c.job_id, c.run_lease INTO v_newest FROM claims c -- 0048
-    WHERE c.slot = v_slot AND c.claimed_at > now() - p_carry_after_ms * interval '1 millisecond' -- 0048
-    ORDER BY c.claimed_at DESC LIMIT 1; -- 0048
+    -- 0053: the newest claim span's last claim (a span's claims share its time; of one call's
+    -- claims, the last position is the one a worker reaches last)
+    SELECT o.job_id, o.run_lease INTO v_newest -- 0053
+    FROM claim_spans s -- 0053
+    CROSS JOIN LATERAL (SELECT c.job_id, c.run_lease FROM ready r -- 0053
+                        JOIN claims c ON c.job_id = r.job_id AND c.run_lease = r.run_lease + 1 AND c.slot = v_slot -- 0053
+                        WHERE r.slot = v_slot AND r.queue = s.queue AND r.priority = s.priority AND r.shard = s.shard -- 0053
+                          AND r.lane_seq BETWEEN s.first_lane_seq AND s.last_lane_seq -- 0053
+                        ORDER BY r.lane_seq DESC LIMIT 1) o -- 0053
+    WHERE s.slot = v_slot AND s.claimed_at > now() - p_carry_after_ms * interval '1 millisecond' -- 0053
+    ORDER BY s.claimed_at DESC LIMIT 1; -- 0053
     v_young := FOUND AND NOT EXISTS (SELECT 1 FROM closures z -- 0048
                                      WHERE z.slot = v_slot AND z.job_id = v_newest.job_id AND z.run_lease = v_newest.run_lease);
     PERFORM set_config('enable_seqscan', v_saved_seqscan, true); -- 0048
@@ -3912,10 +3960,16 @@ BEGIN
   -- planner picks one when the slot's child has no statistics yet).
   PERFORM set_config('enable_sort', 'off', true); -- 0040
   v_young := p_carry_after_ms > 0 AND coalesce(( -- 0040
-    SELECT true FROM claims c
-    WHERE c.slot = v_slot AND c.claimed_at > now() - p_carry_after_ms * interval '1 millisecond'
-      AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.slot = v_slot AND z.job_id = c.job_id AND z.run_lease = c.run_lease)
-    ORDER BY c.claimed_at DESC LIMIT 1 -- 0040
+    SELECT true FROM claim_spans s -- 0053: the claims by their spans, newest span first
+    CROSS JOIN LATERAL (SELECT 1 FROM ready r -- 0053
+                        JOIN claims c ON c.job_id = r.job_id AND c.run_lease = r.run_lease + 1 AND c.slot = v_slot -- 0053
+                        WHERE r.slot = v_slot AND r.queue = s.queue AND r.priority = s.priority AND r.shard = s.shard -- 0053
+                          AND r.lane_seq BETWEEN s.first_lane_seq AND s.last_lane_seq -- 0053
+                          AND c.claimed_at > now() - p_carry_after_ms * interval '1 millisecond' -- 0053
+                          AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.slot = v_slot AND z.job_id = c.job_id AND z.run_lease = c.run_lease)
+                        ORDER BY r.lane_seq DESC LIMIT 1) o -- 0053
+    WHERE s.slot = v_slot AND s.claimed_at > now() - p_carry_after_ms * interval '1 millisecond' -- 0053
+    ORDER BY s.claimed_at DESC LIMIT 1 -- 0040
   ), false);
   PERFORM set_config('enable_sort', v_saved_sort, true); -- 0040
   IF v_young THEN -- 0040
@@ -3938,8 +3992,8 @@ BEGIN
   END;
   END IF; -- 0044
 
-  v_children := format('%1$I.ready_%2$s, %1$I.ready_tombstones_%2$s, %1$I.claims_%2$s, %1$I.claim_marks_%2$s, %1$I.closures_%2$s, %1$I.terminal_%2$s',
-                       'awa', v_slot);
+  v_children := format('%1$I.ready_%2$s, %1$I.ready_tombstones_%2$s, %1$I.claims_%2$s, %1$I.claim_marks_%2$s, %1$I.closures_%2$s, %1$I.terminal_%2$s, %1$I.claim_spans_%2$s', -- 0053
+                       'awa', v_slot); -- 0053: the schema's name (0039-0048 spelled the default one)
   -- Freeze the slot (SHARE: waits out writers, keeps new ones out, blocks no reader).
   BEGIN
     PERFORM set_config('lock_timeout', v_timeout || 'ms', true);
@@ -4153,7 +4207,7 @@ BEGIN
     v_deadline := clock_timestamp() + p_force_timeout_ms * interval '1 millisecond';
     BEGIN
       PERFORM set_config('lock_timeout', p_force_timeout_ms || 'ms', true);
-      EXECUTE format('LOCK TABLE ONLY %1$I.claim_marks, ONLY %1$I.claims IN ACCESS EXCLUSIVE MODE', 'awa');
+      EXECUTE format('LOCK TABLE ONLY %1$I.claim_marks, ONLY %1$I.claims IN ACCESS EXCLUSIVE MODE', 'awa'); -- 0053: the schema's name
       LOOP
         BEGIN
           EXECUTE 'LOCK TABLE ' || v_children || ' IN ACCESS EXCLUSIVE MODE NOWAIT';
@@ -4203,6 +4257,11 @@ BEGIN
     SELECT v_cur.slot, v_cur.generation, o.job_id, o.run_lease, o.attempt, o.queue, o.priority, o.shard, o.lane_seq, o.claimed_at, o.deadline_at,
            o.key_policy, o.key_digest -- 0033
     FROM unnest(v_open_claims) o;
+    -- 0053: their spans in the current slot, one per lane and claim time (a call's claims share it)
+    INSERT INTO claim_spans (slot, generation, queue, priority, shard, first_lane_seq, last_lane_seq, claimed_at, deadline_at) -- 0053
+    SELECT v_cur.slot, v_cur.generation, o.queue, o.priority, o.shard, min(o.lane_seq), max(o.lane_seq), o.claimed_at, o.deadline_at -- 0053
+    FROM unnest(v_open_claims) o -- 0053
+    GROUP BY o.queue, o.priority, o.shard, o.claimed_at, o.deadline_at; -- 0053
     INSERT INTO claim_marks (slot, generation, queue, priority, shard, next_lane_seq)
     SELECT v_cur.slot, v_cur.generation, l.queue, l.priority, l.shard, lane_cursor(l.queue, l.priority, l.shard)
     FROM (SELECT DISTINCT o.queue, o.priority, o.shard FROM unnest(v_open_claims) o) l;
@@ -4694,6 +4753,9 @@ CREATE OR REPLACE FUNCTION awa.rescue(p_kind text, p_staleness_ms bigint, p_limi
  LANGUAGE plpgsql
  SET search_path TO 'awa', 'pg_catalog'
  SET jit TO 'off'
+ SET enable_hashjoin TO 'off'
+ SET enable_mergejoin TO 'off'
+ SET join_collapse_limit TO '1'
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -4708,13 +4770,22 @@ BEGIN
       USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
   END IF;
   IF p_kind = 'stale' THEN
+    -- 0053: the claims of the spans claimed before the cutoff: a span's lane positions in its
+    -- slot's ready rows, then their claims by primary key (the claim has the ready row's lease + 1),
+    -- joined in the order written (join_collapse_limit = 1, nested loops: the SET clauses). Spans
+    -- may overlap (claim's keys-at-claim span lies inside its pick's): one candidate per attempt.
     WITH cand AS (
-      SELECT c.job_id, c.run_lease, c.attempt FROM claims c
+      SELECT DISTINCT ON (c.claimed_at, c.job_id, c.run_lease) c.job_id, c.run_lease, c.attempt -- 0053
+      FROM claim_spans s -- 0053
+      JOIN ready r ON r.slot = s.slot AND r.queue = s.queue AND r.priority = s.priority AND r.shard = s.shard -- 0053
+                  AND r.lane_seq BETWEEN s.first_lane_seq AND s.last_lane_seq -- 0053
+      JOIN claims c ON c.job_id = r.job_id AND c.run_lease = r.run_lease + 1 AND c.slot = r.slot -- 0053
       LEFT JOIN attempt_state a ON a.job_id = c.job_id AND a.run_lease = c.run_lease
-      WHERE c.claimed_at < v_cutoff AND (a.heartbeat_at IS NULL OR a.heartbeat_at < v_cutoff)
+      WHERE s.claimed_at < v_cutoff -- 0053
+        AND c.claimed_at < v_cutoff AND (a.heartbeat_at IS NULL OR a.heartbeat_at < v_cutoff)
         AND NOT (coalesce(a.callback_waiting, false) AND a.callback_state = 'pending') -- 0034: parked, no worker heartbeats it
-        AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.job_id = c.job_id AND z.run_lease = c.run_lease)
-      ORDER BY c.claimed_at LIMIT p_limit
+        AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.job_id = c.job_id AND z.run_lease = c.run_lease AND z.slot = c.slot) -- 0053: z.slot
+      ORDER BY c.claimed_at, c.job_id, c.run_lease LIMIT p_limit -- 0053: DISTINCT ON's order
     )
     SELECT jsonb_agg(jsonb_build_object('job_id', cand.job_id, 'run_lease', cand.run_lease, 'outcome', 'retry',
              'delay_ms', backoff_ms(cand.attempt, random()), 'message', 'heartbeat stale: worker presumed dead',
@@ -4748,13 +4819,18 @@ BEGIN
       INTO v_items FROM cand; -- 0034
   ELSE
     WITH cand AS (
-      SELECT c.job_id, c.run_lease, c.attempt FROM claims c
-      WHERE c.deadline_at < now()
-        AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.job_id = c.job_id AND z.run_lease = c.run_lease)
+      SELECT DISTINCT ON (c.deadline_at, c.job_id, c.run_lease) c.job_id, c.run_lease, c.attempt -- 0053
+      FROM claim_spans s -- 0053: the claims of the spans past their deadline, as above
+      JOIN ready r ON r.slot = s.slot AND r.queue = s.queue AND r.priority = s.priority AND r.shard = s.shard -- 0053
+                  AND r.lane_seq BETWEEN s.first_lane_seq AND s.last_lane_seq -- 0053
+      JOIN claims c ON c.job_id = r.job_id AND c.run_lease = r.run_lease + 1 AND c.slot = r.slot -- 0053
+      WHERE s.deadline_at < now() -- 0053
+        AND c.deadline_at < now()
+        AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.job_id = c.job_id AND z.run_lease = c.run_lease AND z.slot = c.slot) -- 0053: z.slot
         -- 0034: a parked attempt's claim deadline is void; its callback timeout bounds it
         AND NOT EXISTS (SELECT 1 FROM attempt_state a WHERE a.job_id = c.job_id AND a.run_lease = c.run_lease -- 0034
                           AND a.parked_at IS NOT NULL) -- 0034
-      ORDER BY c.deadline_at LIMIT p_limit
+      ORDER BY c.deadline_at, c.job_id, c.run_lease LIMIT p_limit -- 0053: DISTINCT ON's order
     )
     SELECT jsonb_agg(jsonb_build_object('job_id', cand.job_id, 'run_lease', cand.run_lease, 'outcome', 'retry',
              'delay_ms', backoff_ms(cand.attempt, random()), 'message', 'hard deadline exceeded',

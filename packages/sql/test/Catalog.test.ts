@@ -10,7 +10,8 @@
  *   contain the schema, it still runs;
  * - no function is executable by PUBLIC;
  * - every PL/pgSQL function refuses to run outside READ COMMITTED (SQLSTATE AWI01, migration
- *   0027), except the few listed in `isolationAgnostic`, each with the reason it is safe.
+ *   0027), except the few listed in `isolationAgnostic`, each with the reason it is safe;
+ * - installed in a schema with another name, no function names the default one.
  *
  * Checked for the default schema and for a schema with another name (the migrations spell it
  * `:AWA_SCHEMA`). Each rule also has a negative control: a function that breaks it is reported.
@@ -117,6 +118,15 @@ const callOutsideSchema = (schema: string, f: FunctionRow) =>
     return error === rollback ? undefined : String(error ?? exit.cause)
   })
 
+/**
+ * A body that names the default schema, in a dynamic statement's text (`format('%I…', 'awa')`) or
+ * qualified (`awa.ready`): installed under another name, it reads or writes the default schema's
+ * tables (0039-0052's prune_queue locked and truncated a slot of `awa`, 0053). Not the names that
+ * only start with it: the `awa.concurrency-key.v1` digest prefix, the `awa.claim_keyed` and
+ * `awa.shard_draw` settings.
+ */
+const namesDefaultSchema = /'awa'|"awa"|\bawa\.(?!concurrency-key|claim_keyed|shard_draw)[a-z_]/
+
 /** Every rule broken, one line per function and rule. */
 const problems = (schema: string) =>
   Effect.gen(function* () {
@@ -134,6 +144,8 @@ const problems = (schema: string) =>
         if (error !== undefined) found.push(`${f.sig}: fails outside its schema's search_path: ${error}`)
       }
       if (f.public_execute) found.push(`${f.sig}: executable by PUBLIC`)
+      if (schema !== "awa" && namesDefaultSchema.test(f.source))
+        found.push(`${f.sig}: names the default schema "awa" (the migrations spell it :AWA_SCHEMA)`)
     }
     return found
   })

@@ -83,7 +83,7 @@ const ringReport = (sql: SqlClient.SqlClient, schema: string, ring: "queue" | "h
              (SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0)::bigint FROM pg_class c
               JOIN pg_namespace n ON n.oid = c.relnamespace
               WHERE n.nspname = ${schema} AND c.relkind = 'r'
-                AND c.relname ~ ${ring === "queue" ? "^(ready|ready_tombstones|claims|claim_marks|closures|terminal)_[0-9]+$" : "^history_[0-9]+$"}) AS bytes
+                AND c.relname ~ ${ring === "queue" ? "^(ready|ready_tombstones|claims|claim_marks|claim_spans|closures|terminal)_[0-9]+$" : "^history_[0-9]+$"}) AS bytes
       FROM cur, oldest`,
     (rows): RingReport => {
       const r = rows[0]!

@@ -53,7 +53,7 @@ const drain = (queue: string) =>
     return order
   })
 
-const ringTable = /^(ready|ready_tombstones|claims|claim_marks|closures|terminal|history)_\d+$/
+const ringTable = /^(ready|ready_tombstones|claims|claim_marks|claim_spans|closures|terminal|history)_\d+$/
 
 describe("reclamation liveness", () => {
   // Property 1, scaled down (the full size is `bench/src/liveness.ts`). Carry bound 20 rows per

@@ -64,9 +64,9 @@ describe("hot path plans", () => {
              + coalesce((SELECT sum(pg_stat_get_xact_blocks_fetched(i.indexrelid)) FROM pg_index i
                          WHERE i.indrelid IN (SELECT x.relid FROM pg_stat_xact_user_tables x
                                               WHERE x.schemaname = 'awa'
-                                                AND x.relname ~ '^(ready|ready_tombstones|claims|claim_marks|closures|terminal)_[0-9]+$')), 0)::int AS blocks
+                                                AND x.relname ~ '^(ready|ready_tombstones|claims|claim_marks|claim_spans|closures|terminal)_[0-9]+$')), 0)::int AS blocks
       FROM pg_stat_xact_user_tables s
-      WHERE s.schemaname = 'awa' AND s.relname ~ '^(ready|ready_tombstones|claims|claim_marks|closures|terminal)_[0-9]+$'`
+      WHERE s.schemaname = 'awa' AND s.relname ~ '^(ready|ready_tombstones|claims|claim_marks|claim_spans|closures|terminal)_[0-9]+$'`
     return row!
   })
 

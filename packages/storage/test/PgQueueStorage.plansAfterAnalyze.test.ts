@@ -16,7 +16,15 @@ import { layer as pgGrants } from "../src/PgKeyGrants.ts"
 import { QueueStorage } from "../src/QueueStorage.ts"
 import { claimOf, eagerStorage, fresh, withEagerDatabase } from "./pgFixtures.ts"
 
-const ringTables = ["ready", "claims", "closures", "terminal", "ready_tombstones", "claim_marks"] as const
+const ringTables = [
+  "ready",
+  "claims",
+  "closures",
+  "terminal",
+  "ready_tombstones",
+  "claim_marks",
+  "claim_spans"
+] as const
 
 /**
  * What a call read from each ring table so far in this backend, from its pending (not yet
@@ -92,6 +100,7 @@ describe("hot-path plans after ANALYZE of large ring tables", () => {
           yield* sql`ANALYZE awa.closures`
           yield* sql`ANALYZE awa.terminal`
           yield* sql`ANALYZE awa.claim_marks`
+          yield* sql`ANALYZE awa.claim_spans`
 
           const { result: claimed, reads: claimReads } = yield* readsOf(storage.claim(claimOf(q, 5)))
           assert.strictEqual(claimed.length, 5)
@@ -177,6 +186,7 @@ describe("hot-path plans after ANALYZE of large ring tables", () => {
           yield* sql`ANALYZE awa.closures`
           yield* sql`ANALYZE awa.terminal`
           yield* sql`ANALYZE awa.claim_marks`
+          yield* sql`ANALYZE awa.claim_spans`
           const { result, reads } = yield* readsOf(
             grants.claim({ queue: q, policy: p, max: 5, deadlineMs: 0, agingIntervalMs: 0 })
           )

@@ -526,7 +526,8 @@ describe("PgQueueStorage properties", () => {
           yield* Effect.sleep("100 millis")
           after = yield* ringStats
         }
-        const ringTable = /^(ready|ready_tombstones|claims|claim_marks|closures|terminal|history)_\d+$/
+        const ringTable =
+          /^(ready|ready_tombstones|claims|claim_marks|claim_spans|closures|terminal|history)_\d+$/
         let ringRows = 0
         for (const r of after.filter((r) => ringTable.test(r.relname))) {
           const b = before.get(r.relname)
