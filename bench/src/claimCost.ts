@@ -108,6 +108,9 @@ const measure = (url: string) =>
     Effect.gen(function* () {
       yield* sql.unsafe("VACUUM ANALYZE").unprepared
       yield* sql.unsafe(timer).unprepared
+      // the tables a rolled-back claim writes (claim_spans since migration 0053)
+      const [spans] = yield* sql<{ present: boolean }>`SELECT to_regclass('awa.claim_spans') IS NOT NULL AS present`
+      const written = spans!.present ? "awa.claims, awa.claim_marks, awa.claim_spans" : "awa.claims, awa.claim_marks"
       const samples = new Map<string, Array<number>>(probes.map(([label]) => [label, []]))
       // a first pass plans every statement on this connection
       for (const [, statement] of probes)
@@ -116,7 +119,7 @@ const measure = (url: string) =>
         for (const [label, statement] of probes) {
           // the rolled-back calls leave dead rows in the tables they write: cleared before each
           // measurement, so that late rounds do not step over more of them than early ones
-          yield* sql.unsafe("VACUUM awa.claims, awa.claim_marks").unprepared
+          yield* sql.unsafe(`VACUUM ${written}`).unprepared
           const [row] = yield* sql<{
             us: number
           }>`SELECT pg_temp.awa_claim_cost(${statement}, ${calls}) AS us`

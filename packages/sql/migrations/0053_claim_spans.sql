@@ -26,12 +26,14 @@
 -- claim_resumed writes no claims row. The 5-argument overload of prune_queue (0027's, for workers of
 -- an earlier build) only reads claims.claimed_at: it now scans the slot's claims for it.
 --
--- Readers: rescue('stale') and rescue('deadline') start from the spans whose time is past (their
--- index) and join as above (in that order, by nested loops: the function's SET clauses; one
--- candidate per attempt where spans overlap); prune_queue's two
--- young-attempt tests start from the slot's newest spans. Each sweep costs what it finds, as
--- before: every claim older than the cutoff is visited once per sweep (before: through the
--- claimed_at index; now: through its span).
+-- Readers: rescue('stale') and rescue('deadline') first sum the sizes of the spans whose time is
+-- past (their index, at most 1,001 spans read). Up to 1,000 claims (the usual sweep finds none and
+-- returns there): from those spans, joined as above in that order by nested loops (settings around
+-- the statement), one candidate per attempt where spans overlap. More: 0050's statement, which
+-- scans claims and anti-joins closures as the planner chooses (what it did whenever the claimed_at
+-- index was not worth reading; in one backend ~0.5 µs per live claim, against ~6 µs per claim
+-- through the spans' probes, docs/benchmarks.md "Claim spans"). prune_queue's two young-attempt
+-- tests start from the slot's newest spans.
 --
 -- Also fixed here: prune_queue spelled the default schema's name in its three dynamic statements
 -- since 0039 (LOCK and TRUNCATE of the slot's children, the terminal count): in a schema with
@@ -778,15 +780,12 @@ END
 $function$;
 REVOKE EXECUTE ON FUNCTION :AWA_SCHEMA.claim_keyed(text, text, int, bigint, bigint) FROM PUBLIC;
 
--- rescue: 0050's text, lines marked 0053, and three SET clauses (enable_hashjoin and enable_mergejoin off, join_collapse_limit 1).
+-- rescue: 0050's text, lines marked 0053.
 CREATE OR REPLACE FUNCTION :AWA_SCHEMA.rescue(p_kind text, p_staleness_ms bigint, p_limit integer)
  RETURNS TABLE(job_id bigint, run_lease bigint, state text)
  LANGUAGE plpgsql
  SET search_path TO ':AWA_SCHEMA', 'pg_catalog'
  SET jit TO 'off'
- SET enable_hashjoin TO 'off'
- SET enable_mergejoin TO 'off'
- SET join_collapse_limit TO '1'
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -794,6 +793,11 @@ DECLARE
   v_items jsonb;
   v_row record;
   v_closed bigint[] := '{}'; -- 0036: the attempts closed here, to notify the keyed ones' queues
+  v_reach bigint; -- 0053: the claims the past spans can cover, counted up to v_span_path_max + 1
+  v_span_path_max constant int := 1000; -- 0053: up to this many, the claims are found from their spans
+  v_saved_hashjoin text := current_setting('enable_hashjoin'); -- 0053
+  v_saved_mergejoin text := current_setting('enable_mergejoin'); -- 0053
+  v_saved_collapse text := current_setting('join_collapse_limit'); -- 0053
 BEGIN
   -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
   IF current_setting('transaction_isolation') <> 'read committed' THEN
@@ -801,27 +805,55 @@ BEGIN
       USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
   END IF;
   IF p_kind = 'stale' THEN
-    -- 0053: the claims of the spans claimed before the cutoff: a span's lane positions in its
-    -- slot's ready rows, then their claims by primary key (the claim has the ready row's lease + 1),
-    -- joined in the order written (join_collapse_limit = 1, nested loops: the SET clauses). Spans
-    -- may overlap (claim's keys-at-claim span lies inside its pick's): one candidate per attempt.
+    -- 0053: the claims older than the cutoff, by one of two statements. Few (the usual sweep:
+    -- none): from their spans, a span's lane positions in its slot's ready rows, then their claims
+    -- by primary key (the claim has the ready row's lease + 1), in the order written and by nested
+    -- loops (the settings around it), each probe reading one row. Many (a slot kept long, a
+    -- backlog drained slowly): from the claims themselves, as 0050 read them when its claimed_at
+    -- index was not worth a scan (a scan of claims and an anti-join the planner chooses), which
+    -- costs about a microsecond per claim in the live slots against several per claim for the probes.
+    SELECT coalesce(sum(x.n), 0) INTO v_reach -- 0053
+    FROM (SELECT s.last_lane_seq - s.first_lane_seq + 1 AS n FROM claim_spans s -- 0053
+          WHERE s.claimed_at < v_cutoff LIMIT v_span_path_max + 1) x; -- 0053
+    IF v_reach = 0 THEN -- 0053
+      RETURN; -- 0053
+    ELSIF v_reach <= v_span_path_max THEN -- 0053
+      PERFORM set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true), -- 0053
+              set_config('join_collapse_limit', '1', true); -- 0053
+      -- Spans may overlap (claim's keys-at-claim span lies inside its pick's): one candidate per attempt.
+      WITH cand AS ( -- 0053
+        SELECT DISTINCT ON (c.claimed_at, c.job_id, c.run_lease) c.job_id, c.run_lease, c.attempt -- 0053
+        FROM claim_spans s -- 0053
+        JOIN ready r ON r.slot = s.slot AND r.queue = s.queue AND r.priority = s.priority AND r.shard = s.shard -- 0053
+                    AND r.lane_seq BETWEEN s.first_lane_seq AND s.last_lane_seq -- 0053
+        JOIN claims c ON c.job_id = r.job_id AND c.run_lease = r.run_lease + 1 AND c.slot = r.slot -- 0053
+        LEFT JOIN attempt_state a ON a.job_id = c.job_id AND a.run_lease = c.run_lease -- 0053
+        WHERE s.claimed_at < v_cutoff -- 0053
+          AND c.claimed_at < v_cutoff AND (a.heartbeat_at IS NULL OR a.heartbeat_at < v_cutoff) -- 0053
+          AND NOT (coalesce(a.callback_waiting, false) AND a.callback_state = 'pending') -- 0053 (0034)
+          AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.job_id = c.job_id AND z.run_lease = c.run_lease AND z.slot = c.slot) -- 0053
+        ORDER BY c.claimed_at, c.job_id, c.run_lease LIMIT p_limit -- 0053: DISTINCT ON's order
+      ) -- 0053
+      SELECT jsonb_agg(jsonb_build_object('job_id', cand.job_id, 'run_lease', cand.run_lease, 'outcome', 'retry', -- 0053
+               'delay_ms', backoff_ms(cand.attempt, random()), 'message', 'heartbeat stale: worker presumed dead', -- 0053
+               'reason', 'stale_heartbeat', 'stale_before', v_cutoff)) -- 0053
+        INTO v_items FROM cand; -- 0053
+      PERFORM set_config('enable_hashjoin', v_saved_hashjoin, true), set_config('enable_mergejoin', v_saved_mergejoin, true), -- 0053
+              set_config('join_collapse_limit', v_saved_collapse, true); -- 0053
+    ELSE -- 0053
     WITH cand AS (
-      SELECT DISTINCT ON (c.claimed_at, c.job_id, c.run_lease) c.job_id, c.run_lease, c.attempt -- 0053
-      FROM claim_spans s -- 0053
-      JOIN ready r ON r.slot = s.slot AND r.queue = s.queue AND r.priority = s.priority AND r.shard = s.shard -- 0053
-                  AND r.lane_seq BETWEEN s.first_lane_seq AND s.last_lane_seq -- 0053
-      JOIN claims c ON c.job_id = r.job_id AND c.run_lease = r.run_lease + 1 AND c.slot = r.slot -- 0053
+      SELECT c.job_id, c.run_lease, c.attempt FROM claims c
       LEFT JOIN attempt_state a ON a.job_id = c.job_id AND a.run_lease = c.run_lease
-      WHERE s.claimed_at < v_cutoff -- 0053
-        AND c.claimed_at < v_cutoff AND (a.heartbeat_at IS NULL OR a.heartbeat_at < v_cutoff)
+      WHERE c.claimed_at < v_cutoff AND (a.heartbeat_at IS NULL OR a.heartbeat_at < v_cutoff)
         AND NOT (coalesce(a.callback_waiting, false) AND a.callback_state = 'pending') -- 0034: parked, no worker heartbeats it
-        AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.job_id = c.job_id AND z.run_lease = c.run_lease AND z.slot = c.slot) -- 0053: z.slot
-      ORDER BY c.claimed_at, c.job_id, c.run_lease LIMIT p_limit -- 0053: DISTINCT ON's order
+        AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.job_id = c.job_id AND z.run_lease = c.run_lease)
+      ORDER BY c.claimed_at LIMIT p_limit
     )
     SELECT jsonb_agg(jsonb_build_object('job_id', cand.job_id, 'run_lease', cand.run_lease, 'outcome', 'retry',
              'delay_ms', backoff_ms(cand.attempt, random()), 'message', 'heartbeat stale: worker presumed dead',
              'reason', 'stale_heartbeat', 'stale_before', v_cutoff))
       INTO v_items FROM cand;
+    END IF; -- 0053
   ELSIF p_kind = 'callback' THEN -- 0034
     -- 0040: no pending callback is past its timeout (the usual answer): return before the two
     -- statements below are planned (claims and closures, 16 children each).
@@ -849,24 +881,49 @@ BEGIN
              'reason', 'callback_timeout')) -- 0034
       INTO v_items FROM cand; -- 0034
   ELSE
+    -- 0053: the claims past their deadline, by one of two statements as above
+    SELECT coalesce(sum(x.n), 0) INTO v_reach -- 0053
+    FROM (SELECT s.last_lane_seq - s.first_lane_seq + 1 AS n FROM claim_spans s -- 0053
+          WHERE s.deadline_at < now() LIMIT v_span_path_max + 1) x; -- 0053
+    IF v_reach = 0 THEN -- 0053
+      RETURN; -- 0053
+    ELSIF v_reach <= v_span_path_max THEN -- 0053
+      PERFORM set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true), -- 0053
+              set_config('join_collapse_limit', '1', true); -- 0053
+      WITH cand AS ( -- 0053
+        SELECT DISTINCT ON (c.deadline_at, c.job_id, c.run_lease) c.job_id, c.run_lease, c.attempt -- 0053
+        FROM claim_spans s -- 0053
+        JOIN ready r ON r.slot = s.slot AND r.queue = s.queue AND r.priority = s.priority AND r.shard = s.shard -- 0053
+                    AND r.lane_seq BETWEEN s.first_lane_seq AND s.last_lane_seq -- 0053
+        JOIN claims c ON c.job_id = r.job_id AND c.run_lease = r.run_lease + 1 AND c.slot = r.slot -- 0053
+        WHERE s.deadline_at < now() -- 0053
+          AND c.deadline_at < now() -- 0053
+          AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.job_id = c.job_id AND z.run_lease = c.run_lease AND z.slot = c.slot) -- 0053
+          AND NOT EXISTS (SELECT 1 FROM attempt_state a WHERE a.job_id = c.job_id AND a.run_lease = c.run_lease -- 0053 (0034)
+                            AND a.parked_at IS NOT NULL) -- 0053 (0034)
+        ORDER BY c.deadline_at, c.job_id, c.run_lease LIMIT p_limit -- 0053: DISTINCT ON's order
+      ) -- 0053
+      SELECT jsonb_agg(jsonb_build_object('job_id', cand.job_id, 'run_lease', cand.run_lease, 'outcome', 'retry', -- 0053
+               'delay_ms', backoff_ms(cand.attempt, random()), 'message', 'hard deadline exceeded', -- 0053
+               'reason', 'deadline_exceeded')) -- 0053
+        INTO v_items FROM cand; -- 0053
+      PERFORM set_config('enable_hashjoin', v_saved_hashjoin, true), set_config('enable_mergejoin', v_saved_mergejoin, true), -- 0053
+              set_config('join_collapse_limit', v_saved_collapse, true); -- 0053
+    ELSE -- 0053
     WITH cand AS (
-      SELECT DISTINCT ON (c.deadline_at, c.job_id, c.run_lease) c.job_id, c.run_lease, c.attempt -- 0053
-      FROM claim_spans s -- 0053: the claims of the spans past their deadline, as above
-      JOIN ready r ON r.slot = s.slot AND r.queue = s.queue AND r.priority = s.priority AND r.shard = s.shard -- 0053
-                  AND r.lane_seq BETWEEN s.first_lane_seq AND s.last_lane_seq -- 0053
-      JOIN claims c ON c.job_id = r.job_id AND c.run_lease = r.run_lease + 1 AND c.slot = r.slot -- 0053
-      WHERE s.deadline_at < now() -- 0053
-        AND c.deadline_at < now()
-        AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.job_id = c.job_id AND z.run_lease = c.run_lease AND z.slot = c.slot) -- 0053: z.slot
+      SELECT c.job_id, c.run_lease, c.attempt FROM claims c
+      WHERE c.deadline_at < now()
+        AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.job_id = c.job_id AND z.run_lease = c.run_lease)
         -- 0034: a parked attempt's claim deadline is void; its callback timeout bounds it
         AND NOT EXISTS (SELECT 1 FROM attempt_state a WHERE a.job_id = c.job_id AND a.run_lease = c.run_lease -- 0034
                           AND a.parked_at IS NOT NULL) -- 0034
-      ORDER BY c.deadline_at, c.job_id, c.run_lease LIMIT p_limit -- 0053: DISTINCT ON's order
+      ORDER BY c.deadline_at LIMIT p_limit
     )
     SELECT jsonb_agg(jsonb_build_object('job_id', cand.job_id, 'run_lease', cand.run_lease, 'outcome', 'retry',
              'delay_ms', backoff_ms(cand.attempt, random()), 'message', 'hard deadline exceeded',
              'reason', 'deadline_exceeded'))
       INTO v_items FROM cand;
+    END IF; -- 0053
   END IF;
   IF v_items IS NULL THEN
     RETURN;

@@ -152,6 +152,34 @@ describe("claim spans (0053)", () => {
     )
   )
 
+  it.live("past 1,000 claims the sweeps read claims themselves, and find the same open attempts", () =>
+    withGrantsDatabase(
+      Effect.gen(function* () {
+        const storage = yield* QueueStorage
+        const sql = yield* SqlClient.SqlClient
+        const q = fresh("spans-many")
+        yield* storage.enqueueMany(Array.from({ length: 1_100 }, (_, n) => ({ kind: "k", queue: q, args: { n } })))
+        // one call, one span of 1,100 positions: more than the spans' path takes
+        const claimed = yield* storage.claim({ queue: q, max: 1_100, deadlineMs: 1, agingIntervalMs: 0 })
+        assert.strictEqual(claimed.length, 1_100)
+        yield* completeAll(claimed.slice(7))
+        const open = yield* openAttempts
+        assert.deepStrictEqual(open, claimed.slice(0, 7).map(attemptOf).sort())
+        const passed = Effect.map(
+          sql<{ passed: boolean }>`SELECT now() > max(deadline_at) AS passed FROM awa.claims`,
+          (rows) => rows[0]!.passed
+        )
+        while (!(yield* passed)) yield* Effect.sleep("5 millis")
+        // the deadline sweep takes three of them (its limit), the stale sweep the other four
+        const byDeadline = yield* storage.rescueDeadlines(3)
+        assert.strictEqual(byDeadline.length, 3)
+        const byStaleness = yield* storage.rescueStale({ stalenessMs: 0, limit: 1000 })
+        assert.deepStrictEqual([...sorted(byDeadline), ...sorted(byStaleness)].sort(), open)
+        assert.deepStrictEqual(yield* openAttempts, [])
+      })
+    )
+  )
+
   it.live("a claim call writes one span per slot its rows lie in, and claims has no time index", () =>
     withGrantsDatabase(
       Effect.gen(function* () {
