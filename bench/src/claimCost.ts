@@ -109,8 +109,12 @@ const measure = (url: string) =>
       yield* sql.unsafe("VACUUM ANALYZE").unprepared
       yield* sql.unsafe(timer).unprepared
       // the tables a rolled-back claim writes (claim_spans since migration 0053)
-      const [spans] = yield* sql<{ present: boolean }>`SELECT to_regclass('awa.claim_spans') IS NOT NULL AS present`
-      const written = spans!.present ? "awa.claims, awa.claim_marks, awa.claim_spans" : "awa.claims, awa.claim_marks"
+      const [spans] = yield* sql<{
+        present: boolean
+      }>`SELECT to_regclass('awa.claim_spans') IS NOT NULL AS present`
+      const written = spans!.present
+        ? "awa.claims, awa.claim_marks, awa.claim_spans"
+        : "awa.claims, awa.claim_marks"
       const samples = new Map<string, Array<number>>(probes.map(([label]) => [label, []]))
       // a first pass plans every statement on this connection
       for (const [, statement] of probes)

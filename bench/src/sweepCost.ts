@@ -107,7 +107,9 @@ const measure = (url: string) =>
       for (const [, statement] of probes) yield* sql`SELECT pg_temp.awa_sweep_cost(${statement}, 2)`
       for (let r = 0; r < rounds; r++)
         for (const [label, statement] of probes) {
-          const [row] = yield* sql<{ us: number }>`SELECT pg_temp.awa_sweep_cost(${statement}, ${calls}) AS us`
+          const [row] = yield* sql<{
+            us: number
+          }>`SELECT pg_temp.awa_sweep_cost(${statement}, ${calls}) AS us`
           samples.get(label)!.push(Number(row!.us))
         }
       return samples

@@ -158,7 +158,9 @@ describe("claim spans (0053)", () => {
         const storage = yield* QueueStorage
         const sql = yield* SqlClient.SqlClient
         const q = fresh("spans-many")
-        yield* storage.enqueueMany(Array.from({ length: 1_100 }, (_, n) => ({ kind: "k", queue: q, args: { n } })))
+        yield* storage.enqueueMany(
+          Array.from({ length: 1_100 }, (_, n) => ({ kind: "k", queue: q, args: { n } }))
+        )
         // one call, one span of 1,100 positions: more than the spans' path takes
         const claimed = yield* storage.claim({ queue: q, max: 1_100, deadlineMs: 1, agingIntervalMs: 0 })
         assert.strictEqual(claimed.length, 1_100)
