@@ -61,8 +61,9 @@ const legs: ReadonlyArray<Leg> = [
  * (every outcome kind, the DLQ); the key-grant contract and races (issue 20), the callback contract
  * and its resolve race (issue 21), flow control on Postgres (capped depth, overrides), and the
  * hot-path connections (ADR 0033: their own sessions, at READ COMMITTED whatever the server's
- * default; a terminated one replaced), and the hot path's plans (what the ring children claim and
- * finalize read: plans are what differs between majors). The full suite (ring properties under
+ * default; a terminated one replaced), the hot path's plans (what the ring children claim and
+ * finalize read: plans are what differs between majors), and rescue through the claim spans (every
+ * open attempt found, by both of the sweeps' statements: planner settings and plans again). The full suite (ring properties under
  * churn and a pinned horizon, prune and liveness, cron, tracing, the multi-process fault
  * scenarios, the docs' examples) runs once, on the default server: with full durability on 2
  * cores it would take a leg over 20 minutes, and CI has 90 for everything.
@@ -89,7 +90,8 @@ const suites = [
   "packages/storage/test/FleetRate.pg.test.ts",
   "packages/storage/test/FleetRate.keyed.pg.test.ts",
   "packages/storage/test/PgQueueStorage.plans.test.ts",
-  "packages/storage/test/PgQueueStorage.tombstones.test.ts"
+  "packages/storage/test/PgQueueStorage.tombstones.test.ts",
+  "packages/storage/test/PgQueueStorage.claimSpans.test.ts"
 ]
 
 const arg = (name: string) => {

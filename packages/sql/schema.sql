@@ -4192,10 +4192,11 @@ BEGIN
   -- slot's children wait behind it): NOWAIT, retried about every millisecond. Forced: queued,
   -- for at most the force timeout.
   IF v_forced THEN
-    -- Queued, but for the parents only: ACCESS EXCLUSIVE on the claim_marks and claims parent
-    -- tables themselves (ONLY: not their children). Every reader of the slot's children locks one of
-    -- these parents before any child (claim's cursor statement reads claim_marks first; the jobs
-    -- view, finalize, heartbeat and rescue read claims before any other ring table), so the request
+    -- Queued, but for the parents only: ACCESS EXCLUSIVE on the claim_marks, claim_spans and claims
+    -- parent tables themselves (ONLY: not their children), in that order (0053). Every reader of the
+    -- slot's children locks one of these parents before any child (claim's cursor statement reads
+    -- claim_marks first; rescue reads claim_spans first (0053); the jobs view, finalize and heartbeat
+    -- read claims before any other ring table), so the request
     -- waits for the readers in flight, however long, and readers that come after it queue at the
     -- parent holding no child. Waiting for the children instead would take them one by one, and a
     -- reader that locks them in another order (PostgreSQL 15 and 17 differ) would hold one child
@@ -4207,7 +4208,7 @@ BEGIN
     v_deadline := clock_timestamp() + p_force_timeout_ms * interval '1 millisecond';
     BEGIN
       PERFORM set_config('lock_timeout', p_force_timeout_ms || 'ms', true);
-      EXECUTE format('LOCK TABLE ONLY %1$I.claim_marks, ONLY %1$I.claims IN ACCESS EXCLUSIVE MODE', 'awa'); -- 0053: the schema's name
+      EXECUTE format('LOCK TABLE ONLY %1$I.claim_marks, ONLY %1$I.claim_spans, ONLY %1$I.claims IN ACCESS EXCLUSIVE MODE', 'awa'); -- 0053
       LOOP
         BEGIN
           EXECUTE 'LOCK TABLE ' || v_children || ' IN ACCESS EXCLUSIVE MODE NOWAIT';

@@ -21025,9 +21025,12 @@ REVOKE EXECUTE ON FUNCTION :AWA_SCHEMA.claim_keyed(text, text, int, bigint, bigi
 -- the spans written from the existing claims cover every claims row. claim_spans is a ring table
 -- (a child per slot, append-only, locked and truncated with the slot by prune_queue, listed for
 -- end_idle_blockers); its writers hold ROW EXCLUSIVE on it where they already held it on claims.
--- A forced prune still queues for the claim_marks and claims parents only: a rescue statement locks
--- every parent it names (claim_spans, ready, claims, ...) before any child, so while it waits for
--- the claims parent it holds no child of the slot.
+-- A forced prune queues for the claim_spans parent too, between claim_marks and claims: rescue now
+-- reads claim_spans (and its children) in a statement before any that reads claims, so without it
+-- a sweep could wait for the claims parent holding a claim_spans child, and a prune that holds
+-- claim_spans before claims could wait for a sweep that waits for it. In that order every session
+-- takes them: a claim holds claim_marks (its cursor) before it writes claims and claim_spans, a
+-- sweep claim_spans before claims, every other reader claims alone.
 --
 -- Functions (lines marked 0053): claim, claim_keyed (0052's text), rescue (0050's text),
 -- prune_queue 8 arguments (0048's text), prune_queue 4 arguments (0033's text),
@@ -22269,10 +22272,11 @@ BEGIN
   -- slot's children wait behind it): NOWAIT, retried about every millisecond. Forced: queued,
   -- for at most the force timeout.
   IF v_forced THEN
-    -- Queued, but for the parents only: ACCESS EXCLUSIVE on the claim_marks and claims parent
-    -- tables themselves (ONLY: not their children). Every reader of the slot's children locks one of
-    -- these parents before any child (claim's cursor statement reads claim_marks first; the jobs
-    -- view, finalize, heartbeat and rescue read claims before any other ring table), so the request
+    -- Queued, but for the parents only: ACCESS EXCLUSIVE on the claim_marks, claim_spans and claims
+    -- parent tables themselves (ONLY: not their children), in that order (0053). Every reader of the
+    -- slot's children locks one of these parents before any child (claim's cursor statement reads
+    -- claim_marks first; rescue reads claim_spans first (0053); the jobs view, finalize and heartbeat
+    -- read claims before any other ring table), so the request
     -- waits for the readers in flight, however long, and readers that come after it queue at the
     -- parent holding no child. Waiting for the children instead would take them one by one, and a
     -- reader that locks them in another order (PostgreSQL 15 and 17 differ) would hold one child
@@ -22284,7 +22288,7 @@ BEGIN
     v_deadline := clock_timestamp() + p_force_timeout_ms * interval '1 millisecond';
     BEGIN
       PERFORM set_config('lock_timeout', p_force_timeout_ms || 'ms', true);
-      EXECUTE format('LOCK TABLE ONLY %1$I.claim_marks, ONLY %1$I.claims IN ACCESS EXCLUSIVE MODE', ':AWA_SCHEMA'); -- 0053: the schema's name
+      EXECUTE format('LOCK TABLE ONLY %1$I.claim_marks, ONLY %1$I.claim_spans, ONLY %1$I.claims IN ACCESS EXCLUSIVE MODE', ':AWA_SCHEMA'); -- 0053
       LOOP
         BEGIN
           EXECUTE 'LOCK TABLE ' || v_children || ' IN ACCESS EXCLUSIVE MODE NOWAIT';

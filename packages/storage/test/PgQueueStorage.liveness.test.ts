@@ -220,6 +220,56 @@ describe("prune cannot starve", () => {
     60_000
   )
 
+  // Property 2c (0053): rescue's sweep reads claim_spans in one statement and claims in the next.
+  // Between the two it holds claim_spans children; a forced prune that got the claims parent
+  // first would make the sweep's next statement wait for it while it waits for those children (to
+  // its force timeout: Blocked:lock). A forced prune takes claim_spans before claims, so it waits
+  // for the sweep's transaction, which goes on, and then prunes. Seen to fail with the parents in
+  // 0052's order (claim_marks, claims): Blocked:lock after the force timeout.
+  it.live(
+    "a forced prune waits for a sweep between its span and claims reads, and prunes after it",
+    () =>
+      withEagerDatabase({}, (url) =>
+        Effect.gen(function* () {
+          const storage = yield* QueueStorage
+          const sql = yield* SqlClient.SqlClient
+          yield* sealedSlot(20)
+          const spansRead = yield* Deferred.make<void>()
+          const goOn = yield* Deferred.make<void>()
+          const sweep = yield* Effect.gen(function* () {
+            const c = yield* SqlClient.SqlClient
+            yield* c.withTransaction(
+              Effect.gen(function* () {
+                yield* c.unsafe("SELECT count(*) FROM awa.claim_spans /* sweep */")
+                yield* Deferred.succeed(spansRead, undefined)
+                yield* Deferred.await(goOn)
+                yield* c.unsafe("SELECT count(*) FROM awa.claims /* sweep */")
+              })
+            )
+          }).pipe(
+            Effect.provide(eagerStorage(url, 1), { local: true }),
+            Effect.forkChild({ startImmediately: true })
+          )
+          yield* Deferred.await(spansRead)
+          const prune = yield* Effect.forkChild(storage.prune({ ...keepAll, forceLockTimeoutMs: 5000 }), {
+            startImmediately: true
+          })
+          // until the prune holds the claim_marks parent (its first lock in either order)
+          for (;;) {
+            const [row] = yield* sql<{ n: number }>`
+              SELECT count(*)::int AS n FROM pg_locks
+              WHERE relation = 'awa.claim_marks'::regclass AND mode = 'AccessExclusiveLock' AND granted`
+            if (row!.n > 0) break
+            yield* Effect.sleep("5 millis")
+          }
+          yield* Deferred.succeed(goOn, undefined)
+          yield* Fiber.join(sweep)
+          assert.strictEqual((yield* Fiber.join(prune))._tag, "Pruned")
+        })
+      ),
+    60_000
+  )
+
   // Property 2b: a session idle in transaction after reading `jobs` holds every ring child until it
   // ends. A forced prune that still cannot lock the slot ends such a session once it has been idle
   // longer than pruneEndIdleBlockersAfterMs (300 ms here, 60 s by default); the next one prunes.
