@@ -21011,7 +21011,7 @@ REVOKE EXECUTE ON FUNCTION :AWA_SCHEMA.claim_keyed(text, text, int, bigint, bigi
 -- returns there): from those spans, joined as above in that order by nested loops (settings around
 -- the statement), one candidate per attempt where spans overlap. More: 0050's statement, which
 -- scans claims and anti-joins closures as the planner chooses (what it did whenever the claimed_at
--- index was not worth reading; in one backend ~0.5 µs per live claim, against ~6 µs per claim
+-- index was not worth reading; in one backend ~0.4 µs per live claim, against ~6 µs per claim
 -- through the spans' probes, docs/benchmarks.md "Claim spans"). prune_queue's two young-attempt
 -- tests start from the slot's newest spans.
 --

@@ -39,7 +39,7 @@ const sorted = (rescued: ReadonlyArray<RescuedAttempt>) => rescued.map(attemptOf
 /**
  * Claims through every writer of claims rows, with a deadline of `deadlineMs` (0: none), and closes
  * some of each, in two slots: the first slot's open attempts are carried by prune into the second.
- * Returns the attempts claimed by each writer.
+ * Returns each round's claimed attempts, the plain queue's then the keyed one's.
  */
 const claimThroughEveryWriter = (deadlineMs: number) =>
   Effect.gen(function* () {
@@ -88,7 +88,7 @@ const claimThroughEveryWriter = (deadlineMs: number) =>
         const fromKeyed = yield* claimKeyed(100)
         assert.strictEqual(fromPlain.length, 12)
         assert.strictEqual(fromKeyed.length, 8)
-        // a third of each closes; the rest stays open
+        // about a third of each closes; the rest stays open
         yield* completeAll([...fromPlain.slice(0, 4), ...fromKeyed.slice(0, 3)])
         return [...fromPlain, ...fromKeyed] as ReadonlyArray<ClaimedJob>
       })
