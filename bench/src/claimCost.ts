@@ -24,12 +24,11 @@ import { PgClient } from "@effect/sql-pg"
 import { Effect, Layer, Redacted, References } from "effect"
 import {
   acquireServerAt,
+  costTable,
   createDatabase,
   databaseName,
   intArg,
-  quantile,
-  round,
-  table,
+  rolledBackTimer,
   withClient
 } from "./lib.ts"
 
@@ -88,26 +87,11 @@ const load = (url: string) =>
     )
   )
 
-const timer = `
-CREATE FUNCTION pg_temp.awa_claim_cost(p_sql text, p_n int) RETURNS double precision LANGUAGE plpgsql AS $$
-DECLARE t0 timestamptz;
-BEGIN
-  t0 := clock_timestamp();
-  FOR i IN 1 .. p_n LOOP
-    BEGIN
-      EXECUTE p_sql;
-      RAISE EXCEPTION 'rolled back';
-    EXCEPTION WHEN raise_exception THEN NULL;
-    END;
-  END LOOP;
-  RETURN extract(epoch FROM clock_timestamp() - t0) * 1e6 / p_n;
-END $$`
-
 const measure = (url: string) =>
   withClient(url, (sql) =>
     Effect.gen(function* () {
       yield* sql.unsafe("VACUUM ANALYZE").unprepared
-      yield* sql.unsafe(timer).unprepared
+      yield* sql.unsafe(rolledBackTimer).unprepared
       // the tables a rolled-back claim writes (claim_spans since migration 0053)
       const [spans] = yield* sql<{
         present: boolean
@@ -118,7 +102,7 @@ const measure = (url: string) =>
       const samples = new Map<string, Array<number>>(probes.map(([label]) => [label, []]))
       // a first pass plans every statement on this connection
       for (const [, statement] of probes)
-        yield* sql`SELECT pg_temp.awa_claim_cost(${statement}, ${Math.min(calls, 20)})`
+        yield* sql`SELECT pg_temp.awa_rolled_back_cost(${statement}, ${Math.min(calls, 20)})`
       for (let r = 0; r < rounds; r++)
         for (const [label, statement] of probes) {
           // the rolled-back calls leave dead rows in the tables they write: cleared before each
@@ -126,7 +110,7 @@ const measure = (url: string) =>
           yield* sql.unsafe(`VACUUM ${written}`).unprepared
           const [row] = yield* sql<{
             us: number
-          }>`SELECT pg_temp.awa_claim_cost(${statement}, ${calls}) AS us`
+          }>`SELECT pg_temp.awa_rolled_back_cost(${statement}, ${calls}) AS us`
           samples.get(label)!.push(Number(row!.us))
         }
       return samples
@@ -142,12 +126,9 @@ const program = Effect.gen(function* () {
     `claim cost in one backend: ${jobs.toLocaleString("en-US")} jobs per backlog over ${slots} slot(s), ${rounds} rounds of ${calls} calls`
   )
   console.log(
-    table(
-      ["call", "median µs", "min µs", "max µs"],
-      probes.map(([label]) => {
-        const s = [...samples.get(label)!].sort((a, b) => a - b)
-        return [label, round(quantile(s, 0.5), 1), round(s[0]!, 1), round(s.at(-1)!, 1)]
-      })
+    costTable(
+      probes.map(([label]) => label),
+      samples
     )
   )
 })

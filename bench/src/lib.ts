@@ -87,6 +87,42 @@ export const table = (
   ].join("\n")
 }
 
+/** Median, minimum and maximum of each label's samples (µs), one row per label in `labels`' order. */
+export const costTable = (
+  labels: ReadonlyArray<string>,
+  samples: ReadonlyMap<string, ReadonlyArray<number>>
+) =>
+  table(
+    ["call", "median µs", "min µs", "max µs"],
+    labels.map((label) => {
+      const s = [...samples.get(label)!].sort((a, b) => a - b)
+      return [label, round(quantile(s, 0.5), 1), round(s[0]!, 1), round(s.at(-1)!, 1)]
+    })
+  )
+
+// ---------------------------------------------------------------------------------------------
+// A call's server time in one backend (claimCost.ts, sweepCost.ts)
+
+/**
+ * A session's temporary function `pg_temp.awa_rolled_back_cost(statement, n)`: runs the statement
+ * n times in a PL/pgSQL loop, each run rolled back in a subtransaction (every call finds the same
+ * rows), and returns the µs per call. No client, no round trip, no scheduler between calls.
+ */
+export const rolledBackTimer = `
+CREATE FUNCTION pg_temp.awa_rolled_back_cost(p_sql text, p_n int) RETURNS double precision LANGUAGE plpgsql AS $$
+DECLARE t0 timestamptz;
+BEGIN
+  t0 := clock_timestamp();
+  FOR i IN 1 .. p_n LOOP
+    BEGIN
+      EXECUTE p_sql;
+      RAISE EXCEPTION 'rolled back';
+    EXCEPTION WHEN raise_exception THEN NULL;
+    END;
+  END LOOP;
+  RETURN extract(epoch FROM clock_timestamp() - t0) * 1e6 / p_n;
+END $$`
+
 // ---------------------------------------------------------------------------------------------
 // Server and databases
 

@@ -20,12 +20,11 @@ import { PgClient } from "@effect/sql-pg"
 import { Effect, Layer, Redacted, References } from "effect"
 import {
   acquireServerAt,
+  costTable,
   createDatabase,
   databaseName,
   intArg,
-  quantile,
-  round,
-  table,
+  rolledBackTimer,
   withClient
 } from "./lib.ts"
 
@@ -83,33 +82,18 @@ const load = (url: string) =>
     )
   )
 
-const timer = `
-CREATE FUNCTION pg_temp.awa_sweep_cost(p_sql text, p_n int) RETURNS double precision LANGUAGE plpgsql AS $$
-DECLARE t0 timestamptz;
-BEGIN
-  t0 := clock_timestamp();
-  FOR i IN 1 .. p_n LOOP
-    BEGIN
-      EXECUTE p_sql;
-      RAISE EXCEPTION 'rolled back';
-    EXCEPTION WHEN raise_exception THEN NULL;
-    END;
-  END LOOP;
-  RETURN extract(epoch FROM clock_timestamp() - t0) * 1e6 / p_n;
-END $$`
-
 const measure = (url: string) =>
   withClient(url, (sql) =>
     Effect.gen(function* () {
       yield* sql.unsafe("VACUUM ANALYZE").unprepared
-      yield* sql.unsafe(timer).unprepared
+      yield* sql.unsafe(rolledBackTimer).unprepared
       const samples = new Map<string, Array<number>>(probes.map(([label]) => [label, []]))
-      for (const [, statement] of probes) yield* sql`SELECT pg_temp.awa_sweep_cost(${statement}, 2)`
+      for (const [, statement] of probes) yield* sql`SELECT pg_temp.awa_rolled_back_cost(${statement}, 2)`
       for (let r = 0; r < rounds; r++)
         for (const [label, statement] of probes) {
           const [row] = yield* sql<{
             us: number
-          }>`SELECT pg_temp.awa_sweep_cost(${statement}, ${calls}) AS us`
+          }>`SELECT pg_temp.awa_rolled_back_cost(${statement}, ${calls}) AS us`
           samples.get(label)!.push(Number(row!.us))
         }
       return samples
@@ -125,12 +109,9 @@ const program = Effect.gen(function* () {
     `sweep cost in one backend: ${jobs.toLocaleString("en-US")} claims in one slot (calls of ${batch}), ${open} open, ${rounds} rounds of ${calls} calls`
   )
   console.log(
-    table(
-      ["call", "median µs", "min µs", "max µs"],
-      probes.map(([label]) => {
-        const s = [...samples.get(label)!].sort((a, b) => a - b)
-        return [label, round(quantile(s, 0.5), 1), round(s[0]!, 1), round(s.at(-1)!, 1)]
-      })
+    costTable(
+      probes.map(([label]) => label),
+      samples
     )
   )
 })

@@ -36,6 +36,16 @@ const openAttempts = Effect.flatMap(SqlClient.SqlClient, (sql) =>
 
 const sorted = (rescued: ReadonlyArray<RescuedAttempt>) => rescued.map(attemptOf).sort()
 
+/** Until every claim's deadline has passed, as the server's clock says. */
+const untilDeadlinesPassed = Effect.gen(function* () {
+  const sql = yield* SqlClient.SqlClient
+  for (;;) {
+    const [row] = yield* sql<{ passed: boolean }>`SELECT now() > max(deadline_at) AS passed FROM awa.claims`
+    if (row!.passed) return
+    yield* Effect.sleep("5 millis")
+  }
+})
+
 /**
  * Claims through every writer of claims rows, with a deadline of `deadlineMs` (0: none), and closes
  * some of each, in two slots: the first slot's open attempts are carried by prune into the second.
@@ -128,16 +138,10 @@ describe("claim spans (0053)", () => {
     withGrantsDatabase(
       Effect.gen(function* () {
         const storage = yield* QueueStorage
-        const sql = yield* SqlClient.SqlClient
         yield* claimThroughEveryWriter(1)
         const open = yield* openAttempts
         assert.strictEqual(open.length, 26)
-        // until every deadline has passed, as the server's clock says
-        const passed = Effect.map(
-          sql<{ passed: boolean }>`SELECT now() > max(deadline_at) AS passed FROM awa.claims`,
-          (rows) => rows[0]!.passed
-        )
-        while (!(yield* passed)) yield* Effect.sleep("5 millis")
+        yield* untilDeadlinesPassed
         // and attempts claimed now with a day's deadline, which no sweep may take
         const q = fresh("spans-later")
         yield* storage.enqueueMany(
@@ -156,7 +160,6 @@ describe("claim spans (0053)", () => {
     withGrantsDatabase(
       Effect.gen(function* () {
         const storage = yield* QueueStorage
-        const sql = yield* SqlClient.SqlClient
         const q = fresh("spans-many")
         yield* storage.enqueueMany(
           Array.from({ length: 1_100 }, (_, n) => ({ kind: "k", queue: q, args: { n } }))
@@ -167,11 +170,7 @@ describe("claim spans (0053)", () => {
         yield* completeAll(claimed.slice(7))
         const open = yield* openAttempts
         assert.deepStrictEqual(open, claimed.slice(0, 7).map(attemptOf).sort())
-        const passed = Effect.map(
-          sql<{ passed: boolean }>`SELECT now() > max(deadline_at) AS passed FROM awa.claims`,
-          (rows) => rows[0]!.passed
-        )
-        while (!(yield* passed)) yield* Effect.sleep("5 millis")
+        yield* untilDeadlinesPassed
         // the deadline sweep takes three of them (its limit), the stale sweep the other four
         const byDeadline = yield* storage.rescueDeadlines(3)
         assert.strictEqual(byDeadline.length, 3)
