@@ -3019,6 +3019,9 @@ DECLARE
   v_now_hi1 int; -- 0028
   v_now_lo2 int; -- 0028
   v_now_hi2 int; -- 0028
+  v_claims claims[]; -- 0054: the batch's claims rows, as locked
+  v_slo int; -- 0054: the smallest and largest slot they lie in
+  v_shi int; -- 0054
 BEGIN
   -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
   IF current_setting('transaction_isolation') <> 'read committed' THEN
@@ -3046,13 +3049,18 @@ BEGIN
   -- gone with its pruned slot (stale either way).
   LOOP -- 0028
     SELECT s.lo1, s.hi1, s.lo2, s.hi2 INTO v_lo1, v_hi1, v_lo2, v_hi2 FROM queue_slot_ranges() s;
-    PERFORM 1 FROM claims c -- 0028
-    WHERE c.job_id = ANY (v_ids) AND (c.slot BETWEEN v_lo1 AND v_hi1 OR c.slot BETWEEN v_lo2 AND v_hi2)
-    ORDER BY c.job_id, c.run_lease
-    FOR NO KEY UPDATE OF c;
+    v_claims := ARRAY(SELECT c FROM claims c -- 0054: kept, not read again below
+                      WHERE c.job_id = ANY (v_ids) AND (c.slot BETWEEN v_lo1 AND v_hi1 OR c.slot BETWEEN v_lo2 AND v_hi2)
+                      ORDER BY c.job_id, c.run_lease
+                      FOR NO KEY UPDATE OF c);
     SELECT s.lo1, s.hi1, s.lo2, s.hi2 INTO v_now_lo1, v_now_hi1, v_now_lo2, v_now_hi2 FROM queue_slot_ranges() s; -- 0028
     EXIT WHEN v_now_lo1 = v_lo1 AND v_now_hi1 = v_hi1 AND v_now_lo2 = v_lo2 AND v_now_hi2 = v_hi2; -- 0028
   END LOOP;
+  -- 0054: their ready rows and their closures lie in their slots (a claims row is written in its
+  -- ready row's slot, carried with it, and closed in its own slot), so the statement below looks
+  -- for them there only, not in every live slot. Between these two (a batch wrapping around the
+  -- ring: every slot) is more than needed, never less.
+  SELECT min(c.slot), max(c.slot) INTO v_slo, v_shi FROM unnest(v_claims) c; -- 0054
 
   RETURN QUERY
   WITH items AS MATERIALIZED (
@@ -3060,19 +3068,18 @@ BEGIN
     SELECT x.o::int AS o, x.job_id, x.run_lease, x.stale_before -- 0049
     FROM unnest(p_job_ids, p_run_leases, p_stale_before) WITH ORDINALITY AS x(job_id, run_lease, stale_before, o) -- 0049
   ),
-  batch_claims AS MATERIALIZED (
+  batch_claims AS MATERIALIZED ( -- 0054: the rows locked above (claims rows are never updated)
     SELECT c.slot, c.generation, c.job_id, c.run_lease, c.attempt, c.queue, c.priority, c.shard, c.lane_seq
-    FROM claims c WHERE c.job_id = ANY (v_ids)
-      AND (c.slot BETWEEN v_lo1 AND v_hi1 OR c.slot BETWEEN v_lo2 AND v_hi2)
+    FROM unnest(v_claims) c -- 0054
   ),
   batch_ready AS MATERIALIZED (
     SELECT r.slot, r.job_id, r.queue, r.priority, r.shard, r.lane_seq, r.unique_key, r.unique_states
     FROM ready r WHERE r.job_id = ANY (v_ids)
-      AND (r.slot BETWEEN v_lo1 AND v_hi1 OR r.slot BETWEEN v_lo2 AND v_hi2)
+      AND r.slot BETWEEN v_slo AND v_shi -- 0054
   ),
   batch_closures AS MATERIALIZED (
     SELECT z.job_id, z.run_lease FROM closures z WHERE z.job_id = ANY (v_ids)
-      AND (z.slot BETWEEN v_lo1 AND v_hi1 OR z.slot BETWEEN v_lo2 AND v_hi2)
+      AND z.slot BETWEEN v_slo AND v_shi -- 0054
   ),
   done AS MATERIALIZED (
     SELECT DISTINCT ON (i.job_id, i.run_lease)
