@@ -175,6 +175,51 @@ describe("hot path plans", () => {
   )
 
   it.live(
+    "finalize reads a batch's ready rows by job id, not by a scan of ready's primary key, whatever the plan was cached on",
+    () =>
+      Effect.flatMap(TestDatabase.acquire(), ({ url }) =>
+        Effect.gen(function* () {
+          // Migration 0054 narrowed finalize_completions' ready lookup to the slots of the batch's
+          // claims. Written as one range, `slot` (the primary key's last column) became an index
+          // condition, and a generic plan cached while the slot was empty read the whole primary
+          // key index of the slot on every call (a drain's finalize 2-5× slower).
+          const storage = yield* QueueStorage
+          const sql = yield* SqlClient.SqlClient
+          const q = fresh("ready-by-id")
+          // The next slot's child empty, never analyzed, and no statistics taken meanwhile
+          // (autovacuum's ANALYZE would invalidate the plans).
+          for (let slot = 0; slot < 16; slot++)
+            yield* sql.unsafe(`ALTER TABLE awa.ready_${slot} SET (autovacuum_enabled = false)`)
+          // The plans cached now, on the connection the measured transaction uses (inside a
+          // transaction, claim and finalize run on its connection, not on the hot ones).
+          yield* storage.enqueueMany(Array.from({ length: 3 }, (_, n) => job(q, n)))
+          yield* sql.withTransaction(Effect.flatMap(storage.claim(claimOf(q, 3)), completeAll))
+          yield* storage.rotate
+          for (let i = 0; i < 5; i++) yield* storage.enqueueMany(Array.from({ length: 1000 }, (_, n) => job(q, n)))
+          const pkeyBlocks = Effect.map(
+            sql<{ blocks: number }>`
+              SELECT coalesce(sum(pg_stat_get_xact_blocks_fetched(c.oid)), 0)::int AS blocks
+              FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+              WHERE n.nspname = 'awa' AND c.relname ~ '^ready_[0-9]+_pkey$'`,
+            (rows) => rows[0]!.blocks
+          )
+          const read = yield* sql.withTransaction(
+            Effect.gen(function* () {
+              const claimed = yield* storage.claim(claimOf(q, 10))
+              const before = yield* pkeyBlocks
+              const results = yield* completeAll(claimed)
+              assert.isTrue(results.every((r) => r._tag === "Applied"))
+              return (yield* pkeyBlocks) - before
+            })
+          )
+          // a scan of the slot's primary key reads ~40 blocks (measured: 43); finalize needs none
+          assert.isBelow(read, 5, `finalize read ${read} blocks of ready's primary key`)
+        }).pipe(Effect.provide(eagerStorage(url, 1)))
+      ),
+    60_000
+  )
+
+  it.live(
     "claim and finalize read only the ring children of unpruned slots, also when they wrap around the ring",
     () =>
       withDatabase(() =>
