@@ -134,45 +134,48 @@ describe("finalize: a batch of completions", () => {
     )
   )
 
-  it.live("a batch whose claims lie in different slots, one carried by prune, completes each attempt once", () =>
-    withEagerDatabase({}, () =>
-      Effect.gen(function* () {
-        const storage = yield* QueueStorage
-        const sql = yield* SqlClient.SqlClient
-        const q = fresh("fin-slots")
-        // a: claimed in the first slot, then carried by prune into the current one; b, c: claimed
-        // in a slot of their own, b's after a's; the batch holds them out of slot order
-        yield* storage.enqueueMany([{ kind: "k", queue: q, args: { n: 0 } }])
-        const [a] = yield* storage.claim(claimOf(q, 1))
-        yield* storage.rotate
-        yield* storage.enqueueMany([1, 2].map((n) => ({ kind: "k", queue: q, args: { n } })))
-        const [b, c] = yield* storage.claim(claimOf(q, 2))
-        yield* storage.rotate
-        assert.strictEqual((yield* storage.prune({ ...keepAll, carryAfterMs: 0 }))._tag, "Pruned")
-        const slots = yield* sql<{ job_id: string; slot: number }>`
+  it.live(
+    "a batch whose claims lie in different slots, one carried by prune, completes each attempt once",
+    () =>
+      withEagerDatabase({}, () =>
+        Effect.gen(function* () {
+          const storage = yield* QueueStorage
+          const sql = yield* SqlClient.SqlClient
+          const q = fresh("fin-slots")
+          // a: claimed in the first slot, then carried by prune into the current one; b, c: claimed
+          // in a slot of their own, b's after a's; the batch holds them out of slot order
+          yield* storage.enqueueMany([{ kind: "k", queue: q, args: { n: 0 } }])
+          const [a] = yield* storage.claim(claimOf(q, 1))
+          yield* storage.rotate
+          yield* storage.enqueueMany([1, 2].map((n) => ({ kind: "k", queue: q, args: { n } })))
+          const [b, c] = yield* storage.claim(claimOf(q, 2))
+          yield* storage.rotate
+          assert.strictEqual((yield* storage.prune({ ...keepAll, carryAfterMs: 0 }))._tag, "Pruned")
+          const slots = yield* sql<{ job_id: string; slot: number }>`
           SELECT job_id::text, slot FROM awa.claims WHERE job_id IN (${a!.jobId}, ${b!.jobId}, ${c!.jobId})
           ORDER BY job_id`
-        assert.strictEqual(new Set(slots.map((r) => r.slot)).size, 2, "two slots")
-        assert.notStrictEqual(slots[0]!.slot, slots[1]!.slot, "a carried away from b's slot")
-        const batch = [complete(c!), complete(a!), complete(b!)]
-        const first = yield* storage.finalizeMany(batch)
-        assert.deepStrictEqual(
-          first.map((r) => r._tag),
-          ["Applied", "Applied", "Applied"]
-        )
-        // closed now, wherever their claims lie: stale, nothing written twice
-        const again = yield* storage.finalizeMany(batch)
-        assert.deepStrictEqual(
-          again.map((r) => r._tag),
-          ["Stale", "Stale", "Stale"]
-        )
-        const rows = yield* sql<{ closures: number; terminal: number }>`
+          assert.strictEqual(new Set(slots.map((r) => r.slot)).size, 2, "two slots")
+          assert.notStrictEqual(slots[0]!.slot, slots[1]!.slot, "a carried away from b's slot")
+          const batch = [complete(c!), complete(a!), complete(b!)]
+          const first = yield* storage.finalizeMany(batch)
+          assert.deepStrictEqual(
+            first.map((r) => r._tag),
+            ["Applied", "Applied", "Applied"]
+          )
+          // closed now, wherever their claims lie: stale, nothing written twice
+          const again = yield* storage.finalizeMany(batch)
+          assert.deepStrictEqual(
+            again.map((r) => r._tag),
+            ["Stale", "Stale", "Stale"]
+          )
+          const rows = yield* sql<{ closures: number; terminal: number }>`
           SELECT (SELECT count(*)::int FROM awa.closures WHERE job_id IN (${a!.jobId}, ${b!.jobId}, ${c!.jobId})) AS closures,
                  (SELECT count(*)::int FROM awa.terminal WHERE job_id IN (${a!.jobId}, ${b!.jobId}, ${c!.jobId})) AS terminal`
-        assert.deepStrictEqual(rows[0], { closures: 3, terminal: 3 })
-        for (const job of [a!, b!, c!]) assert.strictEqual((yield* storage.getJob(job.jobId)).state, "completed")
-      })
-    )
+          assert.deepStrictEqual(rows[0], { closures: 3, terminal: 3 })
+          for (const job of [a!, b!, c!])
+            assert.strictEqual((yield* storage.getJob(job.jobId)).state, "completed")
+        })
+      )
   )
 
   it.live(

@@ -195,7 +195,8 @@ describe("hot path plans", () => {
           yield* storage.enqueueMany(Array.from({ length: 3 }, (_, n) => job(q, n)))
           yield* sql.withTransaction(Effect.flatMap(storage.claim(claimOf(q, 3)), completeAll))
           yield* storage.rotate
-          for (let i = 0; i < 5; i++) yield* storage.enqueueMany(Array.from({ length: 1000 }, (_, n) => job(q, n)))
+          for (let i = 0; i < 5; i++)
+            yield* storage.enqueueMany(Array.from({ length: 1000 }, (_, n) => job(q, n)))
           const pkeyBlocks = Effect.map(
             sql<{ blocks: number }>`
               SELECT coalesce(sum(pg_stat_get_xact_blocks_fetched(c.oid)), 0)::int AS blocks
