@@ -2799,6 +2799,11 @@ DECLARE
   v_now_hi1 int; -- 0028
   v_now_lo2 int; -- 0028
   v_now_hi2 int; -- 0028
+  v_claims claims[]; -- 0054: the batch's claims rows, as locked
+  v_slo1 int; -- 0054: the smallest and largest slot they lie in, in each of the two ranges
+  v_shi1 int; -- 0054
+  v_slo2 int; -- 0054
+  v_shi2 int; -- 0054
 BEGIN
   -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
   IF current_setting('transaction_isolation') <> 'read committed' THEN
@@ -2829,14 +2834,17 @@ BEGIN
   -- gone with its pruned slot (stale either way).
   LOOP -- 0028
     SELECT s.lo1, s.hi1, s.lo2, s.hi2 INTO v_lo1, v_hi1, v_lo2, v_hi2 FROM queue_slot_ranges() s;
-    PERFORM 1 FROM claims c -- 0028
-    WHERE c.job_id = ANY (v_ids) AND (c.slot BETWEEN v_lo1 AND v_hi1 OR c.slot BETWEEN v_lo2 AND v_hi2)
-    ORDER BY c.job_id, c.run_lease
-    FOR NO KEY UPDATE OF c;
+    v_claims := ARRAY(SELECT c FROM claims c -- 0054: kept, not read again below
+                      WHERE c.job_id = ANY (v_ids) AND (c.slot BETWEEN v_lo1 AND v_hi1 OR c.slot BETWEEN v_lo2 AND v_hi2)
+                      ORDER BY c.job_id, c.run_lease
+                      FOR NO KEY UPDATE OF c);
     SELECT s.lo1, s.hi1, s.lo2, s.hi2 INTO v_now_lo1, v_now_hi1, v_now_lo2, v_now_hi2 FROM queue_slot_ranges() s; -- 0028
     EXIT WHEN v_now_lo1 = v_lo1 AND v_now_hi1 = v_hi1 AND v_now_lo2 = v_lo2 AND v_now_hi2 = v_hi2; -- 0028
   END LOOP;
-
+  -- 0054: their ready rows and closures are read in their slots only, as in finalize_completions
+  SELECT min(c.slot) FILTER (WHERE c.slot BETWEEN v_lo1 AND v_hi1), max(c.slot) FILTER (WHERE c.slot BETWEEN v_lo1 AND v_hi1), -- 0054
+         min(c.slot) FILTER (WHERE c.slot BETWEEN v_lo2 AND v_hi2), max(c.slot) FILTER (WHERE c.slot BETWEEN v_lo2 AND v_hi2) -- 0054
+    INTO v_slo1, v_shi1, v_slo2, v_shi2 FROM unnest(v_claims) c; -- 0054
 
   RETURN QUERY
   WITH items AS MATERIALIZED (
@@ -2846,20 +2854,19 @@ BEGIN
          jsonb_to_record(x_e.v) AS x(job_id bigint, run_lease bigint, outcome text, delay_ms bigint, message text, reason text,
                                      stale_before timestamptz, progress jsonb) -- 0022
   ),
-  batch_claims AS MATERIALIZED (
+  batch_claims AS MATERIALIZED ( -- 0054: the rows locked above (claims rows are never updated)
     SELECT c.slot, c.generation, c.job_id, c.run_lease, c.attempt, c.queue, c.priority, c.shard, c.lane_seq
-    FROM claims c WHERE c.job_id = ANY (v_ids)
-      AND (c.slot BETWEEN v_lo1 AND v_hi1 OR c.slot BETWEEN v_lo2 AND v_hi2)
+    FROM unnest(v_claims) c -- 0054
   ),
   batch_ready AS MATERIALIZED (
     SELECT r.slot, r.job_id, r.kind, r.queue, r.priority, r.shard, r.lane_seq, r.args, r.metadata, r.tags, r.errors,
            r.max_attempts, r.created_at, r.run_at, r.unique_key, r.unique_states, r.progress
     FROM ready r WHERE r.job_id = ANY (v_ids)
-      AND (r.slot BETWEEN v_lo1 AND v_hi1 OR r.slot BETWEEN v_lo2 AND v_hi2)
+      AND (r.slot BETWEEN v_slo1 AND v_shi1 OR r.slot BETWEEN v_slo2 AND v_shi2) -- 0054
   ),
   batch_closures AS MATERIALIZED (
     SELECT z.job_id, z.run_lease FROM closures z WHERE z.job_id = ANY (v_ids)
-      AND (z.slot BETWEEN v_lo1 AND v_hi1 OR z.slot BETWEEN v_lo2 AND v_hi2)
+      AND (z.slot BETWEEN v_slo1 AND v_shi1 OR z.slot BETWEEN v_slo2 AND v_shi2) -- 0054
   ),
   open AS (
     SELECT DISTINCT ON (i.job_id, i.run_lease)

@@ -5,8 +5,9 @@
  * without 'running' but with 'completed' takes its key back when free, a stale item is not applied,
  * and a mixed batch still takes the general statement. finalize(jsonb) hands a batch of
  * completions to it (a rescue's stale_before included); arrays of different lengths are refused.
- * Since 0054 it reads the ready rows and closures in the slots of the claims it locked: a batch
- * whose claims lie in different slots, one carried by prune, still completes each attempt once.
+ * Since 0054 both statements read the ready rows and closures in the slots of the claims they
+ * locked: a batch whose claims lie in different slots, one carried by prune, still closes each
+ * attempt once.
  */
 import { UniqueConflict } from "@awa/core"
 import { assert, describe, it } from "@effect/vitest"
@@ -134,48 +135,62 @@ describe("finalize: a batch of completions", () => {
     )
   )
 
+  /**
+   * a: claimed in the first slot, then carried by prune into the current one; b, c: claimed in a
+   * slot of their own, after a; the batch holds them out of slot order. `aFails`: a's outcome is a
+   * failure, so the batch takes the general statement (finalize) instead of finalize_completions.
+   */
+  const acrossSlots = (aFails: boolean) =>
+    withEagerDatabase({}, () =>
+      Effect.gen(function* () {
+        const storage = yield* QueueStorage
+        const sql = yield* SqlClient.SqlClient
+        const q = fresh("fin-slots")
+        yield* storage.enqueueMany([{ kind: "k", queue: q, args: { n: 0 } }])
+        const [a] = yield* storage.claim(claimOf(q, 1))
+        yield* storage.rotate
+        yield* storage.enqueueMany([1, 2].map((n) => ({ kind: "k", queue: q, args: { n } })))
+        const [b, c] = yield* storage.claim(claimOf(q, 2))
+        yield* storage.rotate
+        assert.strictEqual((yield* storage.prune({ ...keepAll, carryAfterMs: 0 }))._tag, "Pruned")
+        const ids = [a!.jobId, b!.jobId, c!.jobId]
+        const slots = yield* sql<{ slot: number }>`
+          SELECT slot FROM awa.claims WHERE job_id = ANY (${ids}) ORDER BY job_id`
+        assert.strictEqual(new Set(slots.map((r) => r.slot)).size, 2, "two slots")
+        assert.notStrictEqual(slots[0]!.slot, slots[1]!.slot, "a carried away from b's slot")
+        const batch = [
+          complete(c!),
+          aFails
+            ? { jobId: a!.jobId, runLease: a!.runLease, outcome: { _tag: "Fail" as const, error: "no" } }
+            : complete(a!),
+          complete(b!)
+        ]
+        const first = yield* storage.finalizeMany(batch)
+        assert.deepStrictEqual(
+          first.map((r) => (r._tag === "Applied" ? r.state : r._tag)),
+          ["completed", aFails ? "failed" : "completed", "completed"]
+        )
+        // closed now, wherever their claims lie: stale, nothing written twice
+        const again = yield* storage.finalizeMany(batch)
+        assert.deepStrictEqual(
+          again.map((r) => r._tag),
+          ["Stale", "Stale", "Stale"]
+        )
+        const rows = yield* sql<{ closures: number; terminal: number }>`
+          SELECT (SELECT count(*)::int FROM awa.closures WHERE job_id = ANY (${ids})) AS closures,
+                 (SELECT count(*)::int FROM awa.terminal WHERE job_id = ANY (${ids})) AS terminal`
+        assert.deepStrictEqual(rows[0], { closures: 3, terminal: 3 })
+        assert.strictEqual((yield* storage.getJob(a!.jobId)).state, aFails ? "failed" : "completed")
+      })
+    )
+
   it.live(
     "a batch whose claims lie in different slots, one carried by prune, completes each attempt once",
-    () =>
-      withEagerDatabase({}, () =>
-        Effect.gen(function* () {
-          const storage = yield* QueueStorage
-          const sql = yield* SqlClient.SqlClient
-          const q = fresh("fin-slots")
-          // a: claimed in the first slot, then carried by prune into the current one; b, c: claimed
-          // in a slot of their own, b's after a's; the batch holds them out of slot order
-          yield* storage.enqueueMany([{ kind: "k", queue: q, args: { n: 0 } }])
-          const [a] = yield* storage.claim(claimOf(q, 1))
-          yield* storage.rotate
-          yield* storage.enqueueMany([1, 2].map((n) => ({ kind: "k", queue: q, args: { n } })))
-          const [b, c] = yield* storage.claim(claimOf(q, 2))
-          yield* storage.rotate
-          assert.strictEqual((yield* storage.prune({ ...keepAll, carryAfterMs: 0 }))._tag, "Pruned")
-          const slots = yield* sql<{ job_id: string; slot: number }>`
-          SELECT job_id::text, slot FROM awa.claims WHERE job_id IN (${a!.jobId}, ${b!.jobId}, ${c!.jobId})
-          ORDER BY job_id`
-          assert.strictEqual(new Set(slots.map((r) => r.slot)).size, 2, "two slots")
-          assert.notStrictEqual(slots[0]!.slot, slots[1]!.slot, "a carried away from b's slot")
-          const batch = [complete(c!), complete(a!), complete(b!)]
-          const first = yield* storage.finalizeMany(batch)
-          assert.deepStrictEqual(
-            first.map((r) => r._tag),
-            ["Applied", "Applied", "Applied"]
-          )
-          // closed now, wherever their claims lie: stale, nothing written twice
-          const again = yield* storage.finalizeMany(batch)
-          assert.deepStrictEqual(
-            again.map((r) => r._tag),
-            ["Stale", "Stale", "Stale"]
-          )
-          const rows = yield* sql<{ closures: number; terminal: number }>`
-          SELECT (SELECT count(*)::int FROM awa.closures WHERE job_id IN (${a!.jobId}, ${b!.jobId}, ${c!.jobId})) AS closures,
-                 (SELECT count(*)::int FROM awa.terminal WHERE job_id IN (${a!.jobId}, ${b!.jobId}, ${c!.jobId})) AS terminal`
-          assert.deepStrictEqual(rows[0], { closures: 3, terminal: 3 })
-          for (const job of [a!, b!, c!])
-            assert.strictEqual((yield* storage.getJob(job.jobId)).state, "completed")
-        })
-      )
+    () => acrossSlots(false)
+  )
+
+  it.live("a mixed batch across slots (the general statement) closes each attempt once", () =>
+    acrossSlots(true)
   )
 
   it.live(
