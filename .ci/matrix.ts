@@ -91,7 +91,8 @@ const suites = [
   "packages/storage/test/FleetRate.keyed.pg.test.ts",
   "packages/storage/test/PgQueueStorage.plans.test.ts",
   "packages/storage/test/PgQueueStorage.tombstones.test.ts",
-  "packages/storage/test/PgQueueStorage.claimSpans.test.ts"
+  "packages/storage/test/PgQueueStorage.claimSpans.test.ts",
+  "packages/storage/test/FinalizeCompletions.test.ts"
 ]
 
 const arg = (name: string) => {
