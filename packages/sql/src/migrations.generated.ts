@@ -22683,8 +22683,9 @@ REVOKE EXECUTE ON FUNCTION :AWA_SCHEMA.end_idle_blockers(int, bigint) FROM PUBLI
 -- Until now the statement that locks the batch's claims rows (FOR NO KEY UPDATE) discarded them,
 -- and the completion statement read them again; it also looked for each job's ready row and
 -- closures in every live slot of the ring, by job id. A backlog spread over four slots made
--- finalize_completions(100) ~40 % dearer than one in a single slot (1.3 → 1.9 ms in one backend;
--- docs/benchmarks.md, "Completions in their claims' slots"). Now the locking statement keeps the
+-- finalize_completions(100) ~35 % dearer than one in a single slot (1.26 → 1.71 ms in one backend,
+-- bench/src/finalizeCost.ts; docs/benchmarks.md, "Completions in their claims' slots"; 1.41–1.53 ms
+-- after this migration). Now the locking statement keeps the
 -- rows it locked (an array of claims rows: claims rows are never updated, so the locked version is
 -- the row), and the ready rows and closures are read in the slots those rows lie in: a claims row
 -- is written in its ready row's slot, prune carries it with its ready row, and its closure is
