@@ -12,8 +12,8 @@
  * `--slots n`: a rotation after every n-th of the backlog, as a drain's backlog spans the slots
  * rotated in while it was enqueued; the claims then lie in the oldest slot while every slot up to
  * the current one is live. Before migration 0054 finalize looked for each job's ready row and
- * closures in every live slot; since then, in its claims' slots. Works against builds from 0049 on
- * (copy it into an older worktree to compare).
+ * closures in every live slot; since then, in its claims' slots. Works against builds from 0053 on
+ * (it vacuums `claim_spans`; copy it into an older worktree to compare).
  */
 import { Awa } from "@awa/runtime"
 import { QueueStorage } from "@awa/storage"
@@ -25,6 +25,7 @@ import {
   createDatabase,
   databaseName,
   intArg,
+  quantile,
   rolledBackTimer,
   withClient
 } from "./lib.ts"
@@ -108,11 +109,13 @@ const program = Effect.gen(function* () {
       samples
     )
   )
-  const median = (label: string) => {
-    const s = [...samples.get(label)!].sort((a, b) => a - b)
-    return s[Math.floor(s.length / 2)]!
-  }
-  const [claim, both] = probes.map(([label]) => median(label))
+  // the medians the table shows
+  const [claim, both] = probes.map(([label]) =>
+    quantile(
+      [...samples.get(label)!].sort((a, b) => a - b),
+      0.5
+    )
+  )
   console.log(`finalize_completions(${batch}): ~${Math.round(both! - claim!)} µs (difference of the medians)`)
 })
 
