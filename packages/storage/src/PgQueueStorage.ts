@@ -284,6 +284,10 @@ const outcomeJson = (item: FinalizeItem): string => {
   }
 }
 
+/** Every applied completion's answer, shared: results are read, never changed. */
+const completedResult: FinalizeResult = { _tag: "Applied", state: "completed" }
+const staleResult: FinalizeResult = { _tag: "Stale" }
+
 /** A `bigint[]` literal (`{1,2,3}`) of one field of each item: sent as text, cast by the statement. */
 const bigintArray = <A>(items: ReadonlyArray<A>, field: (item: A) => bigint): string => {
   let literal = "{"
@@ -623,16 +627,33 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
       return rows.map(claimedJobOf)
     }).pipe(ReadCommitted.mapRefusal("claim"))
 
+  // A batch of completions (the completion batcher's usual one) goes as two arrays (migration
+  // 0049): no JSON object per job to build here or to parse there. The answer comes back as one
+  // row: how many items the function answered, and the positions (1-based) of the stale ones. An
+  // applied completion's state is always `completed`, so a row per item (its decoding and a
+  // result object per job, in a drain) would only repeat that.
+  const finalizeCompletions = (items: ReadonlyArray<FinalizeItem>) =>
+    Effect.gen(function* () {
+      const statement = sql<{ answered: number; stale: ReadonlyArray<number> }>`
+          SELECT count(*)::int AS answered,
+                 coalesce(array_agg(f.ord ORDER BY f.ord) FILTER (WHERE NOT f.applied), '{}') AS stale
+          FROM ${s}.finalize_completions(${bigintArray(items, (i) => i.jobId)}::bigint[], ${bigintArray(items, (i) => i.runLease)}::bigint[]) f`
+      const [row] = yield* hot.run(statement, rc("finalize", statement))
+      if (row === undefined || row.answered !== items.length)
+        return yield* Effect.die(
+          new Error(`finalize_completions answered ${row?.answered ?? 0} of ${items.length} items`)
+        )
+      const results = new Array<FinalizeResult>(items.length).fill(completedResult)
+      for (const ord of row.stale) results[ord - 1] = staleResult
+      return results
+    })
+
   const finalizeMany = (items: ReadonlyArray<FinalizeItem>) =>
     Effect.gen(function* () {
       if (items.length === 0) return []
       yield* checkFinalizeItems(items)
-      // A batch of completions (the completion batcher's usual one) goes as two arrays (migration
-      // 0049): no JSON object per job to build here or to parse there.
-      const statement = items.every((item) => item.outcome._tag === "Complete")
-        ? sql<{ ord: number; applied: boolean; state: JobState | null }>`
-          SELECT * FROM ${s}.finalize_completions(${bigintArray(items, (i) => i.jobId)}::bigint[], ${bigintArray(items, (i) => i.runLease)}::bigint[])`
-        : sql<{ ord: number; applied: boolean; state: JobState | null }>`
+      if (items.every((item) => item.outcome._tag === "Complete")) return yield* finalizeCompletions(items)
+      const statement = sql<{ ord: number; applied: boolean; state: JobState | null }>`
           SELECT * FROM ${s}.finalize(${`[${items.map(outcomeJson).join(",")}]`}::jsonb)`
       const rows = yield* hot.run(statement, rc("finalize", statement))
       return rows.map(
