@@ -8,6 +8,7 @@
  * gives each call's median, minimum and maximum µs over the rounds.
  *
  *   node --conditions=@awa/source bench/src/claimCost.ts [--jobs 20000] [--rounds 8] [--calls 300] [--slots 1]
+ *     [--transactions]
  *   DATABASE_URL=postgres://…/postgres node --conditions=@awa/source bench/src/claimCost.ts   # any server
  *
  * `--slots n` spreads each backlog over n ring slots (a rotation after every n-th of it), as a
@@ -17,6 +18,9 @@
  * Each measurement's loop runs in one transaction (its calls are rolled back one by one, and the
  * dead rows they leave are vacuumed before the next measurement). Read the figures as relative
  * (one build against another, one call against another), not as a claim's latency.
+ * `--transactions`: each call in a transaction of its own, rolled back (a procedure's loop): the
+ * locks a call takes are acquired and released per call, as in the runtime (in one transaction
+ * the first call's locks stay held), so the difference is the lock table's share.
  */
 import { Awa } from "@awa/runtime"
 import { KeyGrants, QueueStorage } from "@awa/storage"
@@ -29,6 +33,7 @@ import {
   databaseName,
   intArg,
   rolledBackTimer,
+  transactionTimer,
   withClient
 } from "./lib.ts"
 
@@ -36,6 +41,8 @@ const jobs = intArg("--jobs", 20_000)
 const rounds = intArg("--rounds", 8)
 const calls = intArg("--calls", 300)
 const slots = intArg("--slots", 1)
+/** `--transactions`: each call in a transaction of its own (`transactionTimer`), not a subtransaction. */
+const transactions = process.argv.includes("--transactions")
 
 const plain = "cost_plain"
 const sharded = "cost_sharded"
@@ -91,7 +98,15 @@ const measure = (url: string) =>
   withClient(url, (sql) =>
     Effect.gen(function* () {
       yield* sql.unsafe("VACUUM ANALYZE").unprepared
-      yield* sql.unsafe(rolledBackTimer).unprepared
+      yield* sql.unsafe(transactions ? transactionTimer : rolledBackTimer).unprepared
+      /** µs per call of `statement`, over `n` calls. */
+      const timed = (statement: string, n: number) =>
+        Effect.map(
+          transactions
+            ? sql<{ us: number }>`CALL pg_temp.awa_transaction_cost(${statement}, ${n}, NULL)`
+            : sql<{ us: number }>`SELECT pg_temp.awa_rolled_back_cost(${statement}, ${n}) AS us`,
+          (rows) => Number(rows[0]!.us)
+        )
       // the tables a rolled-back claim writes (claim_spans since migration 0053)
       const [spans] = yield* sql<{
         present: boolean
@@ -101,17 +116,13 @@ const measure = (url: string) =>
         : "awa.claims, awa.claim_marks"
       const samples = new Map<string, Array<number>>(probes.map(([label]) => [label, []]))
       // a first pass plans every statement on this connection
-      for (const [, statement] of probes)
-        yield* sql`SELECT pg_temp.awa_rolled_back_cost(${statement}, ${Math.min(calls, 20)})`
+      for (const [, statement] of probes) yield* timed(statement, Math.min(calls, 20))
       for (let r = 0; r < rounds; r++)
         for (const [label, statement] of probes) {
           // the rolled-back calls leave dead rows in the tables they write: cleared before each
           // measurement, so that late rounds do not step over more of them than early ones
           yield* sql.unsafe(`VACUUM ${written}`).unprepared
-          const [row] = yield* sql<{
-            us: number
-          }>`SELECT pg_temp.awa_rolled_back_cost(${statement}, ${calls}) AS us`
-          samples.get(label)!.push(Number(row!.us))
+          samples.get(label)!.push(yield* timed(statement, calls))
         }
       return samples
     })
@@ -123,7 +134,8 @@ const program = Effect.gen(function* () {
   yield* load(url)
   const samples = yield* measure(url)
   console.log(
-    `claim cost in one backend: ${jobs.toLocaleString("en-US")} jobs per backlog over ${slots} slot(s), ${rounds} rounds of ${calls} calls`
+    `claim cost in one backend: ${jobs.toLocaleString("en-US")} jobs per backlog over ${slots} slot(s), ${rounds} rounds of ${calls} calls, ` +
+      (transactions ? "each call its own transaction" : "each call a subtransaction")
   )
   console.log(
     costTable(

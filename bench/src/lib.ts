@@ -123,6 +123,27 @@ BEGIN
   RETURN extract(epoch FROM clock_timestamp() - t0) * 1e6 / p_n;
 END $$`
 
+/**
+ * A session's temporary procedure `pg_temp.awa_transaction_cost(statement, n, null)`: runs the
+ * statement n times in a PL/pgSQL loop, each run in a transaction of its own that it rolls back,
+ * and returns the µs per call in its INOUT argument. Unlike `rolledBackTimer`'s subtransactions,
+ * which leave every lock the first call took held for the rest of the loop, each call here
+ * acquires and releases its locks as a committed call would (a generic plan locks every ring
+ * child it names); only the commit's WAL flush is left out. Call it with CALL, outside a
+ * transaction.
+ */
+export const transactionTimer = `
+CREATE PROCEDURE pg_temp.awa_transaction_cost(p_sql text, p_n int, INOUT us double precision) LANGUAGE plpgsql AS $$
+DECLARE t0 timestamptz;
+BEGIN
+  t0 := clock_timestamp();
+  FOR i IN 1 .. p_n LOOP
+    EXECUTE p_sql;
+    ROLLBACK;
+  END LOOP;
+  us := extract(epoch FROM clock_timestamp() - t0) * 1e6 / p_n;
+END $$`
+
 // ---------------------------------------------------------------------------------------------
 // Server and databases
 

@@ -264,6 +264,17 @@ const printClaimCalls = () => {
     `claim calls, ms p50 / p90 / p99 / max: all ${calls.length} ${q(durations(calls))}; ` +
       `the ${taking.length} that took jobs ${q(durations(taking))}`
   )
+  // A claim that overlaps a finalize call shares the two cores with it (its backend, Node's
+  // answer handling): the longer a claim, the more often it overlaps one, so a dearer claim's
+  // tail grows by more than its own cost.
+  const finalizes = events.filter((e) => e.what === "finalizeMany" && e.end !== undefined)
+  const overlaps = (c: Event) => finalizes.some((f) => f.start < c.end! && f.end! > c.start)
+  const overlapping = calls.filter(overlaps)
+  const alone = calls.filter((c) => !overlaps(c))
+  console.log(
+    `claim calls overlapping a finalize call: ${overlapping.length} ${q(durations(overlapping))}; ` +
+      `alone: ${alone.length} ${q(durations(alone))}`
+  )
 }
 
 /**
