@@ -60,6 +60,18 @@ export interface CompletionBatcher {
     progress: Readonly<Record<string, unknown>> | undefined,
     onFinalized: OnFinalized
   ) => Effect.Effect<void, CompletionBatcherClosed>
+  /**
+   * `submitThen` without an effect, when nothing need wait: queues the outcome and answers true
+   * while the batcher is open and below `capacity`; answers false (queuing nothing) otherwise,
+   * and the caller takes `submitThen`, which waits for room or fails. The executor's path for
+   * every finished attempt: no effect is built for it (ADR 0031).
+   */
+  readonly offer: (
+    token: AttemptToken,
+    outcome: Outcome,
+    progress: Readonly<Record<string, unknown>> | undefined,
+    onFinalized: OnFinalized
+  ) => boolean
 }
 
 /**
@@ -233,6 +245,17 @@ export const make = Effect.fnUntraced(function* (options: CompletionBatcherOptio
     pending++
   }
 
+  const offer = (
+    token: AttemptToken,
+    outcome: Outcome,
+    progress: Readonly<Record<string, unknown>> | undefined,
+    onFinalized: OnFinalized
+  ): boolean => {
+    if (closed || pending >= capacity) return false
+    enqueue(token, outcome, progress, onFinalized)
+    return true
+  }
+
   const submitThen = (
     token: AttemptToken,
     outcome: Outcome,
@@ -261,5 +284,5 @@ export const make = Effect.fnUntraced(function* (options: CompletionBatcherOptio
         )
       })
     })
-  return { submit, submitThen } satisfies CompletionBatcher
+  return { submit, submitThen, offer } satisfies CompletionBatcher
 })

@@ -543,9 +543,12 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
         return Effect.void
       }
       const runMs = entry.startedAt === undefined ? undefined : performance.now() - entry.startedAt
-      // the attempt's progress goes with its outcome, in the same statement (capability 14)
+      const onFinalized = finalizedOf(entry, runMs)
+      // the attempt's progress goes with its outcome, in the same statement (capability 14);
+      // queued at once when there is room (the usual case), else through the waiting path
+      if (options.batcher.offer(entry.job, outcome, entry.progress, onFinalized)) return Effect.void
       return Effect.catchCause(
-        options.batcher.submitThen(entry.job, outcome, entry.progress, finalizedOf(entry, runMs)),
+        options.batcher.submitThen(entry.job, outcome, entry.progress, onFinalized),
         (cause) => {
           forget(entry)
           return logFinalizationFailure(cause)

@@ -137,4 +137,42 @@ describe("CompletionBatcher: one call at a time until a batch is full", () => {
       )
     })
   )
+
+  it.effect(
+    "offer queues at once while there is room, and refuses (queuing nothing) when full or closed",
+    () =>
+      Effect.gen(function* () {
+        const { storage, calls, gates, releaseAll } = yield* heldStorage
+        const answered: Array<number> = []
+        const onFinalized = (n: number) => () => {
+          answered.push(n)
+        }
+        const batcher = yield* Effect.scoped(
+          Effect.gen(function* () {
+            const batcher = yield* CompletionBatcher.make({ maxBatch: 100, capacity: 3, concurrency: 1 })
+            assert.isTrue(batcher.offer(token(1), { _tag: "Complete" }, undefined, onFinalized(1)))
+            yield* settle
+            // the first call is held: two more fit, a fourth does not (capacity 3 counts the waiting)
+            assert.isTrue(batcher.offer(token(2), { _tag: "Complete" }, undefined, onFinalized(2)))
+            assert.isTrue(batcher.offer(token(3), { _tag: "Complete" }, undefined, onFinalized(3)))
+            assert.isTrue(batcher.offer(token(4), { _tag: "Complete" }, undefined, onFinalized(4)))
+            assert.isFalse(batcher.offer(token(5), { _tag: "Complete" }, undefined, onFinalized(5)))
+            yield* Deferred.succeed(gates[0]!, undefined)
+            yield* settle
+            assert.deepStrictEqual(
+              calls.map((c) => c.map((i) => Number(i.jobId))),
+              [[1], [2, 3, 4]]
+            )
+            return batcher
+          }).pipe(Effect.ensuring(releaseAll), Effect.provideService(QueueStorage, storage))
+        )
+        // every offered item got its answer, the refused one none; closed, nothing is taken
+        assert.deepStrictEqual(answered, [1, 2, 3, 4])
+        assert.isFalse(batcher.offer(token(6), { _tag: "Complete" }, undefined, onFinalized(6)))
+        assert.deepStrictEqual(
+          calls.flat().map((i) => Number(i.jobId)),
+          [1, 2, 3, 4]
+        )
+      })
+  )
 })
