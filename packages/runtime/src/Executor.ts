@@ -535,26 +535,36 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
       metrics.finished(entry.job, result.state, runMs)
     }
 
-  /** Hands the outcome to the batcher, unless the attempt was closed elsewhere meanwhile. */
-  const submitOutcome = (entry: RunningAttempt, outcome: Outcome): Effect.Effect<void> =>
-    Effect.suspend(() => {
-      if (entry.closedElsewhere) {
+  /**
+   * Hands the outcome to the batcher, unless the attempt was closed elsewhere meanwhile. Called
+   * when the submission is due (after `release`, see `releaseThenSubmit`): it reads the flags and
+   * the clock then.
+   */
+  const submitOutcome = (entry: RunningAttempt, outcome: Outcome): Effect.Effect<void> => {
+    if (entry.closedElsewhere) {
+      forget(entry)
+      return Effect.void
+    }
+    const runMs = entry.startedAt === undefined ? undefined : performance.now() - entry.startedAt
+    const onFinalized = finalizedOf(entry, runMs)
+    // the attempt's progress goes with its outcome, in the same statement (capability 14);
+    // queued at once when there is room (the usual case), else through the waiting path
+    if (options.batcher.offer(entry.job, outcome, entry.progress, onFinalized)) return Effect.void
+    return Effect.catchCause(
+      options.batcher.submitThen(entry.job, outcome, entry.progress, onFinalized),
+      (cause) => {
         forget(entry)
-        return Effect.void
+        return logFinalizationFailure(cause)
       }
-      const runMs = entry.startedAt === undefined ? undefined : performance.now() - entry.startedAt
-      const onFinalized = finalizedOf(entry, runMs)
-      // the attempt's progress goes with its outcome, in the same statement (capability 14);
-      // queued at once when there is room (the usual case), else through the waiting path
-      if (options.batcher.offer(entry.job, outcome, entry.progress, onFinalized)) return Effect.void
-      return Effect.catchCause(
-        options.batcher.submitThen(entry.job, outcome, entry.progress, onFinalized),
-        (cause) => {
-          forget(entry)
-          return logFinalizationFailure(cause)
-        }
-      )
-    })
+    )
+  }
+
+  /** Capacity first (the batcher may make a submitter wait for room), then the outcome. */
+  const releaseThenSubmit = (
+    entry: RunningAttempt,
+    outcome: Outcome,
+    release: Effect.Effect<void, never, R>
+  ): Effect.Effect<void, never, R> => Effect.flatMap(release, () => submitOutcome(entry, outcome))
 
   /** Records the outcome of a finished (or interrupted) attempt; runs uninterruptibly. */
   const settle = (
@@ -575,14 +585,13 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
     // The common case, a completion, needs no mapping (nothing in it can throw); anything else,
     // even `null`, takes the careful path.
     if (Exit.isSuccess(exit) && (exit.value === undefined || exit.value?._tag === "Completed"))
-      return Effect.onError(Effect.andThen(release, submitOutcome(entry, complete)), forgetOnError(entry))
+      return Effect.onError(releaseThenSubmit(entry, complete, release), forgetOnError(entry))
     // Whatever the handler returned (even `null`), the attempt must reach `release` and an
     // outcome: an unexpected failure of the mapping itself becomes a retry with its reason.
     // suspended, so that even a throw while mapping becomes a cause handled below
     return Effect.suspend(() => outcomeOf(handler, entry, exit)).pipe(
       Effect.catchCause(retryBecause(handler, entry)),
-      // capacity first: the batcher may make a submitter wait for room
-      Effect.flatMap((outcome) => Effect.andThen(release, submitOutcome(entry, outcome))),
+      Effect.flatMap((outcome) => releaseThenSubmit(entry, outcome, release)),
       Effect.onError(forgetOnError(entry))
     )
   }
