@@ -18,7 +18,7 @@ import { QueueStorage } from "@awa/storage"
 import { PgClient } from "@effect/sql-pg"
 import { Effect, Layer, ManagedRuntime, Redacted, References } from "effect"
 import { SqlClient } from "effect/sql"
-import { createDatabase, databaseName, intArg, now, round } from "./lib.ts"
+import { createDatabase, databaseName, dropDatabase, intArg, now, quantile, round } from "./lib.ts"
 
 const serverUrl = process.env.DATABASE_URL
 if (serverUrl === undefined) throw new Error("DATABASE_URL is required")
@@ -46,7 +46,8 @@ const probes: ReadonlyArray<Probe> = [
 ]
 
 const main = async () => {
-  const url = await Effect.runPromise(createDatabase(serverUrl, databaseName("claim_call")))
+  const name = databaseName("claim_call")
+  const url = await Effect.runPromise(createDatabase(serverUrl, name))
   const runtime = ManagedRuntime.make(
     Awa.layerPg({ migrateOnStart: true, tracing: false }).pipe(
       Layer.provideMerge(PgClient.layer({ url: Redacted.make(url), maxConnections: 10 })),
@@ -78,13 +79,18 @@ const main = async () => {
       list.push(await measure(probe, calls))
       results.set(label, list)
     }
-  const median = (xs: ReadonlyArray<number>) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!
+  const median = (xs: ReadonlyArray<number>) =>
+    quantile(
+      [...xs].sort((a, b) => a - b),
+      0.5
+    )
   console.log(`${calls} sequential calls × ${rounds} rounds; medians per call:`)
   for (const [label, list] of results)
     console.log(
       `${label.padEnd(28)} CPU ${String(round(median(list.map((x) => x.cpuUs)), 1)).padStart(7)} µs   wall ${String(round(median(list.map((x) => x.wallUs)), 1)).padStart(7)} µs`
     )
   await runtime.dispose()
+  await Effect.runPromise(dropDatabase(serverUrl, name))
 }
 
 main().catch((error) => {

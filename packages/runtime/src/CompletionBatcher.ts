@@ -263,11 +263,9 @@ export const make = Effect.fnUntraced(function* (options: CompletionBatcherOptio
     onFinalized: OnFinalized
   ): Effect.Effect<void, CompletionBatcherClosed> =>
     Effect.suspend(() => {
+      if (offer(token, outcome, progress, onFinalized)) return Effect.void
       if (closed) return Effect.fail(new CompletionBatcherClosed())
-      if (pending >= capacity)
-        return Effect.andThen(Deferred.await(room), submitThen(token, outcome, progress, onFinalized))
-      enqueue(token, outcome, progress, onFinalized)
-      return Effect.void
+      return Effect.andThen(Deferred.await(room), submitThen(token, outcome, progress, onFinalized))
     })
 
   const submit = (
