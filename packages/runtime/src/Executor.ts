@@ -17,9 +17,9 @@
  * - An attempt's progress (capability 14) is submitted with its outcome and written in the same
  *   statement, so a checkpoint set just before a failure reaches the next attempt
  *   (`ctx.job.progress`); heartbeats and `ctx.flushProgress` write it earlier.
- * - Held attempts reach the heartbeats (possibly another thread) in one call per claim batch,
- *   before the first of them starts: a handler blocking the event loop from its first line is
- *   already covered.
+ * - A held attempt is in the heartbeats' table (shared memory the heartbeat thread reads: no
+ *   message per attempt) from the moment it is held, before it starts: a handler blocking the
+ *   event loop from its first line is already covered.
  */
 import { Backoff, CallbackStale, Job, ProgressTooLarge, Traceparent, ValidationError } from "@awa/core"
 import type { CallbackStorage, ClaimedJob, Heartbeats, Outcome, ResumedJob } from "@awa/storage"
@@ -98,6 +98,8 @@ export interface RunningAttempt {
   /** Completed by a resume notification for this attempt while its handler waits in `waitForCallback`. */
   callbackWake: Deferred.Deferred<void> | undefined
   readonly key: string
+  /** Its handle in the heartbeats' table. */
+  readonly held: number
 }
 
 const keyOf = (jobId: bigint, runLease: bigint) => `${jobId}:${runLease}`
@@ -322,27 +324,14 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
       const progress = entry.progress
       const generation = entry.progressGeneration
       if (progress === undefined || generation <= entry.progressWritten) return Effect.void
-      return Effect.map(options.heartbeats.flush(entry.job, progress, generation), () => {
+      return Effect.map(options.heartbeats.flush(entry.held, progress, generation), () => {
         if (generation > entry.progressWritten) entry.progressWritten = generation
       })
     })
   const progressOps: ProgressOps = {
     maxBytes: options.maxProgressBytes,
     flush: flushProgress,
-    changed: (entry) => options.heartbeats.progress(entry.job, entry.progress!, entry.progressGeneration)
-  }
-
-  // Attempts held since the last hand-over to the heartbeats. Handed over in one call per batch:
-  // before the first of them starts (a handler may block the event loop from its first line on),
-  // and at the end of the current synchronous run for those that wait in a dispatcher's buffer.
-  let toTrack: Array<Heartbeats.TrackedAttempt> = []
-  let publishQueued = false
-  const publish = () => {
-    publishQueued = false
-    if (toTrack.length === 0) return
-    const batch = toTrack
-    toTrack = []
-    options.heartbeats.track(batch)
+    changed: (entry) => options.heartbeats.progress(entry.held, entry.progress!, entry.progressGeneration)
   }
 
   const callbackStorage = () =>
@@ -449,7 +438,7 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
   /** Forgets a finished attempt: no more heartbeats, deadline or broadcasts for it. */
   const forget = (entry: RunningAttempt) => {
     running.delete(entry.key)
-    options.heartbeats.untrack(entry.job)
+    options.heartbeats.untrack(entry.held)
     if (entry.deadline !== undefined) deadlines.remove(entry.deadline)
   }
 
@@ -489,7 +478,9 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
       deadline: undefined,
       startedAt: undefined,
       callbackWake: undefined,
-      key: keyOf(job.jobId, job.runLease)
+      key: keyOf(job.jobId, job.runLease),
+      // heartbeated from here on, whatever the event loop does next
+      held: options.heartbeats.track(job.jobId, job.runLease, heldAt)
     }
     metrics.claimed(job)
     if (job.deadlineAt !== null)
@@ -499,11 +490,6 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
         expire(entry)
       )
     running.set(entry.key, entry)
-    toTrack.push({ jobId: job.jobId, runLease: job.runLease, heldAt })
-    if (!publishQueued) {
-      publishQueued = true
-      queueMicrotask(publish)
-    }
     return entry
   }
 
@@ -637,7 +623,6 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
     immediately = false
   ): Effect.Effect<void, never, R> =>
     Effect.suspend(() => {
-      publish()
       if (entry.closedElsewhere) {
         forget(entry)
         return release

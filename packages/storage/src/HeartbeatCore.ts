@@ -1,9 +1,10 @@
 /**
  * The heartbeat of one process's attempts, wherever it runs: on the handlers' event loop
  * (`Heartbeats.layerLoop`, the simulation) or on its own thread with its own connection
- * (`Heartbeats.layerThread`). It keeps the attempts the process holds, writes a heartbeat for
- * those held at least half an interval (shorter ones never write), carries progress that changed
- * since its last write, and reports attempts the database says are closed.
+ * (`Heartbeats.layerThread`). It reads the attempts the process holds from their table
+ * (`AttemptTable`, shared memory the main thread writes), writes a heartbeat for those held at
+ * least half an interval (shorter ones never write), carries progress that changed since its last
+ * write, and reports attempts the database says are closed.
  *
  * **Guarantees** Writes are serialized (one round or flush at a time), so a progress value never
  * overwrites a newer one: each attempt's progress has a generation, a write carries the newest
@@ -12,6 +13,7 @@
  */
 import { Clock, Duration, Effect, Schedule, Semaphore } from "effect"
 import type { SqlError } from "effect/sql"
+import type * as AttemptTable from "./AttemptTable.ts"
 import type { AttemptToken, HeartbeatItem, QueueStorage } from "./QueueStorage.ts"
 
 /**
@@ -25,17 +27,18 @@ export const heartbeatOutsideTransaction = (
 ): Effect.Effect<ReadonlyArray<AttemptToken>, SqlError.SqlError> =>
   Effect.catchTag(storage.heartbeatMany(items), "ReadCommittedRequired", (error) => Effect.die(error))
 
-/** An attempt the process holds, from when its claim came back (`heldAt`, ms since the epoch). */
-export interface TrackedAttempt extends AttemptToken {
-  readonly heldAt: number
-}
-
 type Progress = Readonly<Record<string, unknown>>
 
-interface Entry extends TrackedAttempt {
-  progress: Progress | undefined
+/** An attempt's progress not yet written, or written up to `written` (generations). */
+interface ProgressEntry {
+  progress: Progress
   generation: number
   written: number
+}
+
+/** A due attempt of a round: its handle in the table and its token. */
+interface Due extends AttemptToken {
+  readonly handle: number
 }
 
 export const keyOf = (token: AttemptToken) => `${token.jobId}:${token.runLease}`
@@ -62,82 +65,94 @@ export const retryRound = (intervalMs: number) =>
 /** Attempts per heartbeat call (bounds the advisory locks one call holds). */
 const chunkSize = 500
 
-export const make = (storage: QueueStorage["Service"], intervalMs: number) => {
-  const attempts = new Map<string, Entry>()
+/**
+ * The heartbeats of the attempts in `attempts` (an `AttemptTable`, or a reader of one another
+ * thread writes). Progress is told per handle; an attempt's progress is forgotten once it is no
+ * longer held.
+ */
+export const make = (
+  storage: QueueStorage["Service"],
+  intervalMs: number,
+  attempts: AttemptTable.AttemptReader
+) => {
+  const progress = new Map<number, ProgressEntry>()
+  // attempts a round found closed: not heartbeated again while they are held
+  const found = new Set<number>()
   const lock = Semaphore.makeUnsafe(1)
   let closed = false
 
-  const track = (list: ReadonlyArray<TrackedAttempt>) => {
-    if (closed) return
-    for (const a of list) {
-      const key = keyOf(a)
-      if (!attempts.has(key))
-        attempts.set(key, {
-          jobId: a.jobId,
-          runLease: a.runLease,
-          heldAt: a.heldAt,
-          progress: undefined,
-          generation: 0,
-          written: 0
-        })
-    }
-  }
-
-  const untrack = (key: string) => {
-    attempts.delete(key)
-  }
-
-  /** Newer progress for an attempt; an older generation arriving late is ignored. */
-  const setProgress = (key: string, progress: Progress, generation: number) => {
-    const entry = attempts.get(key)
-    if (entry !== undefined && generation > entry.generation) {
-      entry.progress = progress
+  /** Newer progress for a held attempt; an older generation arriving late is ignored. */
+  const setProgress = (handle: number, value: Progress, generation: number) => {
+    if (closed || !attempts.isHeld(handle)) return
+    const entry = progress.get(handle)
+    if (entry === undefined) progress.set(handle, { progress: value, generation, written: 0 })
+    else if (generation > entry.generation) {
+      entry.progress = value
       entry.generation = generation
     }
   }
 
-  const itemOf = (entry: Entry): HeartbeatItem =>
-    entry.progress !== undefined && entry.generation > entry.written
-      ? { jobId: entry.jobId, runLease: entry.runLease, progress: entry.progress }
-      : { jobId: entry.jobId, runLease: entry.runLease }
+  const itemOf = (due: Due): HeartbeatItem => {
+    const entry = progress.get(due.handle)
+    return entry !== undefined && entry.generation > entry.written
+      ? { jobId: due.jobId, runLease: due.runLease, progress: entry.progress }
+      : { jobId: due.jobId, runLease: due.runLease }
+  }
+
+  /** Forgets the progress and findings of attempts let go since the last round. */
+  const sweep = () => {
+    for (const handle of progress.keys()) if (!attempts.isHeld(handle)) progress.delete(handle)
+    for (const handle of found) if (!attempts.isHeld(handle)) found.delete(handle)
+  }
 
   /**
    * One heartbeat round: every attempt held at least half an interval (the first heartbeat comes
-   * within 1.5 intervals of the claim). Returns the attempts found closed, and stops tracking them.
+   * within 1.5 intervals of the claim). Returns the attempts found closed; they are not
+   * heartbeated again.
    */
   const beat: Effect.Effect<ReadonlyArray<AttemptToken>, SqlError.SqlError> = lock.withPermit(
     Effect.gen(function* () {
+      if (closed) return []
       const now = yield* Clock.currentTimeMillis
-      const due: Array<Entry> = []
-      for (const entry of attempts.values()) if (now - entry.heldAt >= intervalMs / 2) due.push(entry)
-      const closed: Array<AttemptToken> = []
+      sweep()
+      const due: Array<Due> = []
+      attempts.forEachHeld((handle, jobId, runLease, heldAt) => {
+        if (now - heldAt >= intervalMs / 2 && !found.has(handle)) due.push({ handle, jobId, runLease })
+      })
+      const closedNow: Array<AttemptToken> = []
       for (let i = 0; i < due.length; i += chunkSize) {
         const chunk = due.slice(i, i + chunkSize)
-        const generations = chunk.map((e) => e.generation)
+        const generations = chunk.map((d) => progress.get(d.handle)?.generation ?? 0)
         const notOpen = yield* heartbeatOutsideTransaction(storage, chunk.map(itemOf))
-        chunk.forEach((e, k) => {
-          if (generations[k]! > e.written) e.written = generations[k]!
+        chunk.forEach((d, k) => {
+          const entry = progress.get(d.handle)
+          if (entry !== undefined && generations[k]! > entry.written) entry.written = generations[k]!
         })
+        if (notOpen.length === 0) continue
+        const byKey = new Map(chunk.map((d) => [keyOf(d), d.handle]))
         for (const token of notOpen) {
-          attempts.delete(keyOf(token))
-          closed.push(token)
+          const handle = byKey.get(keyOf(token))
+          if (handle !== undefined) found.add(handle)
+          closedNow.push(token)
         }
       }
-      return closed
+      return closedNow
     })
   )
 
-  /** Writes one attempt's progress now; a no-op write when the attempt is no longer open. */
-  const flush = (token: AttemptToken, progress: Progress, generation: number) =>
+  /** Writes one held attempt's progress now; a no-op once it is let go or closed. */
+  const flush = (handle: number, value: Progress, generation: number) =>
     lock.withPermit(
       Effect.suspend(() => {
-        if (closed) return Effect.void
-        const key = keyOf(token)
-        setProgress(key, progress, generation)
+        const token = attempts.tokenOf(handle)
+        if (closed || token === undefined) return Effect.void
+        setProgress(handle, value, generation)
         return Effect.map(
-          heartbeatOutsideTransaction(storage, [{ jobId: token.jobId, runLease: token.runLease, progress }]),
+          heartbeatOutsideTransaction(storage, [
+            { jobId: token.jobId, runLease: token.runLease, progress: value }
+          ]),
           () => {
-            const entry = attempts.get(key)
+            const entry = progress.get(handle)
             if (entry !== undefined && generation > entry.written) entry.written = generation
           }
         )
@@ -145,18 +160,19 @@ export const make = (storage: QueueStorage["Service"], intervalMs: number) => {
     )
 
   /**
-   * Forgets every attempt and stops writing: waits for the write in flight (the lock), after which
-   * rounds find nothing due and flushes write nothing. Tracking what the session let go would
-   * keep those attempts alive under the next session, however long it runs.
+   * Stops writing: waits for the write in flight (the lock), after which rounds and flushes write
+   * nothing. Heartbeating what the session let go would keep those attempts alive under the next
+   * session, however long it runs.
    */
   const close: Effect.Effect<void> = lock.withPermit(
     Effect.sync(() => {
       closed = true
-      attempts.clear()
+      progress.clear()
+      found.clear()
     })
   )
 
-  return { track, untrack, setProgress, beat, flush, close, size: () => attempts.size }
+  return { setProgress, beat, flush, close }
 }
 
 export type HeartbeatCore = ReturnType<typeof make>

@@ -7,10 +7,12 @@
  * at a time, and between sessions it stays connected and idle (no rounds, no watchdog).
  *
  * **Protocol** (structured-clone messages; bigints survive the clone)
- * - main → thread: `session` {s, intervalMs, maxStallMs, tick} (a session begins); `track`
- *   [jobId, runLease, heldAt][]; `untrack` keys; `progress` [key, progress, generation][];
- *   `flush` {id, jobId, runLease, progress, generation}; `end` {s} (the session is over: forget
- *   its attempts); `stop` (the layer is closing: close the connection and exit).
+ * - main → thread: `session` {s, intervalMs, maxStallMs, tick, segments} (a session begins; its
+ *   attempts are in the shared segments of its `AttemptTable`, read in each round, so holding
+ *   and letting go of an attempt sends nothing); `segment` {s, buffers} (the table grew);
+ *   `progress` [handle, progress, generation][]; `flush` {id, handle, progress, generation};
+ *   `end` {s} (the session is over: forget its attempts); `stop` (the layer is closing: close
+ *   the connection and exit).
  * - thread → main: `ready` (connected), `failed` {message} (could not start), `closed`
  *   {s, tokens: [jobId, runLease][]} (attempts a heartbeat found closed), `flushed` {id, error?},
  *   `ended` {s} (no write of that session is in flight and none will follow), `warn` {message}.
@@ -26,6 +28,7 @@ import { parentPort, workerData } from "node:worker_threads"
 import { PgClient } from "@effect/sql-pg"
 import { Cause, Deferred, Effect, Fiber, Layer, Queue, Redacted } from "effect"
 import { SqlClient } from "effect/sql"
+import * as AttemptTable from "./AttemptTable.ts"
 import * as HeartbeatCore from "./HeartbeatCore.ts"
 import * as PgQueueStorage from "./PgQueueStorage.ts"
 import { QueueStorage } from "./QueueStorage.ts"
@@ -63,18 +66,16 @@ export interface SessionData {
 }
 
 export type ToThread =
-  | ({ readonly t: "session" } & SessionData)
-  | { readonly t: "track"; readonly a: ReadonlyArray<readonly [bigint, bigint, number]> }
-  | { readonly t: "untrack"; readonly k: ReadonlyArray<string> }
+  | ({ readonly t: "session"; readonly segments: ReadonlyArray<AttemptTable.SegmentBuffers> } & SessionData)
+  | { readonly t: "segment"; readonly s: number; readonly buffers: AttemptTable.SegmentBuffers }
   | {
       readonly t: "progress"
-      readonly p: ReadonlyArray<readonly [string, Readonly<Record<string, unknown>>, number]>
+      readonly p: ReadonlyArray<readonly [number, Readonly<Record<string, unknown>>, number]>
     }
   | {
       readonly t: "flush"
       readonly id: number
-      readonly jobId: bigint
-      readonly runLease: bigint
+      readonly handle: number
       readonly progress: Readonly<Record<string, unknown>>
       readonly generation: number
     }
@@ -111,9 +112,10 @@ const clientLayer = (c: ThreadConnection) =>
 
 const firstLine = (cause: Cause.Cause<unknown>) => Cause.pretty(cause).split("\n")[0] ?? "unknown error"
 
-/** The session this thread serves: its own core (tracking, writer lock), clock and round fiber. */
+/** The session this thread serves: its attempts' table, its core (writer lock), clock and round fiber. */
 interface Session {
   readonly data: SessionData
+  readonly attempts: ReturnType<typeof AttemptTable.reader>
   readonly core: HeartbeatCore.HeartbeatCore
   readonly tick: BigInt64Array
   rounds: Fiber.Fiber<unknown, unknown> | undefined
@@ -134,31 +136,33 @@ const run = (port: NonNullable<typeof parentPort>, data: ThreadData) => {
     const commands = yield* Queue.unbounded<Command>()
     const stop = yield* Deferred.make<void>()
     let session: Session | undefined
-    // Track, untrack and progress change plain state at once (a handler may block the main loop
-    // right after its claim); the rest is queued in arrival order.
+    // Segments and progress change plain state at once; the rest is queued in arrival order.
     port.on("message", (message: ToThread) => {
       switch (message.t) {
         case "session":
           // the main thread waits for `ended` before it begins another; a restart may repeat one
           if (session !== undefined) Queue.offerUnsafe(commands, { t: "end", session })
-          session = {
-            data: message,
-            core: HeartbeatCore.make(storage, message.intervalMs),
-            tick: new BigInt64Array(message.tick),
-            rounds: undefined
+          {
+            const { segments, ...data } = message
+            const attempts = AttemptTable.reader(segments)
+            session = {
+              data,
+              attempts,
+              core: HeartbeatCore.make(storage, message.intervalMs, attempts),
+              tick: new BigInt64Array(message.tick),
+              rounds: undefined
+            }
           }
           Queue.offerUnsafe(commands, { t: "begin", session })
           return
-        case "track":
-          session?.core.track(message.a.map(([jobId, runLease, heldAt]) => ({ jobId, runLease, heldAt })))
-          return
-        case "untrack":
-          if (session !== undefined) for (const key of message.k) session.core.untrack(key)
+        case "segment":
+          if (session !== undefined && session.data.s === message.s)
+            session.attempts.addSegment(message.buffers)
           return
         case "progress":
           if (session !== undefined)
-            for (const [key, progress, generation] of message.p)
-              session.core.setProgress(key, progress, generation)
+            for (const [handle, progress, generation] of message.p)
+              session.core.setProgress(handle, progress, generation)
           return
         case "flush":
           if (session === undefined) send({ t: "flushed", id: message.id, error: "no heartbeat session" })
@@ -213,14 +217,12 @@ const run = (port: NonNullable<typeof parentPort>, data: ThreadData) => {
           })
         case "flush": {
           const f = command.f
-          return command.session.core
-            .flush({ jobId: f.jobId, runLease: f.runLease }, f.progress, f.generation)
-            .pipe(
-              Effect.matchCause({
-                onSuccess: () => send({ t: "flushed", id: f.id }),
-                onFailure: (cause) => send({ t: "flushed", id: f.id, error: firstLine(cause) })
-              })
-            )
+          return command.session.core.flush(f.handle, f.progress, f.generation).pipe(
+            Effect.matchCause({
+              onSuccess: () => send({ t: "flushed", id: f.id }),
+              onFailure: (cause) => send({ t: "flushed", id: f.id, error: firstLine(cause) })
+            })
+          )
         }
         case "end":
           // the write in flight finishes first (the core's lock); then nothing of it is tracked

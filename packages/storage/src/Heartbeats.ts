@@ -17,12 +17,13 @@
  *
  * **Guarantees** `start` returns once the thread is connected (or could not start, or after
  * 60 s), so a worker claims nothing before its heartbeats are off the event loop. `track`
- * reaches the thread before it returns (one message per call: batch the attempts of a claim), so
- * a handler that blocks right after its claim is already covered. Rounds start every interval
+ * writes the attempt into the session's `AttemptTable`, shared memory the thread reads in each
+ * round: it is covered once `track` returns, even if a handler blocks the event loop right after,
+ * and neither `track` nor `untrack` sends a message (docs/adr/0040-attempt-table.md). Rounds start every interval
  * (a slow one is followed by the next at once), and a failed round is retried after 10 ms,
  * backing off to 100 ms, for up to an interval: a terminated connection is replaced on the
  * first retry (`HeartbeatCore.roundSchedule`, `retryRound`).
- * `untrack` and progress are batched onto the next tick. Closing the session's scope ends the
+ * Progress is batched onto the next tick. Closing the session's scope ends the
  * session in the thread: once its write in flight is done it forgets every attempt of the session
  * (none is heartbeated under the next one) and its watchdog is disarmed; a thread that does not
  * answer within 5 s is terminated. Closing the layer's scope stops the threads (each finishes its
@@ -38,11 +39,10 @@ import { Migrations } from "@awa/sql"
 import { PgClient } from "@effect/sql-pg"
 import { Context, Deferred, Duration, Effect, Layer, Queue, Redacted, type Scope, Stream } from "effect"
 import { SqlError, UnknownError } from "effect/sql/SqlError"
+import * as AttemptTable from "./AttemptTable.ts"
 import * as HeartbeatCore from "./HeartbeatCore.ts"
 import type { FromThread, SessionData, ThreadConnection, ThreadData, ToThread } from "./HeartbeatThread.ts"
 import { type AttemptToken, QueueStorage } from "./QueueStorage.ts"
-
-export type { TrackedAttempt } from "./HeartbeatCore.ts"
 
 export interface HeartbeatOptions {
   /** Heartbeat round every this many ms; attempts held at least half of it are heartbeated. */
@@ -53,19 +53,21 @@ export interface HeartbeatOptions {
 
 export interface HeartbeatSession {
   readonly mode: "thread" | "loop"
-  /** Attempts the process now holds (heartbeated from now on). */
-  readonly track: (attempts: ReadonlyArray<HeartbeatCore.TrackedAttempt>) => void
-  /** An attempt the process no longer holds. */
-  readonly untrack: (token: AttemptToken) => void
+  /**
+   * An attempt the process now holds, since `heldAt` (ms since the epoch): heartbeated from now
+   * on. The answer is its handle for the calls below.
+   */
+  readonly track: (jobId: bigint, runLease: bigint, heldAt: number) => number
+  /** An attempt the process no longer holds; a handle already let go does nothing. */
+  readonly untrack: (handle: number) => void
   /** Newer progress (`generation` increases per attempt): carried by the next heartbeat. */
-  readonly progress: (
-    token: AttemptToken,
-    progress: Readonly<Record<string, unknown>>,
-    generation: number
-  ) => void
-  /** Writes progress now, ordered with the heartbeats; a no-op write once the attempt is closed. */
+  readonly progress: (handle: number, progress: Readonly<Record<string, unknown>>, generation: number) => void
+  /**
+   * Writes progress now, ordered with the heartbeats; a no-op once the attempt is let go (and a
+   * no-op write in storage once it is closed).
+   */
   readonly flush: (
-    token: AttemptToken,
+    handle: number,
     progress: Readonly<Record<string, unknown>>,
     generation: number
   ) => Effect.Effect<void, SqlError>
@@ -81,12 +83,11 @@ export class Heartbeats extends Context.Service<
   }
 >()("@awa/storage/Heartbeats") {}
 
-const keyOf = HeartbeatCore.keyOf
-
 /** Heartbeats as a fiber on the current event loop. */
 export const makeLoop = (options: HeartbeatOptions) =>
   Effect.gen(function* () {
-    const core = HeartbeatCore.make(yield* QueueStorage, options.intervalMs)
+    const table = AttemptTable.make()
+    const core = HeartbeatCore.make(yield* QueueStorage, options.intervalMs, table)
     const closed = yield* Queue.unbounded<AttemptToken>()
     yield* core.beat.pipe(
       Effect.retry(HeartbeatCore.retryRound(options.intervalMs)),
@@ -98,9 +99,9 @@ export const makeLoop = (options: HeartbeatOptions) =>
     )
     return {
       mode: "loop",
-      track: core.track,
-      untrack: (token) => core.untrack(keyOf(token)),
-      progress: (token, progress, generation) => core.setProgress(keyOf(token), progress, generation),
+      track: table.add,
+      untrack: table.remove,
+      progress: core.setProgress,
       flush: core.flush,
       closed: Stream.fromQueue(closed)
     } satisfies HeartbeatSession
@@ -221,10 +222,13 @@ interface Spawned {
   readonly exited: Deferred.Deferred<number>
 }
 
-/** The main thread's side of a session: what the thread must be told again if it is restarted. */
+/**
+ * The main thread's side of a session: what the thread must be told again if it is restarted
+ * (its settings and its attempts' table, whose memory a new thread shares at once).
+ */
 interface SessionState {
   readonly data: SessionData
-  readonly held: Map<string, HeartbeatCore.TrackedAttempt>
+  readonly table: AttemptTable.AttemptTable
   readonly closed: Queue.Queue<AttemptToken>
 }
 
@@ -286,11 +290,8 @@ const makeThreads = (schema: string, storage: QueueStorage["Service"]) =>
     )
 
     const post = (slot: Slot, message: ToThread) => slot.current?.worker.postMessage(message)
-    const postTrack = (slot: Slot, attempts: Iterable<HeartbeatCore.TrackedAttempt>) => {
-      const a: Array<readonly [bigint, bigint, number]> = []
-      for (const t of attempts) a.push([t.jobId, t.runLease, t.heldAt])
-      if (a.length > 0) post(slot, { t: "track", a })
-    }
+    const postSession = (slot: Slot, session: SessionState) =>
+      post(slot, { t: "session", ...session.data, segments: session.table.buffers() })
 
     /**
      * An idle thread does not keep the process alive (as before, when it lived only as long as
@@ -363,10 +364,7 @@ const makeThreads = (schema: string, storage: QueueStorage["Service"]) =>
           const spawned = spawn(slot, connection)
           slot.current = spawned
           holdProcess(slot)
-          if (slot.session !== undefined) {
-            post(slot, { t: "session", ...slot.session.data })
-            postTrack(slot, slot.session.held.values())
-          }
+          if (slot.session !== undefined) postSession(slot, slot.session)
           const started = yield* Effect.exit(Deferred.await(spawned.ready))
           Deferred.doneUnsafe(slot.firstStart, Effect.void)
           if (started._tag === "Failure") {
@@ -447,31 +445,32 @@ const makeThreads = (schema: string, storage: QueueStorage["Service"]) =>
         const tick = new BigInt64Array(tickBuffer)
         const stamp = () => Atomics.store(tick, 0, BigInt(Date.now()))
         stamp()
+        const s = nextSession++
+        // a segment added later (more attempts held at once than ever before) goes to the thread
+        // serving the session; a thread started after it gets every segment with the session
+        let serving: Slot | undefined
         const state: SessionState = {
-          data: {
-            s: nextSession++,
-            intervalMs: options.intervalMs,
-            maxStallMs: options.maxStallMs,
-            tick: tickBuffer
-          },
-          held: new Map(),
+          data: { s, intervalMs: options.intervalMs, maxStallMs: options.maxStallMs, tick: tickBuffer },
+          table: AttemptTable.make((buffers) => {
+            if (serving !== undefined) post(serving, { t: "segment", s, buffers })
+          }),
           closed: yield* Queue.unbounded<AttemptToken>()
         }
         const slot = yield* Effect.acquireRelease(
           Effect.map(borrow(connection), (slot) => {
             slot.session = state
+            serving = slot
             holdProcess(slot)
             // to the current thread, ready or not: a thread queues what arrives before it
             // listens, so what is tracked meanwhile is covered from the moment it is up
-            post(slot, { t: "session", ...state.data })
+            postSession(slot, state)
             return slot
           }),
           (slot) => giveBack(slot, state)
         )
-        let pendingUntrack: Array<string> = []
         const pendingProgress = new Map<
-          string,
-          readonly [string, Readonly<Record<string, unknown>>, number]
+          number,
+          readonly [number, Readonly<Record<string, unknown>>, number]
         >()
 
         // The main thread's tick: liveness for the watchdog, then what waited for a batch. A plain
@@ -479,10 +478,6 @@ const makeThreads = (schema: string, storage: QueueStorage["Service"]) =>
         const tickMs = Math.max(10, Math.min(1000, Math.floor(options.intervalMs / 4)))
         const timer = setInterval(() => {
           stamp()
-          if (pendingUntrack.length > 0) {
-            post(slot, { t: "untrack", k: pendingUntrack })
-            pendingUntrack = []
-          }
           if (pendingProgress.size > 0) {
             post(slot, { t: "progress", p: [...pendingProgress.values()] })
             pendingProgress.clear()
@@ -508,8 +503,9 @@ const makeThreads = (schema: string, storage: QueueStorage["Service"]) =>
           if (slot.ready !== undefined) return
           const now = Date.now()
           const due: Array<AttemptToken> = []
-          for (const a of state.held.values())
-            if (now - a.heldAt >= options.intervalMs / 2) due.push({ jobId: a.jobId, runLease: a.runLease })
+          state.table.forEachHeld((_, jobId, runLease, heldAt) => {
+            if (now - heldAt >= options.intervalMs / 2) due.push({ jobId, runLease })
+          })
           for (let i = 0; i < due.length; i += 500) {
             const notOpen = yield* HeartbeatCore.heartbeatOutsideTransaction(storage, due.slice(i, i + 500))
             yield* Queue.offerAll(state.closed, notOpen)
@@ -524,28 +520,26 @@ const makeThreads = (schema: string, storage: QueueStorage["Service"]) =>
         )
         return {
           mode: "thread",
-          track: (attempts) => {
-            for (const a of attempts) state.held.set(keyOf(a), a)
-            postTrack(slot, attempts)
+          track: state.table.add,
+          untrack: (handle) => {
+            state.table.remove(handle)
+            pendingProgress.delete(handle)
           },
-          untrack: (token) => {
-            const key = keyOf(token)
-            state.held.delete(key)
-            pendingProgress.delete(key)
-            pendingUntrack.push(key)
+          progress: (handle, progress, generation) => {
+            pendingProgress.set(handle, [handle, progress, generation])
           },
-          progress: (token, progress, generation) => {
-            const key = keyOf(token)
-            pendingProgress.set(key, [key, progress, generation])
-          },
-          flush: (token, progress, generation) =>
+          flush: (handle, progress, generation) =>
             Effect.callback<void, SqlError>((resume) => {
+              const token = state.table.tokenOf(handle)
+              if (token === undefined) {
+                resume(Effect.void)
+                return
+              }
               if (slot.ready === undefined) {
                 // no thread ready yet (or restarting): write it from here, and tell the thread, so
                 // it never writes an older value after this one
-                const key = keyOf(token)
-                pendingProgress.delete(key)
-                post(slot, { t: "progress", p: [[key, progress, generation]] })
+                pendingProgress.delete(handle)
+                post(slot, { t: "progress", p: [[handle, progress, generation]] })
                 resume(
                   Effect.asVoid(
                     HeartbeatCore.heartbeatOutsideTransaction(storage, [
@@ -559,14 +553,7 @@ const makeThreads = (schema: string, storage: QueueStorage["Service"]) =>
               slot.flushWaiters.set(id, (error) =>
                 resume(error === undefined ? Effect.void : Effect.fail(sqlError(error)))
               )
-              post(slot, {
-                t: "flush",
-                id,
-                jobId: token.jobId,
-                runLease: token.runLease,
-                progress,
-                generation
-              })
+              post(slot, { t: "flush", id, handle, progress, generation })
               return Effect.sync(() => void slot.flushWaiters.delete(id))
             }),
           closed: Stream.fromQueue(state.closed)

@@ -46,7 +46,7 @@ const runFor = (storage: QueueStorage["Service"], forMs: number) =>
       Effect.provideService(QueueStorage, storage),
       Scope.provide(scope)
     )
-    session.track([{ jobId: 1n, runLease: 1n, heldAt: 0 }])
+    session.track(1n, 1n, 0)
     for (let t = 0; t < forMs; t += 10) yield* TestClock.adjust(10)
     yield* Scope.close(scope, Exit.void)
   })

@@ -150,7 +150,7 @@ describe("the heartbeat thread outlives a worker session", () => {
       // as a worker does when it shuts down with attempts whose outcome it could not write
       const a = yield* claimOne
       const first = yield* open
-      first.session.track([{ ...a, heldAt: 0 }])
+      first.session.track(a.jobId, a.runLease, 0)
       const aFirst = yield* movedFrom(a, undefined)
       const aAfter = yield* movedFrom(a, aFirst)
       yield* first.close
@@ -161,7 +161,7 @@ describe("the heartbeat thread outlives a worker session", () => {
       // heartbeated `a` too had it stayed tracked
       const b = yield* claimOne
       const second = yield* open
-      second.session.track([{ ...b, heldAt: 0 }])
+      second.session.track(b.jobId, b.runLease, 0)
       let bAt = yield* movedFrom(b, undefined)
       bAt = yield* movedFrom(b, bAt)
       yield* movedFrom(b, bAt)
