@@ -19,15 +19,15 @@
  * 60 s), so a worker claims nothing before its heartbeats are off the event loop. `track`
  * writes the attempt into the session's `AttemptTable`, shared memory the thread reads in each
  * round: it is covered once `track` returns, even if a handler blocks the event loop right after,
- * and neither `track` nor `untrack` sends a message (docs/adr/0040-attempt-table.md). Rounds start every interval
- * (a slow one is followed by the next at once), and a failed round is retried after 10 ms,
- * backing off to 100 ms, for up to an interval: a terminated connection is replaced on the
- * first retry (`HeartbeatCore.roundSchedule`, `retryRound`).
- * Progress is batched onto the next tick. Closing the session's scope ends the
- * session in the thread: once its write in flight is done it forgets every attempt of the session
- * (none is heartbeated under the next one) and its watchdog is disarmed; a thread that does not
- * answer within 5 s is terminated. Closing the layer's scope stops the threads (each finishes its
- * current write and closes its connection; terminated after 5 s).
+ * and neither `track` nor `untrack` sends a message (docs/adr/0040-attempt-table.md). Rounds
+ * start every interval (a slow one is followed by the next at once), and a failed round is
+ * retried after 10 ms, backing off to 100 ms, for up to an interval: a terminated connection is
+ * replaced on the first retry (`HeartbeatCore.roundSchedule`, `retryRound`). Progress is batched
+ * onto the next tick. Closing the session's scope ends the session in the thread: once its
+ * write in flight is done it forgets every attempt of the session (none is heartbeated under the
+ * next one) and its watchdog is disarmed; a thread that does not answer within 5 s is terminated.
+ * Closing the layer's scope stops the threads (each finishes its current write and closes its
+ * connection; terminated after 5 s).
  *
  * **Gotchas** The thread is loaded from `HeartbeatThread.ts` next to this module when running
  * from source (Node type stripping, vitest) and from `HeartbeatThread.js` in compiled output: see
@@ -206,10 +206,11 @@ const threadStopTimeoutMs = 5000
 
 /**
  * The thread's young generation, in MB (V8's default is sized for a main thread: up to 48 MB at
- * 16 MB semi-spaces). The thread keeps little alive (its attempts map) but receives a `track` and
- * an `untrack` message per claimed job, and under a busy drain V8 grew its heap to 170–210 MB
- * (40–100 MB used): 95–110 MB of a worker process's RSS in `bench/src/soak.ts`, for no throughput
- * (docs/benchmarks.md, "A steady drain with a producer, and a worker's memory"). Only the young
+ * 16 MB semi-spaces). The thread keeps little alive, and when it still received a `track` and an
+ * `untrack` message per claimed job (before ADR 0040) V8 grew its heap to 170–210 MB under a busy
+ * drain (40–100 MB used): 95–110 MB of a worker process's RSS in `bench/src/soak.ts`, for no
+ * throughput (docs/benchmarks.md, "A steady drain with a producer, and a worker's memory"). Now
+ * it reads the attempts from shared memory and allocates per round, not per job. Only the young
  * generation is capped: an old generation limit would end the thread with an out-of-memory error
  * under enough in-flight work.
  */
