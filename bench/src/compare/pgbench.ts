@@ -48,12 +48,12 @@ export interface RawInsert {
   readonly postgresCpuMsPer1000Rows: number | undefined
 }
 
-const binary = (): string | undefined => {
+export const binary = (): string | undefined => {
   const candidates = [process.env.PGBENCH, "/usr/lib/postgresql/15/bin/pgbench", "pgbench"]
   return candidates.find((c) => c !== undefined && c !== "" && (c === "pgbench" || existsSync(c)))
 }
 
-const run = (file: string, args: ReadonlyArray<string>) =>
+export const run = (file: string, args: ReadonlyArray<string>) =>
   Effect.tryPromise({
     try: () =>
       new Promise<string>((resolve, reject) =>
