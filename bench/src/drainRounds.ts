@@ -1,0 +1,81 @@
+/**
+ * One system's drain, several times in one process: a warm-up drain, then `--rounds` drains of
+ * `--jobs`, each enqueued (not measured) and drained by a freshly started worker. Prints, per
+ * drain, jobs/s and this process's CPU per job (every thread: main, V8's, Awa's heartbeat
+ * thread). The first measured drain is what the harness's drain phase measures (20,000 after a
+ * 1,000-job warm-up, V8 still compiling); the later ones show the same code warm. No profiler
+ * runs (a CPU profile costs the drain a tenth or more), so it is the tool for A/B runs of a
+ * change to the Node side: alternate builds, same sitting (docs/benchmarks.md, "The held attempts
+ * in shared memory").
+ *
+ *   DATABASE_URL=postgres://…/postgres node --conditions=@awa/source bench/src/drainRounds.ts \
+ *     [--system awa] [--jobs 20000] [--warm 1000] [--rounds 3]
+ *
+ * A drain ends at the system's own count of acknowledged completions where it has one (as the
+ * harness's drain phase), else when storage shows no open job. Without `DATABASE_URL`, an
+ * embedded server with durability on.
+ */
+import { Effect } from "effect"
+import { acquireServer, createDatabase, databaseName, dropDatabase, intArg, stringArg } from "./lib.ts"
+import { factories } from "./systems/factories.ts"
+import type { SystemAdapter, SystemName } from "./systems/types.ts"
+
+const system = stringArg("--system", "awa") as SystemName
+const jobs = intArg("--jobs", 20_000)
+const warm = intArg("--warm", 1000)
+const rounds = intArg("--rounds", 3)
+
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms))
+
+/** Enqueues `n` jobs from `base`, then times a worker start and the drain of all of them. */
+const drainOnce = async (adapter: SystemAdapter, n: number, base: number) => {
+  for (let seq = 0; seq < n; seq += 1000)
+    await adapter.enqueueBatch(Array.from({ length: Math.min(1000, n - seq) }, (_, i) => base + seq + i))
+  const completed0 = adapter.completions?.() ?? 0
+  let started = 0
+  const cpu0 = process.cpuUsage()
+  const t0 = performance.now()
+  await new Promise<void>((resolve) => {
+    void adapter.startWorkers(() => {
+      if (++started === n) resolve()
+    })
+  })
+  const completions = adapter.completions
+  if (completions !== undefined) while (completions() < completed0 + n) await sleep(1)
+  else while ((await adapter.openJobs()) > 0) await sleep(5)
+  const ms = performance.now() - t0
+  const cpu = process.cpuUsage(cpu0)
+  while ((await adapter.openJobs()) > 0) await sleep(5)
+  await adapter.stopWorkers()
+  return { jobsPerSec: Math.round((n / ms) * 1000), cpuUsPerJob: (cpu.user + cpu.system) / n }
+}
+
+const program = Effect.gen(function* () {
+  const server = yield* acquireServer
+  const name = databaseName("drain_rounds")
+  const url = yield* createDatabase(server.url, name)
+  yield* Effect.addFinalizer(() => dropDatabase(server.url, name).pipe(Effect.ignore))
+  yield* Effect.promise(async () => {
+    const adapter = await (await factories[system]())(url, { profile: "tuned" })
+    await adapter.install()
+    try {
+      const w = await drainOnce(adapter, warm, -10_000_000)
+      console.log(
+        `${system} warm-up ${warm}: ${w.jobsPerSec} jobs/s, ${w.cpuUsPerJob.toFixed(1)} µs CPU per job`
+      )
+      for (let r = 1; r <= rounds; r++) {
+        const d = await drainOnce(adapter, jobs, r * 10_000_000)
+        console.log(
+          `${system} drain ${r} of ${jobs}: ${d.jobsPerSec} jobs/s, ${d.cpuUsPerJob.toFixed(1)} µs CPU per job`
+        )
+      }
+    } finally {
+      await adapter.close()
+    }
+  })
+})
+
+Effect.runPromise(Effect.scoped(program)).catch((error) => {
+  console.error(error)
+  process.exitCode = 1
+})
