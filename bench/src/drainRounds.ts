@@ -9,7 +9,10 @@
  * in shared memory").
  *
  *   DATABASE_URL=postgres://…/postgres node --conditions=@awa/source bench/src/drainRounds.ts \
- *     [--system awa] [--jobs 20000] [--warm 1000] [--rounds 3]
+ *     [--system awa] [--jobs 20000] [--warm 1000] [--rounds 3] [--idle 0]
+ *
+ * `--idle ms`: the process idles this long before each drain, its backlog enqueued (the harness
+ * waits up to 20 s for a quiet machine there).
  *
  * A drain ends at the system's own count of acknowledged completions where it has one (as the
  * harness's drain phase), else when storage shows no open job. Without `DATABASE_URL`, an
@@ -24,6 +27,7 @@ const system = stringArg("--system", "awa") as SystemName
 const jobs = intArg("--jobs", 20_000)
 const warm = intArg("--warm", 1000)
 const rounds = intArg("--rounds", 3)
+const idleMs = intArg("--idle", 0)
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms))
 
@@ -31,6 +35,7 @@ const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms))
 const drainOnce = async (adapter: SystemAdapter, n: number, base: number) => {
   for (let seq = 0; seq < n; seq += 1000)
     await adapter.enqueueBatch(Array.from({ length: Math.min(1000, n - seq) }, (_, i) => base + seq + i))
+  if (idleMs > 0) await sleep(idleMs)
   const completed0 = adapter.completions?.() ?? 0
   let started = 0
   const cpu0 = process.cpuUsage()
