@@ -9,17 +9,26 @@
  * in shared memory").
  *
  *   DATABASE_URL=postgres://…/postgres node --conditions=@awa/source bench/src/drainRounds.ts \
- *     [--system awa] [--jobs 20000] [--warm 1000] [--rounds 3] [--idle 0]
+ *     [--system awa] [--jobs 20000] [--warm 1000] [--rounds 3] [--idle 0] [--analyze]
  *
  * `--idle ms`: the process idles this long before each drain, its backlog enqueued (the harness
- * waits up to 20 s for a quiet machine there).
+ * waits up to 20 s for a quiet machine there). `--analyze`: `ANALYZE` and `CHECKPOINT` before each
+ * drain, as the harness's drain phase does (cached plans are made again after it).
  *
  * A drain ends at the system's own count of acknowledged completions where it has one (as the
  * harness's drain phase), else when storage shows no open job. Without `DATABASE_URL`, an
  * embedded server with durability on.
  */
 import { Effect } from "effect"
-import { acquireServer, createDatabase, databaseName, dropDatabase, intArg, stringArg } from "./lib.ts"
+import {
+  acquireServer,
+  createDatabase,
+  databaseName,
+  dropDatabase,
+  execute,
+  intArg,
+  stringArg
+} from "./lib.ts"
 import { factories } from "./systems/factories.ts"
 import type { SystemAdapter, SystemName } from "./systems/types.ts"
 
@@ -28,6 +37,8 @@ const jobs = intArg("--jobs", 20_000)
 const warm = intArg("--warm", 1000)
 const rounds = intArg("--rounds", 3)
 const idleMs = intArg("--idle", 0)
+const analyze = process.argv.includes("--analyze")
+let dbUrl = ""
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms))
 
@@ -36,6 +47,10 @@ const drainOnce = async (adapter: SystemAdapter, n: number, base: number) => {
   for (let seq = 0; seq < n; seq += 1000)
     await adapter.enqueueBatch(Array.from({ length: Math.min(1000, n - seq) }, (_, i) => base + seq + i))
   if (idleMs > 0) await sleep(idleMs)
+  if (analyze) {
+    await Effect.runPromise(execute(dbUrl, "ANALYZE"))
+    await Effect.runPromise(execute(dbUrl, "CHECKPOINT"))
+  }
   const completed0 = adapter.completions?.() ?? 0
   let started = 0
   const cpu0 = process.cpuUsage()
@@ -59,6 +74,7 @@ const program = Effect.gen(function* () {
   const server = yield* acquireServer
   const name = databaseName("drain_rounds")
   const url = yield* createDatabase(server.url, name)
+  dbUrl = url
   yield* Effect.addFinalizer(() => dropDatabase(server.url, name).pipe(Effect.ignore))
   yield* Effect.promise(async () => {
     const adapter = await (await factories[system]())(url, { profile: "tuned" })
