@@ -38,18 +38,17 @@ const warm = intArg("--warm", 1000)
 const rounds = intArg("--rounds", 3)
 const idleMs = intArg("--idle", 0)
 const analyze = process.argv.includes("--analyze")
-let dbUrl = ""
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms))
 
 /** Enqueues `n` jobs from `base`, then times a worker start and the drain of all of them. */
-const drainOnce = async (adapter: SystemAdapter, n: number, base: number) => {
+const drainOnce = async (adapter: SystemAdapter, url: string, n: number, base: number) => {
   for (let seq = 0; seq < n; seq += 1000)
     await adapter.enqueueBatch(Array.from({ length: Math.min(1000, n - seq) }, (_, i) => base + seq + i))
   if (idleMs > 0) await sleep(idleMs)
   if (analyze) {
-    await Effect.runPromise(execute(dbUrl, "ANALYZE"))
-    await Effect.runPromise(execute(dbUrl, "CHECKPOINT"))
+    await Effect.runPromise(execute(url, "ANALYZE"))
+    await Effect.runPromise(execute(url, "CHECKPOINT"))
   }
   const completed0 = adapter.completions?.() ?? 0
   let started = 0
@@ -74,18 +73,17 @@ const program = Effect.gen(function* () {
   const server = yield* acquireServer
   const name = databaseName("drain_rounds")
   const url = yield* createDatabase(server.url, name)
-  dbUrl = url
   yield* Effect.addFinalizer(() => dropDatabase(server.url, name).pipe(Effect.ignore))
   yield* Effect.promise(async () => {
     const adapter = await (await factories[system]())(url, { profile: "tuned" })
     await adapter.install()
     try {
-      const w = await drainOnce(adapter, warm, -10_000_000)
+      const w = await drainOnce(adapter, url, warm, -10_000_000)
       console.log(
         `${system} warm-up ${warm}: ${w.jobsPerSec} jobs/s, ${w.cpuUsPerJob.toFixed(1)} µs CPU per job`
       )
       for (let r = 1; r <= rounds; r++) {
-        const d = await drainOnce(adapter, jobs, r * 10_000_000)
+        const d = await drainOnce(adapter, url, jobs, r * 10_000_000)
         console.log(
           `${system} drain ${r} of ${jobs}: ${d.jobsPerSec} jobs/s, ${d.cpuUsPerJob.toFixed(1)} µs CPU per job`
         )
