@@ -3,12 +3,15 @@
  * thread, its event-loop bridge and `Heartbeats.makeLoop`. Under the test clock: a storage whose
  * heartbeat takes a given time, or fails once as a terminated connection does.
  *
+ * Also: an attempt a round found closed is reported once and not heartbeated again while held,
+ * and one let go is not heartbeated again (the attempt table, ADR 0040).
+ *
  * Fault scenario 2 (every connection terminated, staleness 1.5 s, interval 300 ms) rescued live
  * attempts when a slow round pushed the next one back by its own length, and when a failed
  * round waited a whole interval for the next (ADR 0019).
  */
 import { assert, describe, it } from "@effect/vitest"
-import { Clock, Effect, Exit, Scope } from "effect"
+import { Clock, Effect, Exit, Scope, Stream } from "effect"
 import { SqlError, UnknownError } from "effect/sql/SqlError"
 import { TestClock } from "effect/testing"
 import * as Heartbeats from "../src/Heartbeats.ts"
@@ -73,5 +76,35 @@ describe("heartbeat rounds", () => {
       // failed at 305; retried 10 ms later, where the next round would come at 600
       assert.deepStrictEqual(calls.slice(0, 2), [300, 315])
     })
+  )
+
+  it.effect(
+    "an attempt found closed is reported once and not heartbeated again; one let go is not heartbeated",
+    () =>
+      Effect.gen(function* () {
+        // storage says attempt 1 is closed (cancelled or rescued elsewhere); 2 and 3 are open
+        const items: Array<Array<string>> = []
+        const heartbeatMany = (batch: ReadonlyArray<HeartbeatItem>) =>
+          Effect.sync(() => {
+            items.push(batch.map((i) => `${i.jobId}`))
+            return batch.filter((i) => i.jobId === 1n).map((i) => ({ jobId: i.jobId, runLease: i.runLease }))
+          })
+        const scope = yield* Scope.make()
+        const session = yield* Heartbeats.makeLoop({ intervalMs, maxStallMs: 600_000 }).pipe(
+          Effect.provideService(QueueStorage, { heartbeatMany } as unknown as QueueStorage["Service"]),
+          Scope.provide(scope)
+        )
+        session.track(1n, 1n, 0)
+        session.track(2n, 1n, 0)
+        const third = session.track(3n, 1n, 0)
+        yield* TestClock.adjust(intervalMs)
+        session.untrack(third)
+        for (let t = 0; t < 3 * intervalMs; t += 10) yield* TestClock.adjust(10)
+        const closed = yield* Stream.runCollect(Stream.take(session.closed, 1))
+        yield* Scope.close(scope, Exit.void)
+        assert.deepStrictEqual(closed, [{ jobId: 1n, runLease: 1n }])
+        // the first round writes all three; later rounds only 2: 1 was found closed, 3 let go
+        assert.deepStrictEqual(items, [["1", "2", "3"], ["2"], ["2"], ["2"]])
+      })
   )
 })
