@@ -27,7 +27,9 @@ import {
   dropDatabase,
   execute,
   intArg,
-  stringArg
+  stringArg,
+  untilDrained,
+  untilNoOpenJobs
 } from "./lib.ts"
 import { factories } from "./systems/factories.ts"
 import type { SystemAdapter, SystemName } from "./systems/types.ts"
@@ -59,12 +61,10 @@ const drainOnce = async (adapter: SystemAdapter, url: string, n: number, base: n
       if (++started === n) resolve()
     })
   })
-  const completions = adapter.completions
-  if (completions !== undefined) while (completions() < completed0 + n) await sleep(1)
-  else while ((await adapter.openJobs()) > 0) await sleep(5)
+  await untilDrained(adapter, completed0, n)
   const ms = performance.now() - t0
   const cpu = process.cpuUsage(cpu0)
-  while ((await adapter.openJobs()) > 0) await sleep(5)
+  await untilNoOpenJobs(adapter)
   await adapter.stopWorkers()
   return { jobsPerSec: Math.round((n / ms) * 1000), cpuUsPerJob: (cpu.user + cpu.system) / n }
 }

@@ -11,6 +11,7 @@ import * as EmbeddedPostgres from "@awa/testing/EmbeddedPostgres"
 import { PgClient } from "@effect/sql-pg"
 import { Console, Effect, Redacted } from "effect"
 import { Reactivity } from "effect/reactivity"
+import type { SystemAdapter } from "./systems/types.ts"
 
 // ---------------------------------------------------------------------------------------------
 // What is measured
@@ -288,3 +289,23 @@ export const addOpenWork = (queues: ReadonlyArray<string>, kind: string, dlqQueu
     )
     yield* storage.claim({ queue: dlqQueue, max: 200, deadlineMs: 0, agingIntervalMs: 0 })
   })
+
+/** Waits until storage shows no open job of the adapter's queues (polled every 5 ms). */
+export const untilNoOpenJobs = async (adapter: Pick<SystemAdapter, "openJobs">) => {
+  while ((await adapter.openJobs()) > 0) await new Promise((r) => setTimeout(r, 5))
+}
+
+/**
+ * The end of a drain of `n` jobs, as the harness's drain phase takes it: the system's own count
+ * of acknowledged completions reaching `completed0 + n` where it has one (polled every
+ * millisecond), else storage showing no open job.
+ */
+export const untilDrained = async (
+  adapter: Pick<SystemAdapter, "openJobs" | "completions">,
+  completed0: number,
+  n: number
+) => {
+  const completions = adapter.completions
+  if (completions === undefined) return untilNoOpenJobs(adapter)
+  while (completions() < completed0 + n) await new Promise((r) => setTimeout(r, 1))
+}

@@ -30,7 +30,15 @@ import { join } from "node:path"
 import { EmbeddedPostgres } from "@awa/testing"
 import { Effect } from "effect"
 import { resetStatements, topStatements } from "./compare/observer.ts"
-import { createDatabase, databaseName, dropDatabase, stringArg, withClient } from "./lib.ts"
+import {
+  createDatabase,
+  databaseName,
+  dropDatabase,
+  stringArg,
+  untilDrained,
+  untilNoOpenJobs,
+  withClient
+} from "./lib.ts"
 import { factories } from "./systems/factories.ts"
 import type { Profile, SystemName } from "./systems/types.ts"
 
@@ -153,7 +161,7 @@ const main = async () => {
           if (++warmed === warm) resolve()
         })
       })
-      while ((await adapter.openJobs()) > 0) await new Promise((r) => setTimeout(r, 5))
+      await untilNoOpenJobs(adapter)
       await adapter.stopWorkers()
     }
     for (let seq = 0; seq < jobs; seq += 1000)
@@ -202,17 +210,14 @@ const main = async () => {
     await done
     // The interval ends as the bench's drain phase does: at the system's own count of acknowledged
     // completions where it has one (polled every millisecond), else when storage has no open job.
-    const completions = adapter.completions
-    if (completions !== undefined)
-      while (completions() < completed0 + jobs) await new Promise((r) => setTimeout(r, 1))
-    else while ((await adapter.openJobs()) > 0) await new Promise((r) => setTimeout(r, 5))
+    await untilDrained(adapter, completed0, jobs)
     const ms = performance.now() - t0
     if (process.env.AWA_BENCH_MARK) writeFileSync(process.env.AWA_BENCH_MARK, "draining\ndrained\n")
     const cpu = process.cpuUsage(cpu0)
     const server1 = postgresCpu()
     const threads1 = threadCpu()
     // for correctness only, outside the interval
-    while ((await adapter.openJobs()) > 0) await new Promise((r) => setTimeout(r, 5))
+    await untilNoOpenJobs(adapter)
     const serverCpu = serverCpuReport(server0, server1, database)
     // what each of the database's backends ran last: which part of the system it serves
     const lastQueries = await Effect.runPromise(

@@ -28,6 +28,9 @@ export const segmentSlots = 1024
 /** Handles encode `version * slotLimit + slot`: exact as a double up to 2^30 versions. */
 const slotLimit = 2 ** 21
 const versionMask = 2 ** 30 - 1
+const handleOf = (version: number, slot: number) => version * slotLimit + slot
+const slotOf = (handle: number) => handle % slotLimit
+const versionOf = (handle: number) => Math.floor(handle / slotLimit)
 
 /** The shared memory of one segment: what a thread receives to read it. */
 export interface SegmentBuffers {
@@ -74,14 +77,14 @@ export interface AttemptTable extends AttemptReader {
   readonly size: () => number
 }
 
+const segmentOf = <S extends Segment | undefined>(segments: ReadonlyArray<S>, slot: number) =>
+  segments[Math.floor(slot / segmentSlots)]
+
 const readerOf = (segments: ReadonlyArray<Segment | undefined>): AttemptReader => {
-  const versionOf = (slot: number) => {
-    const segment = segments[Math.floor(slot / segmentSlots)]
-    return segment === undefined ? -1 : Atomics.load(segment.versions, slot % segmentSlots)
-  }
   const isHeld = (handle: number) => {
-    const slot = handle % slotLimit
-    return versionOf(slot) === (handle - slot) / slotLimit
+    const slot = slotOf(handle)
+    const segment = segmentOf(segments, slot)
+    return segment !== undefined && Atomics.load(segment.versions, slot % segmentSlots) === versionOf(handle)
   }
   return {
     forEachHeld: (visit) => {
@@ -97,17 +100,17 @@ const readerOf = (segments: ReadonlyArray<Segment | undefined>): AttemptReader =
           const at = heldAt[i]!
           // removed (or removed and reused) while we read: skip it, it is not this attempt
           if (Atomics.load(versions, i) !== version) continue
-          visit(version * slotLimit + s * segmentSlots + i, jobId, runLease, at)
+          visit(handleOf(version, s * segmentSlots + i), jobId, runLease, at)
         }
       }
     },
     isHeld,
     tokenOf: (handle) => {
-      const slot = handle % slotLimit
-      const segment = segments[Math.floor(slot / segmentSlots)]
+      const slot = slotOf(handle)
+      const segment = segmentOf(segments, slot)
       if (segment === undefined) return undefined
       const i = slot % segmentSlots
-      const version = (handle - slot) / slotLimit
+      const version = versionOf(handle)
       if (Atomics.load(segment.versions, i) !== version) return undefined
       const token = {
         jobId: Atomics.load(segment.ids, 2 * i),
@@ -136,7 +139,8 @@ export const reader = (
 export const make = (onSegment: (buffers: SegmentBuffers) => void = () => {}): AttemptTable => {
   const segments: Array<Segment> = []
   const allBuffers: Array<SegmentBuffers> = []
-  // free slots, lowest on top: a busy worker keeps reusing the first slots, so rounds scan few
+  // free slots, a stack (the first segment's lowest on top at first, then the latest freed): a
+  // segment is added only when more attempts are held at once than ever before
   const free: Array<number> = []
   let held = 0
 
@@ -160,7 +164,7 @@ export const make = (onSegment: (buffers: SegmentBuffers) => void = () => {}): A
   const add = (jobId: bigint, runLease: bigint, heldAt: number) => {
     if (free.length === 0) grow()
     const slot = free.pop()!
-    const segment = segments[Math.floor(slot / segmentSlots)]!
+    const segment = segmentOf(segments, slot)!
     const i = slot % segmentSlots
     segment.ids[2 * i] = jobId
     segment.ids[2 * i + 1] = runLease
@@ -169,15 +173,15 @@ export const make = (onSegment: (buffers: SegmentBuffers) => void = () => {}): A
     const version = (segment.versions[i]! + 1) & versionMask
     Atomics.store(segment.versions, i, version)
     held++
-    return version * slotLimit + slot
+    return handleOf(version, slot)
   }
 
   const remove = (handle: number) => {
-    const slot = handle % slotLimit
-    const segment = segments[Math.floor(slot / segmentSlots)]
+    const slot = slotOf(handle)
+    const segment = segmentOf(segments, slot)
     if (segment === undefined) return
     const i = slot % segmentSlots
-    const version = (handle - slot) / slotLimit
+    const version = versionOf(handle)
     if (segment.versions[i] !== version) return
     Atomics.store(segment.versions, i, (version + 1) & versionMask)
     free.push(slot)

@@ -41,7 +41,7 @@ interface Due extends AttemptToken {
   readonly handle: number
 }
 
-export const keyOf = (token: AttemptToken) => `${token.jobId}:${token.runLease}`
+const keyOf = (token: AttemptToken) => `${token.jobId}:${token.runLease}`
 
 /**
  * When rounds run: every `intervalMs` measured start to start. A round that takes longer (a slow

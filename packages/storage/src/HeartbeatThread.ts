@@ -136,23 +136,24 @@ const run = (port: NonNullable<typeof parentPort>, data: ThreadData) => {
     const commands = yield* Queue.unbounded<Command>()
     const stop = yield* Deferred.make<void>()
     let session: Session | undefined
+    /** A session as the main thread began it: its settings, and a reader of its attempts' table. */
+    const sessionOf = ({ segments, ...data }: Extract<ToThread, { t: "session" }>): Session => {
+      const attempts = AttemptTable.reader(segments)
+      return {
+        data,
+        attempts,
+        core: HeartbeatCore.make(storage, data.intervalMs, attempts),
+        tick: new BigInt64Array(data.tick),
+        rounds: undefined
+      }
+    }
     // Segments and progress change plain state at once; the rest is queued in arrival order.
     port.on("message", (message: ToThread) => {
       switch (message.t) {
         case "session":
           // the main thread waits for `ended` before it begins another; a restart may repeat one
           if (session !== undefined) Queue.offerUnsafe(commands, { t: "end", session })
-          {
-            const { segments, ...data } = message
-            const attempts = AttemptTable.reader(segments)
-            session = {
-              data,
-              attempts,
-              core: HeartbeatCore.make(storage, message.intervalMs, attempts),
-              tick: new BigInt64Array(message.tick),
-              rounds: undefined
-            }
-          }
+          session = sessionOf(message)
           Queue.offerUnsafe(commands, { t: "begin", session })
           return
         case "segment":
