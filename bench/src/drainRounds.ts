@@ -15,11 +15,19 @@
  * waits up to 20 s for a quiet machine there). `--analyze`: `ANALYZE` and `CHECKPOINT` before each
  * drain, as the harness's drain phase does (cached plans are made again after it).
  *
+ * The system is installed by a short-lived process of its own first, as the harness installs it
+ * before it forks a phase's process, so this process has run none of the install's statements.
+ * That matters: ~300 SQL calls of any kind compile the driver's per-call path, and an Awa process
+ * that ran the migrations itself drained the same backlog with ~35 % less CPU per job
+ * (docs/benchmarks.md, "Why the harness's drain cost Awa more"). `--install-here`: this process
+ * installs it (the warmer process this tool measured before).
+ *
  * A drain ends at the system's own count of acknowledged completions where it has one (as the
  * harness's drain phase), else when storage shows no open job. Without `DATABASE_URL`, an
  * embedded server with durability on.
  */
 import { Effect } from "effect"
+import { spawnChild } from "./compare/childProcess.ts"
 import {
   acquireServer,
   createDatabase,
@@ -40,6 +48,7 @@ const warm = intArg("--warm", 1000)
 const rounds = intArg("--rounds", 3)
 const idleMs = intArg("--idle", 0)
 const analyze = process.argv.includes("--analyze")
+const installHere = process.argv.includes("--install-here")
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms))
 
@@ -74,6 +83,12 @@ const program = Effect.gen(function* () {
   const name = databaseName("drain_rounds")
   const url = yield* createDatabase(server.url, name)
   yield* Effect.addFinalizer(() => dropDatabase(server.url, name).pipe(Effect.ignore))
+  if (!installHere)
+    yield* Effect.scoped(
+      Effect.flatMap(spawnChild(system, url, { env: { AWA_BENCH_PROFILE: "tuned" } }), (child) =>
+        child.call({ op: "install" }, 120_000)
+      )
+    )
   yield* Effect.promise(async () => {
     const adapter = await (await factories[system]())(url, { profile: "tuned" })
     await adapter.install()
