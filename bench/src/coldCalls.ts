@@ -23,8 +23,16 @@ import { QueueStorage } from "@awa/storage"
 import { PgClient } from "@effect/sql-pg"
 import { Effect, Layer, ManagedRuntime, Redacted, References, Schema } from "effect"
 import { SqlClient } from "effect/sql"
-import { spawnChild } from "./compare/childProcess.ts"
-import { acquireServer, createDatabase, databaseName, dropDatabase, intArg, stringArg } from "./lib.ts"
+import { installInChild } from "./compare/childProcess.ts"
+import {
+  acquireServer,
+  createDatabase,
+  databaseName,
+  dropDatabase,
+  intArg,
+  quantile,
+  stringArg
+} from "./lib.ts"
 
 const layers = ["select1", "claim-rows", "claim-empty", "enqueue-one", "insert"] as const
 type LayerName = (typeof layers)[number]
@@ -101,11 +109,6 @@ const measureApart = (layer: LayerName, url: string) =>
     )
   )
 
-const median = (values: ReadonlyArray<number>) => {
-  const sorted = [...values].sort((a, b) => a - b)
-  return sorted[Math.floor(sorted.length / 2)]!
-}
-
 const program = Effect.gen(function* () {
   const chosen = stringArg("--layers", layers.join(",")).split(",") as Array<LayerName>
   for (const layer of chosen) if (!layers.includes(layer)) throw new Error(`unknown layer ${layer}`)
@@ -114,19 +117,19 @@ const program = Effect.gen(function* () {
   const name = databaseName("cold_calls")
   const url = yield* createDatabase(server.url, name)
   yield* Effect.addFinalizer(() => dropDatabase(server.url, name).pipe(Effect.ignore))
-  // installed by another process, as the harness does
-  yield* Effect.scoped(
-    Effect.flatMap(spawnChild("awa", url, { env: { AWA_BENCH_PROFILE: "tuned" } }), (child) =>
-      child.call({ op: "install" }, 120_000)
-    )
-  )
+  yield* installInChild("awa", url)
   const header = ranges.map((bound, i) => `calls ${i === 0 ? 1 : ranges[i - 1]! + 1}–${bound}`)
   console.log(`µs of CPU per call (claim-rows: per row), median of ${runs} fresh processes`)
   console.log(["layer".padEnd(12), ...header.map((h) => h.padStart(16))].join(""))
   for (const layer of chosen) {
     const samples: Array<Array<number>> = []
     for (let r = 0; r < runs; r++) samples.push(yield* Effect.promise(() => measureApart(layer, url)))
-    const cells = ranges.map((_, i) => median(samples.map((s) => s[i]!)).toFixed(1))
+    const cells = ranges.map((_, i) =>
+      quantile(
+        samples.map((s) => s[i]!).sort((a, b) => a - b),
+        0.5
+      ).toFixed(1)
+    )
     console.log([layer.padEnd(12), ...cells.map((c) => c.padStart(16))].join(""))
   }
 })

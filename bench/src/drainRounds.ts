@@ -27,7 +27,7 @@
  * embedded server with durability on.
  */
 import { Effect } from "effect"
-import { spawnChild } from "./compare/childProcess.ts"
+import { installInChild } from "./compare/childProcess.ts"
 import {
   acquireServer,
   createDatabase,
@@ -83,12 +83,7 @@ const program = Effect.gen(function* () {
   const name = databaseName("drain_rounds")
   const url = yield* createDatabase(server.url, name)
   yield* Effect.addFinalizer(() => dropDatabase(server.url, name).pipe(Effect.ignore))
-  if (!installHere)
-    yield* Effect.scoped(
-      Effect.flatMap(spawnChild(system, url, { env: { AWA_BENCH_PROFILE: "tuned" } }), (child) =>
-        child.call({ op: "install" }, 120_000)
-      )
-    )
+  if (!installHere) yield* installInChild(system, url)
   yield* Effect.promise(async () => {
     const adapter = await (await factories[system]())(url, { profile: "tuned" })
     await adapter.install()

@@ -116,3 +116,15 @@ export const spawnChild = (system: SystemName, url: string, options: SpawnOption
         }
       })
   ).pipe(Effect.map(({ child }) => child))
+
+/**
+ * Installs `system` on `url` from a short-lived child of its own, as the harness does before it
+ * forks a phase's process: the process that measures then has run none of the install's
+ * statements (docs/benchmarks.md, "Why the harness's drain cost Awa more").
+ */
+export const installInChild = (system: SystemName, url: string) =>
+  Effect.scoped(
+    Effect.flatMap(spawnChild(system, url, { env: { AWA_BENCH_PROFILE: "tuned" } }), (child) =>
+      child.call({ op: "install" }, 120_000)
+    )
+  )
