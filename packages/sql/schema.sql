@@ -83,6 +83,7 @@ CREATE TABLE awa.claims (
   key_digest bytea,
   key_seq bigint,
   key_horizon bigint,
+  without_unique_key boolean,
   CONSTRAINT claims_pkey PRIMARY KEY (job_id, run_lease, slot)
 )
 PARTITION BY LIST (slot);
@@ -1149,9 +1150,10 @@ BEGIN
       WHERE last.lane_seq IS NOT NULL
     ),
     ins AS (
-      INSERT INTO claims (slot, generation, job_id, run_lease, attempt, queue, priority, shard, lane_seq, claimed_at, deadline_at)
+      INSERT INTO claims (slot, generation, job_id, run_lease, attempt, queue, priority, shard, lane_seq, claimed_at, deadline_at,
+                          without_unique_key) -- 0055
       SELECT p.slot, p.generation, p.job_id, p.run_lease + 1, p.attempt + 1, p.queue, p.priority, p.shard, p.lane_seq,
-             v_now, v_deadline
+             v_now, v_deadline, p.unique_key IS NULL -- 0055
       FROM picked p
       WHERE p.unique_key IS NULL OR (p.unique_states & 6) <> 4 -- 0024: not a row whose key is taken at claim
     ),
@@ -1229,9 +1231,10 @@ BEGIN
       SELECT k.*, t.holder FROM keyed k JOIN took t ON t.unique_key = k.unique_key
     ),
     ins AS (
-      INSERT INTO claims (slot, generation, job_id, run_lease, attempt, queue, priority, shard, lane_seq, claimed_at, deadline_at)
+      INSERT INTO claims (slot, generation, job_id, run_lease, attempt, queue, priority, shard, lane_seq, claimed_at, deadline_at,
+                          without_unique_key) -- 0055
       SELECT s.slot, s.generation, s.job_id, s.run_lease + 1, s.attempt + 1, s.queue, s.priority, s.shard, s.lane_seq,
-             v_now, v_deadline
+             v_now, v_deadline, false -- 0055: these rows have a key (taken at claim)
       FROM settled s WHERE s.holder = s.job_id
     ),
     span AS ( -- 0053: as in the pick above
@@ -1557,7 +1560,8 @@ BEGIN
     WITH picked AS MATERIALIZED ( -- 0041: counted here, returned at the end
       SELECT r.slot, r.generation, r.job_id, r.kind, r.queue, r.priority, r.shard, r.lane_seq, r.args, r.metadata,
              r.tags, r.errors, r.attempt, r.run_lease, r.max_attempts, r.run_at, r.created_at, r.progress,
-             v_digests[r.ordinality] AS digest, v_row_hz[r.ordinality] AS hz -- 0036
+             v_digests[r.ordinality] AS digest, v_row_hz[r.ordinality] AS hz, -- 0036
+             r.unique_key IS NULL AS without_unique_key -- 0055
       FROM unnest(v_rows[1:v_admit]) WITH ORDINALITY r -- 0036
     ),
     mark AS (
@@ -1568,10 +1572,11 @@ BEGIN
     ),
     ins AS (
       INSERT INTO claims (slot, generation, job_id, run_lease, attempt, queue, priority, shard, lane_seq, claimed_at,
-                          deadline_at, key_policy, key_digest, key_seq, key_horizon) -- 0036
+                          deadline_at, key_policy, key_digest, key_seq, key_horizon, without_unique_key) -- 0036, 0055
       SELECT p.slot, p.generation, p.job_id, p.run_lease + 1, p.attempt + 1, p.queue, p.priority, p.shard, p.lane_seq,
              v_now, v_deadline, CASE WHEN p.digest IS NOT NULL THEN p_policy END, p.digest,
-             CASE WHEN p.digest IS NOT NULL THEN v_floor END, p.hz -- 0036: NULL unless counted (active)
+             CASE WHEN p.digest IS NOT NULL THEN v_floor END, p.hz, -- 0036: NULL unless counted (active)
+             p.without_unique_key -- 0055
       FROM picked p
     ),
     span AS ( -- 0053: the claims' times, once per slot the claimed rows lie in (see claim_spans)
@@ -3031,6 +3036,7 @@ DECLARE
   v_shi1 int; -- 0054
   v_slo2 int; -- 0054
   v_shi2 int; -- 0054
+  v_unique_ids bigint[]; -- 0055: the jobs whose ready row is read (see the header)
 BEGIN
   -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
   IF current_setting('transaction_isolation') <> 'read committed' THEN
@@ -3071,10 +3077,12 @@ BEGIN
   -- them, in each of the two ranges (the ring's order). Written as the ranges were, two ranges
   -- joined by OR: a single range is also an index condition on ready's primary key (slot is its
   -- last column), and a generic plan made while a child was empty chose a scan of that whole
-  -- index over the job_id index (a drain's finalize 2-5× slower).
+  -- index over the job_id index (a drain's finalize 2-5× slower). 0055: and the jobs whose ready
+  -- rows are read: those whose claim does not say the job has no unique key.
   SELECT min(c.slot) FILTER (WHERE c.slot BETWEEN v_lo1 AND v_hi1), max(c.slot) FILTER (WHERE c.slot BETWEEN v_lo1 AND v_hi1), -- 0054
-         min(c.slot) FILTER (WHERE c.slot BETWEEN v_lo2 AND v_hi2), max(c.slot) FILTER (WHERE c.slot BETWEEN v_lo2 AND v_hi2) -- 0054
-    INTO v_slo1, v_shi1, v_slo2, v_shi2 FROM unnest(v_claims) c; -- 0054
+         min(c.slot) FILTER (WHERE c.slot BETWEEN v_lo2 AND v_hi2), max(c.slot) FILTER (WHERE c.slot BETWEEN v_lo2 AND v_hi2), -- 0054
+         array_agg(c.job_id) FILTER (WHERE c.without_unique_key IS NOT TRUE) -- 0055
+    INTO v_slo1, v_shi1, v_slo2, v_shi2, v_unique_ids FROM unnest(v_claims) c; -- 0054, 0055
 
   RETURN QUERY
   WITH items AS MATERIALIZED (
@@ -3083,12 +3091,13 @@ BEGIN
     FROM unnest(p_job_ids, p_run_leases, p_stale_before) WITH ORDINALITY AS x(job_id, run_lease, stale_before, o) -- 0049
   ),
   batch_claims AS MATERIALIZED ( -- 0054: the rows locked above (claims rows are never updated)
-    SELECT c.slot, c.generation, c.job_id, c.run_lease, c.attempt, c.queue, c.priority, c.shard, c.lane_seq
+    SELECT c.slot, c.generation, c.job_id, c.run_lease, c.attempt, c.queue, c.priority, c.shard, c.lane_seq,
+           c.without_unique_key -- 0055
     FROM unnest(v_claims) c -- 0054
   ),
-  batch_ready AS MATERIALIZED (
+  batch_ready AS MATERIALIZED ( -- 0055: only the rows that may hold a unique key
     SELECT r.slot, r.job_id, r.queue, r.priority, r.shard, r.lane_seq, r.unique_key, r.unique_states
-    FROM ready r WHERE r.job_id = ANY (v_ids)
+    FROM ready r WHERE r.job_id = ANY (v_unique_ids) -- 0055
       AND (r.slot BETWEEN v_slo1 AND v_shi1 OR r.slot BETWEEN v_slo2 AND v_shi2) -- 0054
   ),
   batch_closures AS MATERIALIZED (
@@ -3103,13 +3112,16 @@ BEGIN
            (r.unique_key IS NOT NULL AND (r.unique_states & 4) = 0 AND (r.unique_states & state_bit('completed')) <> 0) AS enters
     FROM items i
     JOIN batch_claims c ON c.job_id = i.job_id AND c.run_lease = i.run_lease
-    JOIN batch_ready r ON r.slot = c.slot AND r.queue = c.queue AND r.priority = c.priority AND r.shard = c.shard
-                      AND r.lane_seq = c.lane_seq
+    LEFT JOIN batch_ready r ON r.slot = c.slot AND r.queue = c.queue AND r.priority = c.priority AND r.shard = c.shard
+                           AND r.lane_seq = c.lane_seq -- 0055: LEFT, see the WHERE
     LEFT JOIN LATERAL (
       SELECT a.heartbeat_at, true AS found FROM attempt_state a
       WHERE a.job_id = c.job_id AND a.run_lease = c.run_lease LIMIT 1
     ) a ON true
-    WHERE NOT EXISTS (SELECT 1 FROM batch_closures x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease)
+    -- 0055: a claim without the flag needs its ready row, as before (a claims row lies in its
+    -- ready row's slot, so the row is there for every claim of the batch)
+    WHERE (c.without_unique_key OR r.job_id IS NOT NULL) -- 0055
+      AND NOT EXISTS (SELECT 1 FROM batch_closures x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease)
       AND (i.stale_before IS NULL OR a.heartbeat_at IS NULL OR a.heartbeat_at < i.stale_before)
     ORDER BY i.job_id, i.run_lease, i.o
   ),

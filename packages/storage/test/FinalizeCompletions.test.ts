@@ -223,4 +223,91 @@ describe("finalize: a batch of completions", () => {
         })
       )
   )
+
+  /**
+   * Since 0055 a claims row written by claim or claim_keyed says whether its job has no unique key
+   * (without_unique_key), and finalize_completions reads the ready rows of the others only. A
+   * claim that says nothing (written before 0055, or carried by prune) reads its ready row as
+   * before. What would break: a flag missing from a writer costs the read again (the first test);
+   * a claim without the flag read as "no key" would leave a carried attempt's key where it was at
+   * completion (the second: the duplicate would be accepted).
+   */
+  it.live("claim and claim_keyed write whether the job has no unique key; completions apply either way", () =>
+    withEagerDatabase({}, () =>
+      Effect.gen(function* () {
+        const storage = yield* QueueStorage
+        const sql = yield* SqlClient.SqlClient
+        const q = fresh("fin-flag")
+        const kq = fresh("fin-flag-keyed")
+        const policy = fresh("fin-flag-policy")
+        yield* storage.enqueueMany([
+          { kind: "k", queue: q, args: { n: 0 } },
+          {
+            kind: "k",
+            queue: q,
+            args: { n: 1 },
+            unique: { byArgs: true, byQueue: true, states: ["available" as const] }
+          }
+        ])
+        yield* sql`INSERT INTO awa.key_policies (id, max_in_flight) VALUES (${policy}, 2)`
+        yield* sql`SELECT awa.enqueue_one('k', ${kq}, 2, '{}'::jsonb, ${JSON.stringify({ "awa:concurrencyKey": "t" })}::jsonb,
+                                          '[]'::jsonb, 25, now(), NULL, 0)`
+        const claimed = yield* storage.claim(claimOf(q, 2))
+        const keyed = yield* sql<{ job_id: bigint; run_lease: bigint }>`
+          SELECT job_id, run_lease FROM awa.claim_keyed(${kq}, ${policy}, 1, 0, 0)`
+        assert.strictEqual(claimed.length, 2)
+        assert.strictEqual(keyed.length, 1)
+        const flags = yield* sql<{ n: number; flag: boolean | null }>`
+          SELECT coalesce((r.args ->> 'n')::int, -1) AS n, c.without_unique_key AS flag
+          FROM awa.claims c JOIN awa.ready r ON r.job_id = c.job_id AND r.slot = c.slot
+          WHERE c.queue IN (${q}, ${kq}) ORDER BY n`
+        assert.deepStrictEqual(
+          flags.map((f) => [f.n, f.flag]),
+          [
+            [-1, true], // claim_keyed's job: no unique key
+            [0, true],
+            [1, false]
+          ]
+        )
+        const results = yield* storage.finalizeMany([
+          ...claimed.map(complete),
+          complete({ jobId: keyed[0]!.job_id, runLease: keyed[0]!.run_lease })
+        ])
+        assert.deepStrictEqual(
+          results.map((r) => (r._tag === "Applied" ? r.state : r._tag)),
+          ["completed", "completed", "completed"]
+        )
+      })
+    )
+  )
+
+  it.live(
+    "a unique-keyed attempt carried by prune (its claim says nothing) takes its key back at completion",
+    () =>
+      withEagerDatabase({}, () =>
+        Effect.gen(function* () {
+          const storage = yield* QueueStorage
+          const sql = yield* SqlClient.SqlClient
+          const q = fresh("fin-carried-key")
+          const job = (n: number) => ({
+            kind: "k",
+            queue: q,
+            args: { key: "same", n },
+            unique: { byArgs: false, byQueue: true, states: ["available" as const, "completed" as const] }
+          })
+          const [a] = yield* storage.enqueueMany([job(1)])
+          const [ca] = yield* storage.claim(claimOf(q, 1))
+          yield* storage.rotate
+          assert.strictEqual((yield* storage.prune({ ...keepAll, carryAfterMs: 0 }))._tag, "Pruned")
+          const carried = yield* sql<{ flag: boolean | null }>`
+          SELECT without_unique_key AS flag FROM awa.claims WHERE job_id = ${a!.id}`
+          assert.deepStrictEqual(carried, [{ flag: null }], "carried, without the flag")
+          const [done] = yield* storage.finalizeMany([complete(ca!)])
+          assert.deepStrictEqual(done, { _tag: "Applied", state: "completed" })
+          const dup = yield* Effect.flip(storage.enqueueMany([job(2)]))
+          assert.instanceOf(dup, UniqueConflict)
+          assert.strictEqual((dup as UniqueConflict).existingJobId, a!.id)
+        })
+      )
+  )
 })
