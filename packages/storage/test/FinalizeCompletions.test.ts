@@ -22,6 +22,23 @@ const complete = (c: { jobId: bigint; runLease: bigint }) => ({
   outcome: { _tag: "Complete" as const }
 })
 
+/** Jobs of `queue` sharing one key whose mask is `available | completed`: released at claim, taken back at completion. */
+const releasedAtClaim = (queue: string) => (n: number) => ({
+  kind: "k",
+  queue,
+  args: { key: "same", n },
+  unique: { byArgs: false, byQueue: true, states: ["available" as const, "completed" as const] }
+})
+
+/** Enqueuing `job` is refused: its key is held by `holder`. */
+const refusedAsDuplicateOf = (job: ReturnType<ReturnType<typeof releasedAtClaim>>, holder: bigint) =>
+  Effect.gen(function* () {
+    const storage = yield* QueueStorage
+    const dup = yield* Effect.flip(storage.enqueueMany([job]))
+    assert.instanceOf(dup, UniqueConflict)
+    assert.strictEqual((dup as UniqueConflict).existingJobId, holder)
+  })
+
 describe("finalize: a batch of completions", () => {
   it.live("deletes the attempt_state rows of heartbeating attempts and answers stale items as stale", () =>
     withEagerDatabase({}, () =>
@@ -63,12 +80,7 @@ describe("finalize: a batch of completions", () => {
       Effect.gen(function* () {
         const storage = yield* QueueStorage
         const q = fresh("fin-mask")
-        const job = (n: number) => ({
-          kind: "k",
-          queue: q,
-          args: { key: "same", n },
-          unique: { byArgs: false, byQueue: true, states: ["available" as const, "completed" as const] }
-        })
+        const job = releasedAtClaim(q)
         const [a] = yield* storage.enqueueMany([job(1)])
         // claimed: 'running' is not in the mask, the key is released
         const [ca] = yield* storage.claim(claimOf(q, 1))
@@ -76,9 +88,7 @@ describe("finalize: a batch of completions", () => {
         const [done] = yield* storage.finalizeMany([complete(ca!)])
         assert.deepStrictEqual(done, { _tag: "Applied", state: "completed" })
         // completed is in the mask: the key is the completed job's again, a duplicate is refused
-        const dup = yield* Effect.flip(storage.enqueueMany([job(2)]))
-        assert.instanceOf(dup, UniqueConflict)
-        assert.strictEqual((dup as UniqueConflict).existingJobId, a!.id)
+        yield* refusedAsDuplicateOf(job(2), a!.id)
       })
     )
   )
@@ -289,12 +299,7 @@ describe("finalize: a batch of completions", () => {
           const storage = yield* QueueStorage
           const sql = yield* SqlClient.SqlClient
           const q = fresh("fin-carried-key")
-          const job = (n: number) => ({
-            kind: "k",
-            queue: q,
-            args: { key: "same", n },
-            unique: { byArgs: false, byQueue: true, states: ["available" as const, "completed" as const] }
-          })
+          const job = releasedAtClaim(q)
           const [a] = yield* storage.enqueueMany([job(1)])
           const [ca] = yield* storage.claim(claimOf(q, 1))
           yield* storage.rotate
@@ -304,9 +309,7 @@ describe("finalize: a batch of completions", () => {
           assert.deepStrictEqual(carried, [{ flag: null }], "carried, without the flag")
           const [done] = yield* storage.finalizeMany([complete(ca!)])
           assert.deepStrictEqual(done, { _tag: "Applied", state: "completed" })
-          const dup = yield* Effect.flip(storage.enqueueMany([job(2)]))
-          assert.instanceOf(dup, UniqueConflict)
-          assert.strictEqual((dup as UniqueConflict).existingJobId, a!.id)
+          yield* refusedAsDuplicateOf(job(2), a!.id)
         })
       )
   )
