@@ -17,10 +17,11 @@
  *
  * The system is installed by a short-lived process of its own first, as the harness installs it
  * before it forks a phase's process, so this process has run none of the install's statements.
- * That matters: ~300 SQL calls of any kind compile the driver's per-call path, and an Awa process
- * that ran the migrations itself drained the same backlog with ~35 % less CPU per job
- * (docs/benchmarks.md, "Why the harness's drain cost Awa more"). `--install-here`: this process
- * installs it (the warmer process this tool measured before).
+ * That matters: an Awa process that ran the migrations itself drained the same backlog with ~35 %
+ * less CPU per job. V8's compiling of the driver's per-call path is part of it (docs/benchmarks.md,
+ * "Why the harness's drain cost Awa more"), the collector's state another (a full GC forced before
+ * the first drain took a third or more off it: "… V8's young generation"). `--install-here`: this
+ * process installs it (the warmer process this tool measured before).
  *
  * A drain ends at the system's own count of acknowledged completions where it has one (as the
  * harness's drain phase), else when storage shows no open job. Without `DATABASE_URL`, an
