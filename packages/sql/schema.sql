@@ -1466,6 +1466,84 @@ BEGIN
       INTO v_ids, v_seqs, v_digests, v_at_claim, v_rows -- 0036
     FROM w;
     CONTINUE WHEN v_ids IS NULL;
+    -- 0056: one lane and a window of one keyed row (a worker claiming as jobs arrive): its key
+    -- tried as an expression, then the count, the admission, the mark, the claims row and the
+    -- answer in one statement that starts after the lock (the count's guarantee, see the header).
+    -- Three statements fewer than the path below, which this one leaves only after a rotation
+    -- committed since the ranges were read.
+    IF NOT v_ranked AND v_state = 'active' AND cardinality(v_ids) = 1 -- 0056
+       AND v_digests[1] IS NOT NULL AND NOT v_at_claim[1] THEN -- 0056
+      v_d := v_digests[1]; -- 0056
+      IF NOT pg_try_advisory_xact_lock(lock_ns('key'), -- 0056
+                                       (get_byte(v_d, 0) << 24) | (get_byte(v_d, 1) << 16) | (get_byte(v_d, 2) << 8) | get_byte(v_d, 3)) THEN -- 0056
+        RETURN QUERY SELECT NULL::bigint, NULL::bigint, NULL::int, NULL::int, NULL::text, p_queue, NULL::smallint, NULL::jsonb, -- 0056
+                            NULL::jsonb, NULL::text[], NULL::jsonb, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz, -- 0056
+                            NULL::timestamptz, NULL::jsonb, 'keyLockContended'::text; -- 0056
+        RETURN; -- 0056
+      END IF; -- 0056
+      v_floor := nextval('key_grant_seq'); -- 0056: after the key lock, as below
+      RETURN QUERY -- 0056
+      WITH g AS MATERIALIZED ( -- 0056: the newest generation and the key's open grants (0036's count), one snapshot
+        SELECT (SELECT r.generation FROM ring_rotations r WHERE r.ring = 'queue' ORDER BY r.generation DESC LIMIT 1) AS gen, -- 0056
+               o.n, o.m -- 0056
+        FROM (SELECT count(*)::int AS n, min(o.s) AS m FROM ( -- 0056
+          (SELECT c.key_seq AS s FROM claims c -- 0056
+           WHERE c.key_policy = p_policy AND c.key_digest = v_d -- 0056
+             AND (c.slot BETWEEN v_lo1 AND v_hi1 OR c.slot BETWEEN v_lo2 AND v_hi2) -- 0056
+             AND c.key_seq >= coalesce((SELECT h.key_horizon FROM claims h -- 0056
+                                        WHERE h.key_policy = p_policy AND h.key_digest = v_d AND h.key_seq IS NOT NULL -- 0056
+                                          AND (h.slot BETWEEN v_lo1 AND v_hi1 OR h.slot BETWEEN v_lo2 AND v_hi2) -- 0056
+                                        ORDER BY h.key_seq DESC LIMIT 1), 0) -- 0056
+             AND NOT EXISTS (SELECT 1 FROM closures x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease AND x.slot = c.slot -- 0056
+                               AND (x.slot BETWEEN v_lo1 AND v_hi1 OR x.slot BETWEEN v_lo2 AND v_hi2))) -- 0056
+          UNION ALL -- 0056
+          (SELECT NULL::bigint FROM claims c -- 0056
+           WHERE c.key_policy = p_policy AND c.key_digest = v_d AND c.key_seq IS NULL -- 0056
+             AND (c.slot BETWEEN v_lo1 AND v_hi1 OR c.slot BETWEEN v_lo2 AND v_hi2) -- 0056
+             AND NOT EXISTS (SELECT 1 FROM closures x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease AND x.slot = c.slot -- 0056
+                               AND (x.slot BETWEEN v_lo1 AND v_hi1 OR x.slot BETWEEN v_lo2 AND v_hi2))) -- 0056
+          LIMIT v_limit) o) o -- 0056
+      ),
+      picked AS MATERIALIZED ( -- 0056: the row, admitted below the limit while the pick's ranges still hold
+        SELECT r.slot, r.generation, r.job_id, r.kind, r.queue, r.priority, r.shard, r.lane_seq, r.args, r.metadata, -- 0056
+               r.tags, r.errors, r.attempt, r.run_lease, r.max_attempts, r.run_at, r.created_at, r.progress, -- 0056
+               least(g.m, v_floor) AS hz, r.unique_key IS NULL AS without_unique_key -- 0056
+        FROM unnest(v_rows[1:1]) r, g -- 0056
+        WHERE g.gen = v_gen AND g.n < v_limit -- 0056
+      ),
+      mark AS ( -- 0056
+        INSERT INTO claim_marks (slot, generation, queue, priority, shard, next_lane_seq) -- 0056
+        SELECT ring.slot, ring.generation, p_queue, v_prios[v_k], v_shards[v_k], p.lane_seq + 1 -- 0056
+        FROM picked p, (SELECT g.slot, g.generation FROM ring_rotations g WHERE g.ring = 'queue' -- 0056
+                        ORDER BY g.generation DESC LIMIT 1) ring -- 0056
+      ),
+      ins AS ( -- 0056
+        INSERT INTO claims (slot, generation, job_id, run_lease, attempt, queue, priority, shard, lane_seq, claimed_at, -- 0056
+                            deadline_at, key_policy, key_digest, key_seq, key_horizon, without_unique_key) -- 0056
+        SELECT p.slot, p.generation, p.job_id, p.run_lease + 1, p.attempt + 1, p.queue, p.priority, p.shard, p.lane_seq, -- 0056
+               v_now, v_deadline, p_policy, v_d, v_floor, p.hz, p.without_unique_key -- 0056
+        FROM picked p -- 0056
+      ),
+      span AS ( -- 0056
+        INSERT INTO claim_spans (slot, generation, queue, priority, shard, first_lane_seq, last_lane_seq, claimed_at, deadline_at) -- 0056
+        SELECT p.slot, p.generation, p_queue, v_prios[v_k], v_shards[v_k], p.lane_seq, p.lane_seq, v_now, v_deadline -- 0056
+        FROM picked p -- 0056
+      )
+      SELECT p.job_id, p.run_lease + 1, p.attempt + 1, p.max_attempts, p.kind, p.queue, p.priority, p.args, p.metadata, -- 0056
+             p.tags, p.errors, p.run_at, p.created_at, v_now, v_deadline, p.progress, NULL::text -- 0056
+      FROM picked p -- 0056
+      UNION ALL -- 0056: the key at its limit: 0041's status row
+      SELECT NULL::bigint, NULL::bigint, NULL::int, NULL::int, NULL::text, p_queue, NULL::smallint, NULL::jsonb, -- 0056
+             NULL::jsonb, NULL::text[], NULL::jsonb, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz, -- 0056
+             NULL::timestamptz, NULL::jsonb, 'keyGated'::text -- 0056
+      FROM g WHERE g.gen = v_gen AND g.n >= v_limit; -- 0056
+      IF FOUND THEN -- 0056
+        RETURN; -- 0056
+      END IF; -- 0056
+      -- 0056: nothing returned: a rotation committed since the ranges were read (the count may
+      -- have missed a slot). The path below reads them again; the key lock is already ours (a
+      -- second try succeeds) and its grant sequence value is taken again after it.
+    END IF; -- 0056
     -- The window's keys not seen yet in this call, in order of first appearance (at most 64 per
     -- call in all: the lock-table budget, 0036), each try-locked once, in one statement.
     IF v_state = 'active' THEN

@@ -9,7 +9,7 @@
  * slots than a stock one. Measured (PostgreSQL 17): 175 entries per session (64 key locks, the
  * policy and lane locks, ~110 ring children and indexes: the count statement alone locks every
  * claims and closures child), 3,500 in all; 143 per session with 0033's 32 keys; the unkeyed
- * claim(64) holds 72. The bound is 5/8 of the stock table (4,000), leaving 2,400 entries for
+ * claim(64) holds 72 (2026-12-05, after migration 0056: 161 per session, 3,223 in all). The bound is 5/8 of the stock table (4,000), leaving 2,400 entries for
  * every other session; finalize's test (LockBudget.test.ts) keeps to half.
  */
 import { TestDatabase } from "@awa/testing"
@@ -52,7 +52,8 @@ describe("lock budget of the keyed claim", () => {
         const p = fresh("policy")
         const run = fresh("budget")
         // per worker: a queue of `keys` jobs with distinct keys (no two sessions share a lane or a
-        // key), and a warm-up queue of one job
+        // key), and a warm-up queue of two jobs of two keys (a window of one row takes 0056's
+        // path, whose statements are not the ones measured)
         yield* Effect.gen(function* () {
           const storage = yield* QueueStorage
           const grants = yield* KeyGrants
@@ -67,7 +68,8 @@ describe("lock budget of the keyed claim", () => {
               }))
             )
             yield* storage.enqueueMany([
-              { kind: "b", queue: `${run}-warm-${w}`, args: {}, concurrencyKey: `warm-${w}` }
+              { kind: "b", queue: `${run}-warm-${w}`, args: {}, concurrencyKey: `warm-${w}-a` },
+              { kind: "b", queue: `${run}-warm-${w}`, args: {}, concurrencyKey: `warm-${w}-b` }
             ])
           }
         }).pipe(Effect.provide(layerOn(2)))
@@ -83,7 +85,7 @@ describe("lock budget of the keyed claim", () => {
             const sql = yield* SqlClient.SqlClient
             // a worker's session has claimed before: its plans are cached. In a transaction, so
             // that it runs on this pooled connection, not the layer's own ones (ADR 0033).
-            yield* sql.withTransaction(grants.claim(claimOf(`${run}-warm-${w}`, p, 1)))
+            yield* sql.withTransaction(grants.claim(claimOf(`${run}-warm-${w}`, p, 2)))
             yield* sql.withTransaction(
               Effect.gen(function* () {
                 const claimed = yield* grants.claim(claimOf(`${run}-${w}`, p, keys))
@@ -100,7 +102,7 @@ describe("lock budget of the keyed claim", () => {
         )
         const held = yield* Effect.forEach(reports, (r) => Deferred.await(r))
         // autovacuum had no reason to analyze a table, and so to invalidate the sessions' plans,
-        // while they measured (the warm-ups write one row per session and table: 20, against at least 50)
+        // while they measured (the warm-ups write two rows per session and table: 40, against at least 50)
         const due = yield* dueForAnalyze(url)
         const total = held.reduce((a, b) => a + b, 0)
         yield* Deferred.succeed(allReported, undefined)
