@@ -25,8 +25,8 @@
  * systems in rotating order per phase (so a change of machine load does not always hit the same
  * system). See `compare/phases.ts` for the workloads and the run hygiene.
  *
- * Awa runs in one or both profiles (`--profile`, see `systems/awa.ts`): results name the tuned
- * one `awa` and the defaults one `awa-defaults`; each has a `profile` field.
+ * Awa runs in one or more profiles (`--profile`, see `systems/types.ts`): results name the tuned
+ * one `awa`, the others `awa-<profile>` (`awa-defaults`, `awa-lean`); each has a `profile` field.
  *
  * Output: tables on stdout, and `bench/results/compare-<timestamp>.json` plus
  * `bench/results/latest.json` with one object per entrant (`systems`), the ratios to the best peer
@@ -75,7 +75,7 @@ import {
 } from "./compare/report.ts"
 import { runSoak } from "./compare/soak.ts"
 import { acquireServerAt, createDatabase, databaseName, dropDatabase, round } from "./lib.ts"
-import { type Profile, profiles, type SystemName, systemNames } from "./systems/types.ts"
+import { defaultProfiles, type Profile, profiles, type SystemName, systemNames } from "./systems/types.ts"
 
 const resultsDir = fileURLToPath(new URL("../results/", import.meta.url))
 
@@ -123,8 +123,9 @@ const help = `npm run bench -- [options]   (Awa, graphile-worker and pg-boss sid
   --systems <list>          ${systemNames.join(",")} (default: all)
   --phases <list>           ${phaseNames.join(",")} (default: all)
   --profile <list>          Awa's profiles: tuned (tracing off; results "awa"), defaults (only
-                            maxConcurrency set; results "awa-defaults"); default: tuned,defaults
-                            (quick: tuned)
+                            maxConcurrency set; results "awa-defaults"), lean (tuned keeping no
+                            completed job, as graphile-worker; results "awa-lean"); default:
+                            tuned,defaults (quick: tuned)
   --cpu-prof <systems>      V8 CPU profile of those systems' children, per phase
   --statements              top pg_stat_statements per phase (server preloads it)
   --drain <n> --drain-warm <n>   the drain phase's backlog and the warm-up drained before it (default
@@ -178,7 +179,8 @@ const parseArgs = (argv: ReadonlyArray<string>): Options => {
     server,
     systems: list("--systems", systemNames),
     // both profiles cost a fourth entrant: a third more time, too much for quick mode (ADR 0025)
-    profiles: value("--profile") === undefined && quick ? ["tuned"] : list("--profile", profiles),
+    profiles:
+      value("--profile") === undefined ? (quick ? ["tuned"] : defaultProfiles) : list("--profile", profiles),
     phases: list("--phases", phaseNames),
     cpuProf: cpuProf === undefined ? [] : list("--cpu-prof", systemNames),
     hygiene: {

@@ -54,7 +54,9 @@ const BenchJob = Job.define({
 const overrides = JSON.parse(process.env.AWA_WORKER_OPTIONS ?? "{}") as Record<string, unknown>
 
 export const make: AdapterFactory = async (url, options = { profile: "tuned" }) => {
-  const tuned = options.profile === "tuned"
+  // `lean` is `tuned` with no completed job kept (see Profile)
+  const tuned = options.profile !== "defaults"
+  const lean = options.profile === "lean"
   const pg = PgClient.layer({
     url: Redacted.make(url),
     maxConnections: poolSize,
@@ -92,8 +94,9 @@ export const make: AdapterFactory = async (url, options = { profile: "tuned" }) 
         "512 (default: at most 512 claimed ahead, about two claim round trips of measured throughput)",
       completion: "default: batches ≤ 512, linger 1 ms, 2 in flight",
       enqueueChunkSize: "5,000 (default)",
-      maintenance:
-        "default (leader: rotate check 1 s, rotating at 10,000 rows or 10 s; promote 250 ms; completed retention 1 day)",
+      maintenance: lean
+        ? "default but completedRetention 0 (completed jobs are not kept: prune copies none into history); leader: rotate check 1 s, rotating at 10,000 rows or 10 s; promote 250 ms"
+        : "default (leader: rotate check 1 s, rotating at 10,000 rows or 10 s; promote 250 ms; completed retention 1 day)",
       poolSize,
       ...(Object.keys(overrides).length > 0 ? { overrides } : {}),
       ...(keys > 0
@@ -132,6 +135,7 @@ export const make: AdapterFactory = async (url, options = { profile: "tuned" }) 
                   handlers: [handler],
                   tracing: false,
                   shutdownTimeout: "10 seconds",
+                  ...(lean ? { maintenance: { completedRetention: "0 millis" } } : {}),
                   ...overrides
                 }
               : {

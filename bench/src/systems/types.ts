@@ -27,11 +27,16 @@ export const queueCount = 8
 /**
  * How Awa is configured (issue 17): `tuned` is the comparison's long-standing setting (tracing
  * off, see `awa.ts`); `defaults` is what `Awa.layerPg` + `Awa.worker` give with only
- * `maxConcurrency` set. The peers have one configuration each.
+ * `maxConcurrency` set; `lean` is `tuned` keeping no completed job (`completedRetention: 0`), which
+ * is what graphile-worker does (it deletes a job when it completes). The peers have one
+ * configuration each.
  */
-export type Profile = "tuned" | "defaults"
+export type Profile = "tuned" | "defaults" | "lean"
 
-export const profiles: ReadonlyArray<Profile> = ["tuned", "defaults"]
+export const profiles: ReadonlyArray<Profile> = ["tuned", "defaults", "lean"]
+
+/** The profiles a run uses when `--profile` is not given (`lean` only on request). */
+export const defaultProfiles: ReadonlyArray<Profile> = ["tuned", "defaults"]
 
 export interface AdapterOptions {
   readonly profile: Profile
