@@ -188,6 +188,17 @@ const keyLockOf = (key: string) =>
   `(SELECT awa.lock_ns('key') AS ns, (get_byte(d, 0) << 24) | (get_byte(d, 1) << 16) | (get_byte(d, 2) << 8) | get_byte(d, 3) AS id
     FROM (SELECT awa.key_digest('${key}') AS d) k)`
 
+/** Two one-lane queues under a new policy at limit 1; the first holds one job of key "t". */
+const twoQueuesOfKeyT = (prefix: string) =>
+  Effect.gen(function* () {
+    const q1 = fresh(`${prefix}-a`)
+    const q2 = fresh(`${prefix}-b`)
+    const p = fresh("policy")
+    yield* (yield* KeyGrants).create({ id: p, maxInFlight: 1 })
+    yield* (yield* QueueStorage).enqueueMany([{ kind: "k", queue: q1, args: {}, concurrencyKey: "t" }])
+    return { q1, q2, p }
+  })
+
 describe("a keyed claim of one row (migration 0056)", () => {
   it.live(
     "two one-lane queues of one key at limit 1: contended, then gated, then claimed after the closure",
@@ -197,11 +208,7 @@ describe("a keyed claim of one row (migration 0056)", () => {
           const storage = yield* QueueStorage
           const grants = yield* KeyGrants
           const sql = yield* SqlClient.SqlClient
-          const q1 = fresh("one-row-a")
-          const q2 = fresh("one-row-b")
-          const p = fresh("policy")
-          yield* grants.create({ id: p, maxInFlight: 1 })
-          yield* storage.enqueueMany([{ kind: "k", queue: q1, args: {}, concurrencyKey: "t" }])
+          const { q1, q2, p } = yield* twoQueuesOfKeyT("one-row")
           yield* storage.enqueueMany([{ kind: "k", queue: q2, args: {}, concurrencyKey: "t" }])
           // A: q1's one row claimed, not yet committed (its key's lock held)
           const release = yield* Deferred.make<void>()
@@ -277,11 +284,7 @@ describe("a keyed claim of one row (migration 0056)", () => {
           const storage = yield* QueueStorage
           const grants = yield* KeyGrants
           const sql = yield* SqlClient.SqlClient
-          const q1 = fresh("rotated-a")
-          const q2 = fresh("rotated-b")
-          const p = fresh("policy")
-          yield* grants.create({ id: p, maxInFlight: 1 })
-          yield* storage.enqueueMany([{ kind: "k", queue: q1, args: {}, concurrencyKey: "t" }])
+          const { q1, q2, p } = yield* twoQueuesOfKeyT("rotated")
           // `parked` held exclusively: the claimer below reads its slot ranges, then waits at its
           // window (the first of its statements to read `parked`), before its key lock
           const release = yield* Deferred.make<void>()
