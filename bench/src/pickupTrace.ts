@@ -8,7 +8,7 @@
  * where the pickup's time goes, by segment (commit → wake-up → claim start → claim end → start).
  *
  *   DATABASE_URL=postgres://… node bench/src/pickupTrace.ts [--keys 50] [--limit 2] [--rate 200]
- *     [--seconds 20] [--warm 2] [--slowest 20]
+ *     [--seconds 20] [--warm 2] [--slowest 20] [--linger 1]
  *
  * `--keys 0`: no keys (the plain claim). Writes bench/results/pickup-trace-<time>.json.
  */
@@ -28,6 +28,8 @@ const rate = intArg("--rate", 200)
 const seconds = intArg("--seconds", 20)
 const warmSeconds = intArg("--warm", 2)
 const slowest = intArg("--slowest", 20)
+/** `--linger ms`: the completion batcher's linger (`completion.linger`); default the worker's (1 ms). */
+const lingerMs = process.argv.includes("--linger") ? intArg("--linger", 1) : undefined
 /** `--no-closed`: closure notifications are dropped (to price them; gated claimers then wait for their poll). */
 const noClosed = process.argv.includes("--no-closed")
 /** `--statements`: the database's statements (pg_stat_statements) over the measured interval, by total time. */
@@ -164,7 +166,8 @@ const main = Effect.gen(function* () {
         queues: { [queue]: { maxConcurrency: 50, ...(keys > 0 && limit > 0 ? { keyPolicy: "trace" } : {}) } },
         handlers: [handler],
         tracing: false,
-        shutdownTimeout: "10 seconds"
+        shutdownTimeout: "10 seconds",
+        ...(lingerMs === undefined ? {} : { completion: { linger: `${lingerMs} millis` } })
       }),
       scope
     )
