@@ -1476,10 +1476,8 @@ BEGIN
       v_d := v_digests[1]; -- 0056
       IF NOT pg_try_advisory_xact_lock(lock_ns('key'), -- 0056
                                        (get_byte(v_d, 0) << 24) | (get_byte(v_d, 1) << 16) | (get_byte(v_d, 2) << 8) | get_byte(v_d, 3)) THEN -- 0056
-        RETURN QUERY SELECT NULL::bigint, NULL::bigint, NULL::int, NULL::int, NULL::text, p_queue, NULL::smallint, NULL::jsonb, -- 0056
-                            NULL::jsonb, NULL::text[], NULL::jsonb, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz, -- 0056
-                            NULL::timestamptz, NULL::jsonb, 'keyLockContended'::text; -- 0056
-        RETURN; -- 0056
+        v_contended := true; -- 0056: the only lane: the loop ends and the call answers keyLockContended
+        CONTINUE; -- 0056
       END IF; -- 0056
       v_floor := nextval('key_grant_seq'); -- 0056: after the key lock, as below
       RETURN QUERY -- 0056

@@ -23954,9 +23954,9 @@ REVOKE EXECUTE ON FUNCTION :AWA_SCHEMA.finalize_completions(bigint[], bigint[], 
 -- lock before. The count reads the slots the pick's ranges hold, which is sound only while no
 -- rotation committed since they were read: the statement reads the newest generation in its own
 -- snapshot and admits nothing unless it is the one read with the ranges; it then returns no row
--- and the general path (which reads the ranges again) decides. A contended key returns 0041's
--- keyLockContended status row at once, as the general path does for a window whose first key is
--- contended. Writes: the mark, the claims row and one claim span, as the general path writes for
+-- and the general path (which reads the ranges again) decides. A contended key ends the lane as
+-- the general path ends it for a window whose first key is contended (0041's keyLockContended
+-- status row). Writes: the mark, the claims row and one claim span, as the general path writes for
 -- one row; nothing when the key is at its limit.
 --
 -- Functions: claim_keyed (0055's text), lines marked 0056.
@@ -24165,10 +24165,8 @@ BEGIN
       v_d := v_digests[1]; -- 0056
       IF NOT pg_try_advisory_xact_lock(lock_ns('key'), -- 0056
                                        (get_byte(v_d, 0) << 24) | (get_byte(v_d, 1) << 16) | (get_byte(v_d, 2) << 8) | get_byte(v_d, 3)) THEN -- 0056
-        RETURN QUERY SELECT NULL::bigint, NULL::bigint, NULL::int, NULL::int, NULL::text, p_queue, NULL::smallint, NULL::jsonb, -- 0056
-                            NULL::jsonb, NULL::text[], NULL::jsonb, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz, -- 0056
-                            NULL::timestamptz, NULL::jsonb, 'keyLockContended'::text; -- 0056
-        RETURN; -- 0056
+        v_contended := true; -- 0056: the only lane: the loop ends and the call answers keyLockContended
+        CONTINUE; -- 0056
       END IF; -- 0056
       v_floor := nextval('key_grant_seq'); -- 0056: after the key lock, as below
       RETURN QUERY -- 0056

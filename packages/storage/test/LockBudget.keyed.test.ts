@@ -9,8 +9,9 @@
  * slots than a stock one. Measured (PostgreSQL 17): 175 entries per session (64 key locks, the
  * policy and lane locks, ~110 ring children and indexes: the count statement alone locks every
  * claims and closures child), 3,500 in all; 143 per session with 0033's 32 keys; the unkeyed
- * claim(64) holds 72 (2026-12-05, after migration 0056: 161 per session, 3,223 in all). The bound is 5/8 of the stock table (4,000), leaving 2,400 entries for
- * every other session; finalize's test (LockBudget.test.ts) keeps to half.
+ * claim(64) holds 72 (2026-12-05, after migration 0056: 161 per session, 3,223 in all). The
+ * bound is 5/8 of the stock table (4,000), leaving 2,400 entries for every other session;
+ * finalize's test (LockBudget.test.ts) keeps to half.
  */
 import { TestDatabase } from "@awa/testing"
 import { PgClient } from "@effect/sql-pg"
