@@ -102,6 +102,8 @@ interface Options {
   readonly drain: { readonly jobs: number | undefined; readonly warm: number | undefined }
   /** `--enqueue-one` / `--enqueue-one-warm`: the enqueue-one phase's inserts and warm-up. */
   readonly enqueueOne: { readonly jobs: number | undefined; readonly warm: number | undefined }
+  /** `--enqueue-batch` / `--enqueue-batch-warm`: the chunks phase's jobs and warm-up (in chunks). */
+  readonly enqueueBatch: { readonly jobs: number | undefined; readonly warm: number | undefined }
   /** `--rounds`: every phase this many times, the entrants interleaved; figures are medians. */
   readonly rounds: number
 }
@@ -135,6 +137,8 @@ const help = `npm run bench -- [options]   (Awa, graphile-worker and pg-boss sid
   --enqueue-one <n> --enqueue-one-warm <n>   the enqueue-one phase's inserts and the warm-up before
                             them (default 2,000 and 200; quick 500 and 100). With a warm-up of a few
                             thousand, V8 has compiled each system's insert path
+  --enqueue-batch <n> --enqueue-batch-warm <n>   the chunks phase's jobs and the warm-up before them,
+                            both in chunks of 1,000 (default 20,000 and 2,000; quick 5,000 and 1,000)
   --rounds <n>              every phase n times (1–20, default 1), the systems interleaved in each:
                             the summary takes each figure's median over the rounds, and prints
                             Awa's ratio to the best peer round by round (this machine moves every
@@ -199,6 +203,7 @@ const parseArgs = (argv: ReadonlyArray<string>): Options => {
     pgbench: !argv.includes("--no-pgbench"),
     drain: { jobs: count("--drain"), warm: count("--drain-warm") },
     enqueueOne: { jobs: count("--enqueue-one"), warm: count("--enqueue-one-warm") },
+    enqueueBatch: { jobs: count("--enqueue-batch"), warm: count("--enqueue-batch-warm") },
     rounds: parseRounds(value("--rounds"))
   }
 }
@@ -311,7 +316,9 @@ const program = Effect.gen(function* () {
     drain: options.drain.jobs ?? modeSizes.drain,
     drainWarm: options.drain.warm ?? modeSizes.drainWarm,
     enqueueOne: options.enqueueOne.jobs ?? modeSizes.enqueueOne,
-    enqueueOneWarm: options.enqueueOne.warm ?? modeSizes.enqueueOneWarm
+    enqueueOneWarm: options.enqueueOne.warm ?? modeSizes.enqueueOneWarm,
+    enqueueBatch: options.enqueueBatch.jobs ?? modeSizes.enqueueBatch,
+    enqueueBatchWarm: options.enqueueBatch.warm ?? modeSizes.enqueueBatchWarm
   }
   const startedAt = new Date()
   const stamp = startedAt.toISOString().replace(/[:.]/g, "-")
