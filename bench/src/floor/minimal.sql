@@ -1,18 +1,21 @@
 -- A floor for the drain's server work under the delivery contract, not a queue: the fewest rows an
 -- append-only hot path can write per job and still guard every completion by its lease
--- (bench/src/serverFloor.ts --systems minimal; docs/adr/0014-hot-path-rows-per-job.md, 2026-12-05 update).
+-- (bench/src/serverFloor.ts --systems minimal,minimal-read; docs/adr/0014-hot-path-rows-per-job.md,
+-- the 2026-12-05 update).
 --
 -- What it keeps of Awa's storage: ready rows that are never updated (a lane's FIFO by position),
 -- a lane lock held by the claim, a claim that returns the claimed rows with run_lease + 1, and a
--- completion that is applied only for an attempt that was claimed with that lease and is not
--- closed yet (a stale or repeated completion is a no-op). What it writes: one claim record per
--- claim call (the lane's positions it took, when, until when: ADR 0014's option 1) and one
--- closure per completed attempt that is also its terminal record (option 2). Nothing else.
+-- completion that is a no-op for an attempt already closed (stale or repeated). What it writes:
+-- one claim record per claim call (the lane's positions it took, when, until when: ADR 0014's
+-- option 1) and one closure per completed attempt that is also its terminal record (option 2).
+-- Nothing else. `finalize_completions` reads only the closures' primary key;
+-- `finalize_completions_read` also reads each attempt's ready row.
 --
 -- What it leaves out, each of which a real design pays somewhere: the ring's slots and their
 -- ranges (pruning instead of dead tuples), heartbeats and the attempt state they write, rescue's
--- reads, unique keys, key grants, parked rows and tombstones, pause, several lanes, history. So
--- read its cost as a lower bound for such a design on this server, not as a design.
+-- reads, unique keys, key grants, parked rows and tombstones, pause, several lanes, history, the
+-- exclusion between a completion and a prune. So read its cost as a lower bound for such a design
+-- on this server, not as a design.
 
 CREATE TABLE ready (
   job_id bigint NOT NULL,
@@ -112,9 +115,10 @@ AS $$
   SELECT i.o, d.o IS NOT NULL FROM items i LEFT JOIN done d ON d.o = i.o ORDER BY i.o
 $$;
 
--- The same completion that also reads each attempt's ready row, as a guard that checks the lease
--- was handed out (the ready row's run_lease + 1, at or before its lane's cursor): the price of one
--- read by job id per completed job (serverFloor.ts --systems minimal-read).
+-- The same completion that also reads each attempt's ready row, by job id and the lease it was
+-- claimed with (the ready row's run_lease + 1): the price of one read by job id per completed job
+-- (serverFloor.ts --systems minimal-read). Checking the lane's cursor too, as a correlated probe
+-- per row, cost ~6 µs more per job on Debian's 15 (pgbench, 2026-12-05): not what a floor measures.
 CREATE FUNCTION finalize_completions_read(p_job_ids bigint[], p_run_leases bigint[])
 RETURNS TABLE (ord int, applied boolean)
 LANGUAGE sql SET plan_cache_mode TO 'force_generic_plan' SET jit TO 'off' SET enable_seqscan TO 'off'
@@ -125,10 +129,7 @@ AS $$
   done AS MATERIALIZED (
     SELECT i.o, i.job_id, i.run_lease FROM items i
     JOIN ready r ON r.job_id = i.job_id AND r.run_lease = i.run_lease - 1
-    WHERE r.lane_seq <= (SELECT c.last_seq FROM claim_calls c
-                         WHERE c.queue = r.queue AND c.priority = r.priority AND c.shard = r.shard
-                         ORDER BY c.last_seq DESC LIMIT 1)
-      AND NOT EXISTS (SELECT 1 FROM closures z WHERE z.job_id = i.job_id AND z.run_lease = i.run_lease)
+    WHERE NOT EXISTS (SELECT 1 FROM closures z WHERE z.job_id = i.job_id AND z.run_lease = i.run_lease)
   ),
   closed AS (
     INSERT INTO closures (job_id, run_lease, outcome, closed_at)
