@@ -631,7 +631,7 @@ UNION ALL
     COALESCE(t.created_at, r.created_at) AS created_at,
     t.finalized_at,
     NULL::text AS dlq_reason
-   FROM awa.terminal t
+   FROM awa.terminal_records t
      LEFT JOIN awa.ready r ON NOT t.wide AND r.slot = t.slot AND r.job_id = t.job_id AND r.lane_seq = t.lane_seq
 UNION ALL
  SELECT h.job_id,
@@ -675,6 +675,60 @@ CREATE VIEW awa.jobs AS
     dlq_reason
    FROM awa.job_representations j
   ORDER BY job_id, rank, run_lease DESC, finalized_at DESC NULLS LAST;
+-- privileges besides the owner: owner only
+
+CREATE VIEW awa.terminal_records AS
+ SELECT t.slot,
+    t.generation,
+    t.job_id,
+    t.run_lease,
+    t.lane_seq,
+    t.state,
+    t.attempt,
+    t.finalized_at,
+    t.errors,
+    t.progress,
+    t.wide,
+    t.kind,
+    t.queue,
+    t.priority,
+    t.args,
+    t.metadata,
+    t.tags,
+    t.max_attempts,
+    t.run_at,
+    t.created_at,
+    t.unique_key,
+    t.unique_states
+   FROM awa.terminal t
+UNION ALL
+ SELECT z.slot,
+    z.generation,
+    z.job_id,
+    z.run_lease,
+    c.lane_seq,
+    'completed'::text AS state,
+    c.attempt,
+    z.closed_at AS finalized_at,
+    NULL::jsonb AS errors,
+    NULL::jsonb AS progress,
+    false AS wide,
+    NULL::text AS kind,
+    c.queue,
+    c.priority,
+    NULL::jsonb AS args,
+    NULL::jsonb AS metadata,
+    NULL::text[] AS tags,
+    NULL::integer AS max_attempts,
+    NULL::timestamp with time zone AS run_at,
+    NULL::timestamp with time zone AS created_at,
+    NULL::bytea AS unique_key,
+    NULL::integer AS unique_states
+   FROM awa.closures z
+     JOIN awa.claims c ON c.job_id = z.job_id AND c.run_lease = z.run_lease AND c.slot = z.slot
+  WHERE z.outcome = 'completed'::text AND NOT (EXISTS ( SELECT 1
+           FROM awa.terminal t
+          WHERE t.job_id = z.job_id AND t.run_lease = z.run_lease AND t.slot = z.slot));
 -- privileges besides the owner: owner only
 
 -- ================================================================================================
@@ -3211,10 +3265,7 @@ BEGIN
     INSERT INTO closures (slot, generation, job_id, run_lease, outcome, closed_at)
     SELECT d.slot, d.generation, d.job_id, d.run_lease, 'completed', v_now FROM done d
   ),
-  ins_terminal AS (
-    INSERT INTO terminal (slot, generation, job_id, run_lease, lane_seq, state, attempt, finalized_at, errors, progress)
-    SELECT d.slot, d.generation, d.job_id, d.run_lease, d.lane_seq, 'completed', d.attempt, v_now, NULL, NULL FROM done d
-  ),
+  -- 0057: no terminal row: the closure is the completed attempt's terminal record (terminal_records)
   del_state AS (
     DELETE FROM attempt_state a USING done d
     WHERE d.has_state AND a.job_id = d.job_id AND a.run_lease = d.run_lease
@@ -3796,7 +3847,7 @@ BEGIN
   SELECT * INTO v_copy FROM history_copies hc WHERE hc.generation = v_old;
   v_copied := FOUND;
   IF v_copied THEN
-    EXECUTE format('SELECT count(*) FROM %I.terminal_%s', 'awa', v_slot) INTO v_count;
+    SELECT count(*) INTO v_count FROM terminal_records t WHERE t.slot = v_slot; -- 0057
   END IF;
   IF v_copied AND v_count = v_copy.terminal_rows THEN
     v_rollup := v_copy.rollup;
@@ -3816,7 +3867,7 @@ BEGIN
              coalesce(t.errors, r.errors) AS errors, t.progress, coalesce(t.run_at, r.run_at) AS run_at,
              coalesce(t.created_at, r.created_at) AS created_at, t.finalized_at,
              coalesce(t.unique_key, r.unique_key) AS unique_key, coalesce(t.unique_states, r.unique_states, 0) AS unique_states
-      FROM terminal t
+      FROM terminal_records t -- 0057
       LEFT JOIN ready r ON NOT t.wide AND r.slot = t.slot AND r.job_id = t.job_id AND r.lane_seq = t.lane_seq
       WHERE t.slot = v_slot
     ),
@@ -4136,14 +4187,14 @@ BEGIN
   SELECT * INTO v_copy FROM history_copies hc WHERE hc.generation = v_old;
   v_copied := FOUND;
   IF v_copied THEN
-    EXECUTE format('SELECT count(*) FROM %I.terminal_%s', 'awa', v_slot) INTO v_count;
+    SELECT count(*) INTO v_count FROM terminal_records t WHERE t.slot = v_slot; -- 0057
   END IF;
   IF v_copied AND v_count = v_copy.terminal_rows THEN
     v_rollup := v_copy.rollup;
     v_keys := v_copy.keys;
   -- 0048: a large slot with no open attempt, not copied yet: judged and copied in one statement
   ELSIF NOT v_copied AND v_open_claims IS NULL -- 0048
-        AND (SELECT count(*) FROM (SELECT FROM terminal t WHERE t.slot = v_slot LIMIT v_copy_ahead_rows) s) >= v_copy_ahead_rows THEN -- 0048
+        AND (SELECT count(*) FROM (SELECT FROM terminal_records t WHERE t.slot = v_slot LIMIT v_copy_ahead_rows) s) >= v_copy_ahead_rows THEN -- 0048, 0057
     PERFORM set_config('enable_nestloop', 'off', true); -- 0048
     SELECT * INTO v_hist FROM ring_current('history'); -- 0048
     WITH judged AS MATERIALIZED ( -- 0048: 0039's wide and judged, in one step (nothing is in history yet)
@@ -4157,7 +4208,7 @@ BEGIN
                                         WHEN 'completed' THEN coalesce(m.completed_retention, p_completed_ms * interval '1 millisecond')
                                         WHEN 'failed' THEN coalesce(m.failed_retention, p_failed_ms * interval '1 millisecond')
                                         ELSE coalesce(m.cancelled_retention, p_cancelled_ms * interval '1 millisecond') END AS keep
-      FROM terminal t
+      FROM terminal_records t -- 0057
       LEFT JOIN ready r ON NOT t.wide AND r.slot = t.slot AND r.job_id = t.job_id AND r.lane_seq = t.lane_seq
       LEFT JOIN queue_meta m ON m.queue = coalesce(t.queue, r.queue)
       WHERE t.slot = v_slot
@@ -4199,7 +4250,7 @@ BEGIN
              coalesce(t.errors, r.errors) AS errors, t.progress, coalesce(t.run_at, r.run_at) AS run_at,
              coalesce(t.created_at, r.created_at) AS created_at, t.finalized_at,
              coalesce(t.unique_key, r.unique_key) AS unique_key, coalesce(t.unique_states, r.unique_states, 0) AS unique_states
-      FROM terminal t
+      FROM terminal_records t -- 0057
       LEFT JOIN ready r ON NOT t.wide AND r.slot = t.slot AND r.job_id = t.job_id AND r.lane_seq = t.lane_seq
       WHERE t.slot = v_slot
     ),
@@ -4651,7 +4702,7 @@ BEGIN
   -- finalizations in unpruned slots (a narrow terminal row takes its queue from its ready row)
   unpruned AS (
     SELECT coalesce(t.queue, r.queue) AS queue, t.state, 1 AS n, t.finalized_at >= win.since AS recent
-    FROM terminal t
+    FROM terminal_records t -- 0057
     CROSS JOIN rng CROSS JOIN win
     LEFT JOIN ready r ON NOT t.wide AND r.slot = t.slot AND r.job_id = t.job_id AND r.lane_seq = t.lane_seq
     WHERE (t.slot BETWEEN rng.lo1 AND rng.hi1 OR t.slot BETWEEN rng.lo2 AND rng.hi2)

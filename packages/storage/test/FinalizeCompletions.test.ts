@@ -186,10 +186,14 @@ describe("finalize: a batch of completions", () => {
           again.map((r) => r._tag),
           ["Stale", "Stale", "Stale"]
         )
-        const rows = yield* sql<{ closures: number; terminal: number }>`
+        // 0057: a batch of completions writes no terminal row (the closure is the completed
+        // attempt's terminal record); the general statement still writes one beside each closure.
+        // Either way terminal_records holds each attempt once.
+        const rows = yield* sql<{ closures: number; terminal: number; records: number }>`
           SELECT (SELECT count(*)::int FROM awa.closures WHERE job_id = ANY (${ids})) AS closures,
-                 (SELECT count(*)::int FROM awa.terminal WHERE job_id = ANY (${ids})) AS terminal`
-        assert.deepStrictEqual(rows[0], { closures: 3, terminal: 3 })
+                 (SELECT count(*)::int FROM awa.terminal WHERE job_id = ANY (${ids})) AS terminal,
+                 (SELECT count(*)::int FROM awa.terminal_records WHERE job_id = ANY (${ids})) AS records`
+        assert.deepStrictEqual(rows[0], { closures: 3, terminal: aFails ? 3 : 0, records: 3 })
         assert.strictEqual((yield* storage.getJob(a!.jobId)).state, aFails ? "failed" : "completed")
       })
     )
