@@ -97,6 +97,8 @@ CREATE TABLE awa.closures (
   run_lease bigint NOT NULL,
   outcome text NOT NULL,
   closed_at timestamp with time zone NOT NULL,
+  attempt integer,
+  lane_seq bigint,
   CONSTRAINT closures_pkey PRIMARY KEY (job_id, run_lease, slot)
 )
 PARTITION BY LIST (slot);
@@ -706,16 +708,16 @@ UNION ALL
     z.generation,
     z.job_id,
     z.run_lease,
-    c.lane_seq,
+    z.lane_seq,
     'completed'::text AS state,
-    c.attempt,
+    z.attempt,
     z.closed_at AS finalized_at,
     NULL::jsonb AS errors,
     NULL::jsonb AS progress,
     false AS wide,
     NULL::text AS kind,
-    c.queue,
-    c.priority,
+    NULL::text AS queue,
+    NULL::smallint AS priority,
     NULL::jsonb AS args,
     NULL::jsonb AS metadata,
     NULL::text[] AS tags,
@@ -725,10 +727,7 @@ UNION ALL
     NULL::bytea AS unique_key,
     NULL::integer AS unique_states
    FROM awa.closures z
-     JOIN awa.claims c ON c.job_id = z.job_id AND c.run_lease = z.run_lease AND c.slot = z.slot
-  WHERE z.outcome = 'completed'::text AND NOT (EXISTS ( SELECT 1
-           FROM awa.terminal t
-          WHERE t.job_id = z.job_id AND t.run_lease = z.run_lease AND t.slot = z.slot));
+  WHERE z.lane_seq IS NOT NULL;
 -- privileges besides the owner: owner only
 
 -- ================================================================================================
@@ -3261,11 +3260,11 @@ BEGIN
     SELECT DISTINCT ON (d.unique_key) d.unique_key, d.job_id FROM done d WHERE d.enters ORDER BY d.unique_key, d.job_id
     ON CONFLICT (unique_key) DO NOTHING
   ),
+  -- 0057: the closure is the completed attempt's terminal record (terminal_records): no terminal row
   ins_closures AS (
-    INSERT INTO closures (slot, generation, job_id, run_lease, outcome, closed_at)
-    SELECT d.slot, d.generation, d.job_id, d.run_lease, 'completed', v_now FROM done d
+    INSERT INTO closures (slot, generation, job_id, run_lease, outcome, closed_at, attempt, lane_seq) -- 0057
+    SELECT d.slot, d.generation, d.job_id, d.run_lease, 'completed', v_now, d.attempt, d.lane_seq FROM done d -- 0057
   ),
-  -- 0057: no terminal row: the closure is the completed attempt's terminal record (terminal_records)
   del_state AS (
     DELETE FROM attempt_state a USING done d
     WHERE d.has_state AND a.job_id = d.job_id AND a.run_lease = d.run_lease

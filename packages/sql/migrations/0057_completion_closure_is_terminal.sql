@@ -3,27 +3,24 @@
 --
 -- finalize_completions (the completion batcher's statement, which takes nearly every completion)
 -- wrote two rows per completed attempt: its closure and a narrow terminal row (state 'completed',
--- the attempt, lane_seq, finalized_at; no errors, no progress: a completion clears them). Every
--- column of that terminal row is the closure's or its claims row's: the closure (outcome
--- 'completed', closed_at, in the claims row's slot) with the claims row of the same
--- (job_id, run_lease, slot) says all of it. The terminal insert was the completion's largest
--- per-job write: ~2.6-4 µs of the ~23 µs a claim(200) and its completion cost the server per job
--- (pgbench on Debian's 15, copies of the function side by side; docs/benchmarks.md, "A completion
--- without its terminal row").
+-- the attempt, lane_seq, finalized_at; no errors, no progress: a completion clears them). The
+-- terminal insert was the completion's largest per-job write: ~2.6-4 µs of the ~23 µs a claim(200)
+-- and its completion cost the server per job (pgbench on Debian's 15, copies of the function side
+-- by side; docs/benchmarks.md, "A completion without its terminal row").
 --
--- So finalize_completions writes the closure only, and the view terminal_records is what read
--- terminal before: terminal's rows, and for every closure with outcome 'completed' that has no
--- terminal row of its attempt, the row the terminal insert would have written (state 'completed',
--- attempt and lane_seq from the claims row, finalized_at = closed_at, errors and progress NULL,
--- narrow). Exact, without double counts, before and after the upgrade: finalize's general
--- statement (a batch with retries, failures, cancels) still writes a terminal row beside the
--- closure of an attempt it completes, as finalize_completions did before this migration, in the
--- same statement and the same slot; such an attempt has both and is read once, from terminal.
--- A closure with its claims row and without a terminal row of its attempt stays so until its slot
--- is truncated: the three tables are append-only, a closure is written once per attempt (its
--- primary key and the claims row lock), and a terminal row of an attempt is written only in the
--- statement that writes its closure. So a slot's count of terminal_records only grows, as its
--- count of terminal rows did, and prune's copy-ahead check (the count it saw, 0013) still holds.
+-- So the closure carries the two columns the terminal row had that the closure lacked, attempt and
+-- lane_seq (from the claims row the completion locked), and finalize_completions writes no
+-- terminal row. The view terminal_records is what read terminal before: terminal's rows, and for
+-- every closure with a lane_seq, the narrow row finalize_completions wrote before (state
+-- 'completed', finalized_at = closed_at, errors and progress NULL, not wide). Only
+-- finalize_completions writes a closure's lane_seq: finalize's general statement (a batch with
+-- retries, failures or cancels) still writes a terminal row beside each closure of a finished
+-- attempt, with lane_seq NULL, and closures written before this migration have it NULL with their
+-- terminal rows beside them. So each attempt is read once, from one of the two, before and after
+-- the upgrade, and a slot's count of terminal_records only grows (append-only tables), as its count
+-- of terminal rows did: prune's copy-ahead check (the count the copy saw, 0013) still holds.
+-- Joining the claims row instead of widening the closure cost prune ~3 µs per job (its judging and
+-- its count, 20,000 completed jobs: 277 → 334 ms), most of what the completion saved.
 --
 -- Readers moved to the view: job_representations (so jobs), queue_stats, and both prune_queue
 -- bodies (judging, the copy-ahead count, the history copy). Not moved, because they read rows a
@@ -31,14 +28,16 @@
 -- only), retry_job (failed and cancelled jobs only), rotate (the current slot's idleness: its
 -- ready rows and marks answer for its completions; the next slot's emptiness: its closures).
 --
--- Locks, guards and writes: finalize_completions as 0055's, one write fewer (no terminal row; a
--- completed attempt is applied under the same guard: its claims row locked in the live ranges, no
--- closure, no heartbeat since stale_before). The view writes nothing; its readers take ACCESS SHARE
--- on closures and claims as well as terminal, which prune already holds SHARE on while it judges a
--- frozen slot.
+-- Locks, guards and writes: the ALTER takes closures and its children exclusively for a moment
+-- (nullable columns without a default write no row). finalize_completions as 0055's: a completed
+-- attempt is applied under the same guard (its claims row locked in the live ranges, no closure,
+-- no heartbeat since stale_before) and writes its closure with two more columns, and no terminal
+-- row. The view writes nothing.
 --
 -- Functions: finalize_completions (0055's text), queue_stats (0037's), prune_queue with 8 and with
 -- 4 arguments (0053's), the view job_representations (0034's text); lines marked 0057.
+
+ALTER TABLE :AWA_SCHEMA.closures ADD COLUMN attempt integer, ADD COLUMN lane_seq bigint;
 
 CREATE VIEW :AWA_SCHEMA.terminal_records AS
   SELECT t.slot, t.generation, t.job_id, t.run_lease, t.lane_seq, t.state, t.attempt, t.finalized_at, t.errors,
@@ -46,15 +45,12 @@ CREATE VIEW :AWA_SCHEMA.terminal_records AS
          t.created_at, t.unique_key, t.unique_states
   FROM :AWA_SCHEMA.terminal t
 UNION ALL
-  -- a completed attempt closed without a terminal row: the row finalize_completions wrote before 0057
-  SELECT z.slot, z.generation, z.job_id, z.run_lease, c.lane_seq, 'completed'::text, c.attempt, z.closed_at, NULL::jsonb,
-         NULL::jsonb, false, NULL::text, c.queue, c.priority, NULL::jsonb, NULL::jsonb, NULL::text[], NULL::integer,
+  -- a completed attempt closed by finalize_completions since 0057: the narrow row it wrote before
+  SELECT z.slot, z.generation, z.job_id, z.run_lease, z.lane_seq, 'completed'::text, z.attempt, z.closed_at, NULL::jsonb,
+         NULL::jsonb, false, NULL::text, NULL::text, NULL::smallint, NULL::jsonb, NULL::jsonb, NULL::text[], NULL::integer,
          NULL::timestamptz, NULL::timestamptz, NULL::bytea, NULL::integer
   FROM :AWA_SCHEMA.closures z
-  JOIN :AWA_SCHEMA.claims c ON c.job_id = z.job_id AND c.run_lease = z.run_lease AND c.slot = z.slot
-  WHERE z.outcome = 'completed'
-    AND NOT EXISTS (SELECT 1 FROM :AWA_SCHEMA.terminal t
-                    WHERE t.job_id = z.job_id AND t.run_lease = z.run_lease AND t.slot = z.slot);
+  WHERE z.lane_seq IS NOT NULL;
 
 -- ---------------------------------------------------------------------------------------------
 -- The job views: 0034's text, the terminal branch reading terminal_records (line marked 0057).
@@ -218,11 +214,11 @@ BEGIN
     SELECT DISTINCT ON (d.unique_key) d.unique_key, d.job_id FROM done d WHERE d.enters ORDER BY d.unique_key, d.job_id
     ON CONFLICT (unique_key) DO NOTHING
   ),
+  -- 0057: the closure is the completed attempt's terminal record (terminal_records): no terminal row
   ins_closures AS (
-    INSERT INTO closures (slot, generation, job_id, run_lease, outcome, closed_at)
-    SELECT d.slot, d.generation, d.job_id, d.run_lease, 'completed', v_now FROM done d
+    INSERT INTO closures (slot, generation, job_id, run_lease, outcome, closed_at, attempt, lane_seq) -- 0057
+    SELECT d.slot, d.generation, d.job_id, d.run_lease, 'completed', v_now, d.attempt, d.lane_seq FROM done d -- 0057
   ),
-  -- 0057: no terminal row: the closure is the completed attempt's terminal record (terminal_records)
   del_state AS (
     DELETE FROM attempt_state a USING done d
     WHERE d.has_state AND a.job_id = d.job_id AND a.run_lease = d.run_lease

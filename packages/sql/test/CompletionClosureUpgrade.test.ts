@@ -6,8 +6,9 @@
  *
  * What would break: without the view's second branch a completion after the upgrade has no
  * representation in the jobs view at all (its claims row has a closure, its ready row a claim) and
- * is never copied into history; without its anti-join the completions before it count twice in
- * queue_stats and are copied twice into history. Seen to fail with each removed.
+ * is never copied into history; a second branch that read every 'completed' closure (not only those
+ * carrying a lane_seq) counts the completions before it twice in queue_stats and copies them twice
+ * into history. Seen to fail with each, and with each reader left on the terminal table.
  */
 import { TestDatabase } from "@awa/testing"
 import { assert, describe, it } from "@effect/vitest"
