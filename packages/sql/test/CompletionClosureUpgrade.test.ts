@@ -58,7 +58,9 @@ describe("migration 0057 on an install with completed and open attempts", () => 
         [1, 2, 3, 4].map((n) => ["completed", 1, true, n])
       )
       const totals = () =>
-        sql<{ completed_total: string }>`SELECT completed_total::text FROM awa.queue_stats(3600000) WHERE queue = 'q'`
+        sql<{
+          completed_total: string
+        }>`SELECT completed_total::text FROM awa.queue_stats(3600000) WHERE queue = 'q'`
       assert.strictEqual((yield* totals())[0]!.completed_total, "4")
 
       // prune: judged once each, copied into history once each, counted once in the ledger
