@@ -92,7 +92,8 @@ const suites = [
   "packages/storage/test/PgQueueStorage.plans.test.ts",
   "packages/storage/test/PgQueueStorage.tombstones.test.ts",
   "packages/storage/test/PgQueueStorage.claimSpans.test.ts",
-  "packages/storage/test/FinalizeCompletions.test.ts"
+  "packages/storage/test/FinalizeCompletions.test.ts",
+  "packages/sql/test/CompletionClosureUpgrade.test.ts"
 ]
 
 const arg = (name: string) => {
