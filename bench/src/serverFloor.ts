@@ -178,6 +178,59 @@ const settledCpu = (serverUrl: string, dbUrl: string, pid: number) =>
     return last
   })
 
+/** Milliseconds of CPU per 1,000 jobs, from two `treeCpu` readings (seconds) around `done` jobs. */
+const perThousandJobs = (before: number, after: number, done: number) =>
+  (((after - before) * 1e6) / done).toFixed(1)
+
+interface FloorContext {
+  readonly pgbench: string
+  readonly serverUrl: string
+  readonly pid: number | undefined
+  readonly dir: string
+}
+
+/** One system's loop with `clients` clients over a fresh backlog; prints its line. */
+const measureOnce = (ctx: FloorContext, system: FloorSystem, clients: number, round: number) =>
+  Effect.gen(function* () {
+    const { pgbench, serverUrl, pid, dir } = ctx
+    const { url, script } = yield* backlog(serverUrl, system)
+    const file = join(dir, `${system}.sql`)
+    writeFileSync(file, script)
+    // every client stops short of the end of the backlog: each call claims a full batch
+    const perClient = Math.floor(jobs / batch / clients) - 5
+    const cpu0 = pid === undefined ? undefined : treeCpu(pid)
+    const t0 = performance.now()
+    const args = [
+      "-n",
+      "-c",
+      String(clients),
+      "-j",
+      String(clients),
+      "-M",
+      "prepared",
+      "-t",
+      String(perClient)
+    ]
+    yield* run(pgbench, [...args, "-f", file, url])
+    const ms = performance.now() - t0
+    const cpu1 = pid === undefined ? undefined : yield* settledCpu(serverUrl, url, pid)
+    const done = perClient * clients * batch
+    const cpu = cpu0 === undefined || cpu1 === undefined ? "n/a" : `${perThousandJobs(cpu0, cpu1, done)} ms`
+    // graphile-worker's updates and deletes leave dead tuples that (auto)vacuum removes later:
+    // its cost, measured the same way, is printed beside the loop's
+    let vacuum = ""
+    if (system === "graphile-worker" && pid !== undefined && cpu1 !== undefined) {
+      yield* execute(url, "VACUUM graphile_worker._private_jobs")
+      const cpu2 = yield* settledCpu(serverUrl, url, pid)
+      if (cpu2 !== undefined)
+        vacuum = `; then VACUUM of its table ${perThousandJobs(cpu1, cpu2, done)} ms per 1,000 jobs`
+    }
+    yield* Console.log(
+      `round ${round + 1}, ${system.padEnd(15)} clients ${clients}, batch ${batch}: ` +
+        `${Math.round((done / ms) * 1000)} jobs/s, server CPU ${cpu} per 1,000 jobs (${done} jobs in ${Math.round(ms)} ms)${vacuum}`
+    )
+  }).pipe(Effect.scoped)
+
 const program = Effect.gen(function* () {
   const pgbench = binary()
   if (pgbench === undefined) return yield* Console.error("pgbench not found (PGBENCH, Debian's, PATH)")
@@ -185,57 +238,12 @@ const program = Effect.gen(function* () {
   const pid = yield* postmasterPid(server.url, server.dataDir)
   const dir = mkdtempSync(join(tmpdir(), "awa-floor-"))
   yield* Effect.addFinalizer(() => Effect.sync(() => rmSync(dir, { recursive: true, force: true })))
+  const ctx: FloorContext = { pgbench, serverUrl: server.url, pid, dir }
+  // the systems' order rotates by round: none always runs first, on a colder machine
   for (let round = 0; round < rounds; round++)
     for (const clients of clientCounts)
-      for (let k = 0; k < systems.length; k++) {
-        const system = systems[(k + round) % systems.length]!
-        yield* Effect.scoped(
-          Effect.gen(function* () {
-            const { url, script } = yield* backlog(server.url, system)
-            const file = join(dir, `${system}.sql`)
-            writeFileSync(file, script)
-            // every client stops short of the end of the backlog: each call claims a full batch
-            const perClient = Math.floor(jobs / batch / clients) - 5
-            const cpu0 = pid === undefined ? undefined : treeCpu(pid)
-            const t0 = performance.now()
-            const args = [
-              "-n",
-              "-c",
-              String(clients),
-              "-j",
-              String(clients),
-              "-M",
-              "prepared",
-              "-t",
-              String(perClient)
-            ]
-            yield* run(pgbench, [...args, "-f", file, url])
-            const ms = performance.now() - t0
-            const cpu1 = pid === undefined ? undefined : yield* settledCpu(server.url, url, pid)
-            const done = perClient * clients * batch
-            const cpu =
-              cpu0 === undefined || cpu1 === undefined
-                ? "n/a"
-                : `${(((cpu1 - cpu0) * 1e6) / done).toFixed(1)} ms`
-            // graphile-worker's updates and deletes leave dead tuples that (auto)vacuum removes later:
-            // its cost, measured the same way, is printed beside the loop's
-            const vacuum =
-              system !== "graphile-worker" || pid === undefined || cpu1 === undefined
-                ? ""
-                : yield* Effect.gen(function* () {
-                    yield* execute(url, "VACUUM graphile_worker._private_jobs")
-                    const cpu2 = yield* settledCpu(server.url, url, pid)
-                    return cpu2 === undefined
-                      ? ""
-                      : `; then VACUUM of its table ${(((cpu2 - cpu1) * 1e6) / done).toFixed(1)} ms per 1,000 jobs`
-                  })
-            yield* Console.log(
-              `round ${round + 1}, ${system.padEnd(15)} clients ${clients}, batch ${batch}: ` +
-                `${Math.round((done / ms) * 1000)} jobs/s, server CPU ${cpu} per 1,000 jobs (${done} jobs in ${Math.round(ms)} ms)${vacuum}`
-            )
-          })
-        )
-      }
+      for (let k = 0; k < systems.length; k++)
+        yield* measureOnce(ctx, systems[(k + round) % systems.length]!, clients, round)
 })
 
 Effect.runPromise(Effect.scoped(program)).catch((error) => {
