@@ -4054,6 +4054,7 @@ DECLARE
   v_copied_rows bigint; -- 0048: history rows the one-statement copy wrote
   v_newest record; -- 0048: the slot's newest claim in the carry window
   v_saved_seqscan text := current_setting('enable_seqscan'); -- 0048
+  v_saved_mergejoin text := current_setting('enable_mergejoin'); -- 0058
 BEGIN
   -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
   IF current_setting('transaction_isolation') <> 'read committed' THEN
@@ -4195,6 +4196,7 @@ BEGIN
   ELSIF NOT v_copied AND v_open_claims IS NULL -- 0048
         AND (SELECT count(*) FROM (SELECT FROM terminal_records t WHERE t.slot = v_slot LIMIT v_copy_ahead_rows) s) >= v_copy_ahead_rows THEN -- 0048, 0057
     PERFORM set_config('enable_nestloop', 'off', true); -- 0048
+    PERFORM set_config('enable_mergejoin', 'off', true); -- 0058: the ready rows joined by hash, not both sides sorted
     SELECT * INTO v_hist FROM ring_current('history'); -- 0048
     WITH judged AS MATERIALIZED ( -- 0048: 0039's wide and judged, in one step (nothing is in history yet)
       SELECT t.job_id, t.run_lease, t.state, t.attempt, coalesce(t.max_attempts, r.max_attempts) AS max_attempts,
@@ -4228,6 +4230,7 @@ BEGIN
            (SELECT count(*) FROM judged)
       INTO v_copied_rows, v_rollup, v_keys, v_count; -- 0048
     PERFORM set_config('enable_nestloop', v_saved_nestloop, true); -- 0048
+    PERFORM set_config('enable_mergejoin', v_saved_mergejoin, true); -- 0058
     IF v_copied_rows > 0 THEN -- 0048: recorded and committed, as 0013's copy ahead
       INSERT INTO history_copies (generation, slot, terminal_rows, rollup, keys)
       VALUES (v_old, v_slot, v_count, coalesce(v_rollup, '{}'), v_keys);
@@ -4292,18 +4295,20 @@ BEGIN
   -- Writes: parked, ready_tombstones (this slot, ROW EXCLUSIVE: compatible with our own SHARE).
   WITH lanes AS MATERIALIZED (
     SELECT l.queue, l.priority, l.shard, lane_cursor(l.queue, l.priority, l.shard) AS c
-    FROM (SELECT DISTINCT r.queue, r.priority, r.shard FROM ready r WHERE r.slot = v_slot) l
+    FROM ready_lanes_in_slot(v_slot) l -- 0058
   )
   SELECT count(*) INTO v_count FROM (
     SELECT 1 FROM lanes l
-    JOIN ready r ON r.slot = v_slot AND r.queue = l.queue AND r.priority = l.priority AND r.shard = l.shard AND r.lane_seq >= l.c
-    WHERE NOT EXISTS (SELECT 1 FROM ready_tombstones t
-                      WHERE t.slot = v_slot AND t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard
-                        AND t.lane_seq = r.lane_seq)
+    CROSS JOIN LATERAL (SELECT 1 FROM ready r -- 0058: by lane, from its cursor (see the header)
+                        WHERE r.slot = v_slot AND r.queue = l.queue AND r.priority = l.priority AND r.shard = l.shard AND r.lane_seq >= l.c -- 0058
+                          AND NOT EXISTS (SELECT 1 FROM ready_tombstones t -- 0058
+                                          WHERE t.slot = v_slot AND t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard -- 0058
+                                            AND t.lane_seq = r.lane_seq) -- 0058
+                        OFFSET 0) r -- 0058: not pulled up into a join of every row of the slot
     LIMIT 2 * greatest(p_carry_rows, 1) + 1) x;
   IF v_count > 2 * greatest(p_carry_rows, 1) THEN
     FOR v_attempt IN
-      SELECT DISTINCT r.queue, r.priority, r.shard FROM ready r WHERE r.slot = v_slot ORDER BY 1, 2, 3
+      SELECT l.queue, l.priority, l.shard FROM ready_lanes_in_slot(v_slot) l ORDER BY 1, 2, 3 -- 0058
     LOOP
       IF NOT pg_try_advisory_xact_lock(lock_ns('claim'), lane_key(v_attempt.queue, v_attempt.priority, v_attempt.shard)) THEN
         v_count := -1;
@@ -4315,16 +4320,19 @@ BEGIN
         SELECT l.queue, l.priority, l.shard, lane_cursor(l.queue, l.priority, l.shard) AS c,
                (SELECT min(p.lane_seq) FROM parked p WHERE p.queue = l.queue AND p.priority = l.priority AND p.shard = l.shard) AS barrier,
                EXISTS (SELECT 1 FROM queue_meta m WHERE m.queue = l.queue AND m.paused) AS paused
-        FROM (SELECT DISTINCT r.queue, r.priority, r.shard FROM ready r WHERE r.slot = v_slot) l
+        FROM ready_lanes_in_slot(v_slot) l -- 0058
       ),
       residue AS MATERIALIZED (
         SELECT r.*, l.c, l.barrier, l.paused,
                row_number() OVER (PARTITION BY r.queue, r.priority, r.shard ORDER BY r.lane_seq) AS n
-        FROM ready r JOIN lanes l ON l.queue = r.queue AND l.priority = r.priority AND l.shard = r.shard
-        WHERE r.slot = v_slot AND r.lane_seq >= l.c
-          AND NOT EXISTS (SELECT 1 FROM ready_tombstones t
-                          WHERE t.slot = v_slot AND t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard
-                            AND t.lane_seq = r.lane_seq)
+        FROM lanes l -- 0058
+        CROSS JOIN LATERAL (SELECT r.* FROM ready r -- 0058: by lane, from its cursor (see the header)
+                            WHERE r.slot = v_slot AND r.queue = l.queue AND r.priority = l.priority AND r.shard = l.shard -- 0058
+                              AND r.lane_seq >= l.c -- 0058
+                              AND NOT EXISTS (SELECT 1 FROM ready_tombstones t -- 0058
+                                              WHERE t.slot = v_slot AND t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard -- 0058
+                                                AND t.lane_seq = r.lane_seq) -- 0058
+                            OFFSET 0) r -- 0058
       ),
       decided AS MATERIALIZED (
         SELECT x.*,
@@ -4436,16 +4444,19 @@ BEGIN
     SELECT l.queue, l.priority, l.shard, lane_cursor(l.queue, l.priority, l.shard) AS c,
            (SELECT min(p.lane_seq) FROM parked p WHERE p.queue = l.queue AND p.priority = l.priority AND p.shard = l.shard) AS barrier,
            EXISTS (SELECT 1 FROM queue_meta m WHERE m.queue = l.queue AND m.paused) AS paused
-    FROM (SELECT DISTINCT r.queue, r.priority, r.shard FROM ready r WHERE r.slot = v_slot) l
+    FROM ready_lanes_in_slot(v_slot) l -- 0058
   ),
   residue AS MATERIALIZED (
     SELECT r.*, l.c, l.barrier, l.paused,
            row_number() OVER (PARTITION BY r.queue, r.priority, r.shard ORDER BY r.lane_seq) AS n
-    FROM ready r JOIN lanes l ON l.queue = r.queue AND l.priority = r.priority AND l.shard = r.shard
-    WHERE r.slot = v_slot AND r.lane_seq >= l.c
-      AND NOT EXISTS (SELECT 1 FROM ready_tombstones t
-                      WHERE t.slot = v_slot AND t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard
-                        AND t.lane_seq = r.lane_seq)
+    FROM lanes l -- 0058
+    CROSS JOIN LATERAL (SELECT r.* FROM ready r -- 0058: by lane, from its cursor (see the header)
+                        WHERE r.slot = v_slot AND r.queue = l.queue AND r.priority = l.priority AND r.shard = l.shard -- 0058
+                          AND r.lane_seq >= l.c -- 0058
+                          AND NOT EXISTS (SELECT 1 FROM ready_tombstones t -- 0058
+                                          WHERE t.slot = v_slot AND t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard -- 0058
+                                            AND t.lane_seq = r.lane_seq) -- 0058
+                        OFFSET 0) r -- 0058
   ),
   decided AS MATERIALIZED (
     SELECT x.*,
@@ -4784,6 +4795,24 @@ BEGIN
   next_token_at := to_timestamp(CASE WHEN tokens <= 0 THEN v_tat - v_burst * period + period
                                      ELSE base + (tokens - v_burst + 1) * period END);
 END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.ready_lanes_in_slot(p_slot integer)
+ RETURNS TABLE(queue text, priority smallint, shard smallint)
+ LANGUAGE sql
+ STABLE
+AS $function$
+  WITH RECURSIVE l AS (
+    (SELECT r.queue, r.priority, r.shard FROM awa.ready r
+     WHERE r.slot = p_slot ORDER BY r.queue, r.priority, r.shard LIMIT 1)
+    UNION ALL
+    SELECT n.queue, n.priority, n.shard FROM l
+    CROSS JOIN LATERAL (SELECT r.queue, r.priority, r.shard FROM awa.ready r
+                        WHERE r.slot = p_slot AND (r.queue, r.priority, r.shard) > (l.queue, l.priority, l.shard)
+                        ORDER BY r.queue, r.priority, r.shard LIMIT 1) n
+  )
+  SELECT l.queue, l.priority, l.shard FROM l
 $function$
 -- execute besides the owner: owner only
 
