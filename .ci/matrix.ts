@@ -63,7 +63,8 @@ const legs: ReadonlyArray<Leg> = [
  * hot-path connections (ADR 0033: their own sessions, at READ COMMITTED whatever the server's
  * default; a terminated one replaced), the hot path's plans (what the ring children claim and
  * finalize read: plans are what differs between majors), and rescue through the claim spans (every
- * open attempt found, by both of the sweeps' statements: planner settings and plans again). The full suite (ring properties under
+ * open attempt found, by both of the sweeps' statements: planner settings and plans again), and
+ * prune's residue in several lanes (0058: a loose index scan and per-lane ranges, plans again). The full suite (ring properties under
  * churn and a pinned horizon, prune and liveness, cron, tracing, the multi-process fault
  * scenarios, the docs' examples) runs once, on the default server: with full durability on 2
  * cores it would take a leg over 20 minutes, and CI has 90 for everything.
@@ -93,7 +94,8 @@ const suites = [
   "packages/storage/test/PgQueueStorage.tombstones.test.ts",
   "packages/storage/test/PgQueueStorage.claimSpans.test.ts",
   "packages/storage/test/FinalizeCompletions.test.ts",
-  "packages/sql/test/CompletionClosureUpgrade.test.ts"
+  "packages/sql/test/CompletionClosureUpgrade.test.ts",
+  "packages/storage/test/PgQueueStorage.pruneLanes.test.ts"
 ]
 
 const arg = (name: string) => {
