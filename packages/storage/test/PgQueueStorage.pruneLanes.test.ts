@@ -73,32 +73,30 @@ const claimBack = (lanes: ReturnType<typeof lanesOf>) =>
     return got
   })
 
-describe("prune: a slot's residue in several lanes", () => {
-  it.live("carries every lane's unclaimed rows into the current slot, in order", () =>
-    withEagerDatabase({ pruneCarryRows: 100 }, () =>
-      Effect.gen(function* () {
-        const storage = yield* QueueStorage
-        const lanes = lanesOf("carry")
-        const residue = yield* sealedResidue(lanes)
-        const outcome = yield* storage.prune(keepAll)
-        assert.strictEqual(outcome._tag, "Pruned")
-        assert.deepStrictEqual(yield* claimBack(lanes), residue, "each lane's rows, once each, in order")
-      })
-    )
+/**
+ * Seals a slot with residue in three lanes, prunes it with a carry budget of `carryRows`, and
+ * claims every row back: each lane's rows, once each, in order.
+ */
+const residueComesBack = (label: string, carryRows: number) =>
+  withEagerDatabase({ pruneCarryRows: carryRows }, () =>
+    Effect.gen(function* () {
+      const storage = yield* QueueStorage
+      const lanes = lanesOf(label)
+      const residue = yield* sealedResidue(lanes)
+      const outcome = yield* storage.prune(keepAll)
+      assert.strictEqual(outcome._tag, "Pruned")
+      assert.deepStrictEqual(yield* claimBack(lanes), residue, "each lane's rows, once each, in order")
+    })
   )
 
+describe("prune: a slot's residue in several lanes", () => {
+  it.live("carries every lane's unclaimed rows into the current slot, in order", () =>
+    residueComesBack("carry", 100)
+  )
+
+  // eleven rows of residue against a budget of one: the park-ahead step (more than twice the
+  // budget), which locks each lane of the slot and parks what will not be carried
   it.live("parks ahead every lane's rows beyond the carry budget, and loses none", () =>
-    // eleven rows of residue against a budget of one: the park-ahead step (more than twice the
-    // budget), which locks each lane of the slot and parks what will not be carried
-    withEagerDatabase({ pruneCarryRows: 1 }, () =>
-      Effect.gen(function* () {
-        const storage = yield* QueueStorage
-        const lanes = lanesOf("park")
-        const residue = yield* sealedResidue(lanes)
-        const outcome = yield* storage.prune(keepAll)
-        assert.strictEqual(outcome._tag, "Pruned")
-        assert.deepStrictEqual(yield* claimBack(lanes), residue, "each lane's rows, once each, in order")
-      })
-    )
+    residueComesBack("park", 1)
   )
 })
