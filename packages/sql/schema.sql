@@ -4299,12 +4299,10 @@ BEGIN
   )
   SELECT count(*) INTO v_count FROM (
     SELECT 1 FROM lanes l
-    CROSS JOIN LATERAL (SELECT 1 FROM ready r -- 0058: by lane, from its cursor (see the header)
-                        WHERE r.slot = v_slot AND r.queue = l.queue AND r.priority = l.priority AND r.shard = l.shard AND r.lane_seq >= l.c -- 0058
-                          AND NOT EXISTS (SELECT 1 FROM ready_tombstones t -- 0058
-                                          WHERE t.slot = v_slot AND t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard -- 0058
-                                            AND t.lane_seq = r.lane_seq) -- 0058
-                        OFFSET 0) r -- 0058: not pulled up into a join of every row of the slot
+    JOIN ready r ON r.slot = v_slot AND r.queue = l.queue AND r.priority = l.priority AND r.shard = l.shard AND r.lane_seq >= l.c
+    WHERE NOT EXISTS (SELECT 1 FROM ready_tombstones t
+                      WHERE t.slot = v_slot AND t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard
+                        AND t.lane_seq = r.lane_seq)
     LIMIT 2 * greatest(p_carry_rows, 1) + 1) x;
   IF v_count > 2 * greatest(p_carry_rows, 1) THEN
     FOR v_attempt IN
@@ -4325,14 +4323,11 @@ BEGIN
       residue AS MATERIALIZED (
         SELECT r.*, l.c, l.barrier, l.paused,
                row_number() OVER (PARTITION BY r.queue, r.priority, r.shard ORDER BY r.lane_seq) AS n
-        FROM lanes l -- 0058
-        CROSS JOIN LATERAL (SELECT r.* FROM ready r -- 0058: by lane, from its cursor (see the header)
-                            WHERE r.slot = v_slot AND r.queue = l.queue AND r.priority = l.priority AND r.shard = l.shard -- 0058
-                              AND r.lane_seq >= l.c -- 0058
-                              AND NOT EXISTS (SELECT 1 FROM ready_tombstones t -- 0058
-                                              WHERE t.slot = v_slot AND t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard -- 0058
-                                                AND t.lane_seq = r.lane_seq) -- 0058
-                            OFFSET 0) r -- 0058
+        FROM ready r JOIN lanes l ON l.queue = r.queue AND l.priority = r.priority AND l.shard = r.shard
+        WHERE r.slot = v_slot AND r.lane_seq >= l.c
+          AND NOT EXISTS (SELECT 1 FROM ready_tombstones t
+                          WHERE t.slot = v_slot AND t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard
+                            AND t.lane_seq = r.lane_seq)
       ),
       decided AS MATERIALIZED (
         SELECT x.*,
@@ -4449,14 +4444,11 @@ BEGIN
   residue AS MATERIALIZED (
     SELECT r.*, l.c, l.barrier, l.paused,
            row_number() OVER (PARTITION BY r.queue, r.priority, r.shard ORDER BY r.lane_seq) AS n
-    FROM lanes l -- 0058
-    CROSS JOIN LATERAL (SELECT r.* FROM ready r -- 0058: by lane, from its cursor (see the header)
-                        WHERE r.slot = v_slot AND r.queue = l.queue AND r.priority = l.priority AND r.shard = l.shard -- 0058
-                          AND r.lane_seq >= l.c -- 0058
-                          AND NOT EXISTS (SELECT 1 FROM ready_tombstones t -- 0058
-                                          WHERE t.slot = v_slot AND t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard -- 0058
-                                            AND t.lane_seq = r.lane_seq) -- 0058
-                        OFFSET 0) r -- 0058
+    FROM ready r JOIN lanes l ON l.queue = r.queue AND l.priority = r.priority AND l.shard = r.shard
+    WHERE r.slot = v_slot AND r.lane_seq >= l.c
+      AND NOT EXISTS (SELECT 1 FROM ready_tombstones t
+                      WHERE t.slot = v_slot AND t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard
+                        AND t.lane_seq = r.lane_seq)
   ),
   decided AS MATERIALIZED (
     SELECT x.*,
@@ -4803,16 +4795,21 @@ CREATE OR REPLACE FUNCTION awa.ready_lanes_in_slot(p_slot integer)
  LANGUAGE sql
  STABLE
 AS $function$
-  WITH RECURSIVE l AS (
-    (SELECT r.queue, r.priority, r.shard FROM awa.ready r
+  WITH RECURSIVE walk AS (
+    (SELECT r.queue, r.priority, r.shard, 1 AS n FROM awa.ready r
      WHERE r.slot = p_slot ORDER BY r.queue, r.priority, r.shard LIMIT 1)
     UNION ALL
-    SELECT n.queue, n.priority, n.shard FROM l
+    SELECT x.queue, x.priority, x.shard, w.n + 1 FROM walk w
     CROSS JOIN LATERAL (SELECT r.queue, r.priority, r.shard FROM awa.ready r
-                        WHERE r.slot = p_slot AND (r.queue, r.priority, r.shard) > (l.queue, l.priority, l.shard)
-                        ORDER BY r.queue, r.priority, r.shard LIMIT 1) n
+                        WHERE r.slot = p_slot AND (r.queue, r.priority, r.shard) > (w.queue, w.priority, w.shard)
+                        ORDER BY r.queue, r.priority, r.shard LIMIT 1) x
+    WHERE w.n <= 16
   )
-  SELECT l.queue, l.priority, l.shard FROM l
+  SELECT w.queue, w.priority, w.shard FROM walk w
+  WHERE (SELECT max(v.n) FROM walk v) <= 16
+  UNION ALL
+  SELECT DISTINCT r.queue, r.priority, r.shard FROM awa.ready r
+  WHERE r.slot = p_slot AND (SELECT max(v.n) FROM walk v) > 16
 $function$
 -- execute besides the owner: owner only
 

@@ -25454,62 +25454,63 @@ REVOKE EXECUTE ON FUNCTION :AWA_SCHEMA.prune_queue(int, bigint, bigint, bigint) 
   },
   {
     file: "0058_prune_reads_by_lane.sql",
-    text: `-- 0058: prune's reads of a slot by lane, and its copy's join by hash (issue 17: what maintenance
--- costs a steady drain that keeps its completed jobs, docs/benchmarks.md "Prune's reads of a slot").
+    text: `-- 0058: prune finds a slot's lanes without reading every row of the slot, and its copy joins by
+-- hash (issue 17: what maintenance costs a steady drain that keeps its completed jobs,
+-- docs/benchmarks.md "Prune's reads of a slot").
 --
--- A steady drain with the default retention spends a sixth to a third of the server's time in
--- prune_queue: copying a drained slot's kept rows into history (its own transaction, "Copied"),
--- then truncating the slot ("Pruned"). Measured in one backend on a 20,000-job slot (Debian's 15,
--- stock settings): the copy ~230-350 ms, the prune ~55-95 ms. Three of their statements read more
--- of the slot than they need:
+-- A steady drain with the default retention spends part of the server's time in prune_queue:
+-- copying a drained slot's kept rows into history (its own transaction, "Copied"), then
+-- truncating the slot ("Pruned"). Measured in one backend on a drained 20,000-job slot (Debian's
+-- 15, stock settings): the copy ~230-350 ms, the prune ~55-95 ms. Two of their reads do more
+-- work than the answer needs:
 --
 -- - The slot's lanes were SELECT DISTINCT over every ready row of the slot (a scan of the child and
---   a hash aggregate, 5-20 ms at 20,000 rows), three times a prune (the residue count, the park
---   ahead, the residue carried under the exclusive lock) and once more for the park-ahead's lane
---   locks. ready_lanes_in_slot (new) finds them by a loose scan of the child's primary key (queue,
---   priority, shard lead it): one descent per lane that has rows in the slot. A SQL function
---   without SET clauses, so the planner inlines it into the calling statement (the slot's child is
---   then pruned as in the statement itself); its names are schema-qualified for that reason.
--- - The residue (the lanes' rows from their cursors on, not tombstoned) was a join of those lanes
---   with every ready row of the slot: the lanes' CTE, materialized, is estimated at 1,000-2,000
---   rows, so the planner merged it with a full scan of the child's index (3 ms, and a sort of the
---   lanes), where each lane's rows from its cursor are a range of that index. Now a LATERAL read
---   per lane (OFFSET 0 keeps it from being pulled up into the join it was). In a drained slot the
---   range is empty. The second of these statements runs under the slot's ACCESS EXCLUSIVE lock,
---   where every reader of the ring's children waits for it.
+--   a hash aggregate, 5-20 ms at 20,000 rows), in three statements of a prune (the residue count,
+--   the park ahead, the residue carried under the exclusive lock) and once more for the
+--   park-ahead's lane locks. A slot usually holds few lanes and many rows per lane, so
+--   ready_lanes_in_slot (new) walks the child's primary key (queue, priority, shard lead it) by a
+--   loose scan: one descent per lane with rows in the slot. A descent costs ~5 µs where a row of
+--   the scan costs a fraction of one, so with many lanes of few rows each (2,000 lanes of two rows:
+--   11 ms against 1 ms) the scan is cheaper: the walk stops after 64 lanes and the function
+--   answers by the DISTINCT scan instead (both branches in one statement, each behind a one-time
+--   filter on the walk's length). A SQL function without SET clauses, so the planner inlines it
+--   into the calling statement (the slot's child is then pruned as in that statement); its names
+--   are schema-qualified for that reason.
 -- - The copy ahead's judging joined the slot's terminal records with their ready rows by sorting
---   both (20,000 wide rows each, ~45 ms) and merging: nested loops were already off for it (0048),
---   and now merge joins too, so the join is by hash. Also off only for that statement.
+--   both (20,000 wide rows each) and merging: nested loops were already off for it (0048), and now
+--   merge joins too, so the join is by hash. Also off only for that statement.
 --
--- A/B in one backend (a database holding a drained 20,000-job slot at 0057 and a copy migrated to
--- 0058, each call on a fresh copy of one of them, eight alternating rounds; Debian's 15): the prune
--- (the truncate's transaction) 78-95 ms, median 88, before; 53-69, median 62, after (-30 %). The
--- copy 270-354 ms, median 331, before; 251-335, median 318, after: not separable from the noise.
+-- Measured in docs/benchmarks.md ("Prune's reads of a slot (migration 0058)").
 --
--- Locks, guards and writes: as 0057's prune_queue. The reads are of the same rows under the same
--- locks (the residue's statements after the SHARE lock or under the exclusive one, the lanes found
--- in the same snapshot as the rows they lead to); ready_lanes_in_slot writes nothing and takes
--- ACCESS SHARE on the ready children it reads, as the statement that inlines it does.
+-- Locks, guards and writes: as 0057's prune_queue. The lanes are read in the same statements and
+-- snapshots as before, from the same child; ready_lanes_in_slot writes nothing and takes ACCESS
+-- SHARE on the ready children it reads, as the statement that inlines it does.
 --
 -- Functions: ready_lanes_in_slot (new), prune_queue with 8 arguments (0057's text, lines marked
 -- 0058). The 4-argument prune_queue (before 0037's carry window) is not changed.
 
--- The lanes with at least one ready row in a slot: a loose scan of the ready child's primary key
--- (queue, priority, shard, lane_seq, slot), one descent per lane. Reads only.
+-- The lanes with at least one ready row in a slot. Reads only. Up to 16 lanes by a loose scan of
+-- the ready child's primary key (queue, priority, shard, lane_seq, slot), one descent per lane;
+-- past 16, by a scan of the child (see the header).
 CREATE FUNCTION :AWA_SCHEMA.ready_lanes_in_slot(p_slot integer)
 RETURNS TABLE (queue text, priority smallint, shard smallint)
 LANGUAGE sql STABLE
 AS $$
-  WITH RECURSIVE l AS (
-    (SELECT r.queue, r.priority, r.shard FROM :AWA_SCHEMA.ready r
+  WITH RECURSIVE walk AS (
+    (SELECT r.queue, r.priority, r.shard, 1 AS n FROM :AWA_SCHEMA.ready r
      WHERE r.slot = p_slot ORDER BY r.queue, r.priority, r.shard LIMIT 1)
     UNION ALL
-    SELECT n.queue, n.priority, n.shard FROM l
+    SELECT x.queue, x.priority, x.shard, w.n + 1 FROM walk w
     CROSS JOIN LATERAL (SELECT r.queue, r.priority, r.shard FROM :AWA_SCHEMA.ready r
-                        WHERE r.slot = p_slot AND (r.queue, r.priority, r.shard) > (l.queue, l.priority, l.shard)
-                        ORDER BY r.queue, r.priority, r.shard LIMIT 1) n
+                        WHERE r.slot = p_slot AND (r.queue, r.priority, r.shard) > (w.queue, w.priority, w.shard)
+                        ORDER BY r.queue, r.priority, r.shard LIMIT 1) x
+    WHERE w.n <= 16
   )
-  SELECT l.queue, l.priority, l.shard FROM l
+  SELECT w.queue, w.priority, w.shard FROM walk w
+  WHERE (SELECT max(v.n) FROM walk v) <= 16
+  UNION ALL
+  SELECT DISTINCT r.queue, r.priority, r.shard FROM :AWA_SCHEMA.ready r
+  WHERE r.slot = p_slot AND (SELECT max(v.n) FROM walk v) > 16
 $$;
 REVOKE EXECUTE ON FUNCTION :AWA_SCHEMA.ready_lanes_in_slot(integer) FROM PUBLIC;
 
@@ -25799,12 +25800,10 @@ BEGIN
   )
   SELECT count(*) INTO v_count FROM (
     SELECT 1 FROM lanes l
-    CROSS JOIN LATERAL (SELECT 1 FROM ready r -- 0058: by lane, from its cursor (see the header)
-                        WHERE r.slot = v_slot AND r.queue = l.queue AND r.priority = l.priority AND r.shard = l.shard AND r.lane_seq >= l.c -- 0058
-                          AND NOT EXISTS (SELECT 1 FROM ready_tombstones t -- 0058
-                                          WHERE t.slot = v_slot AND t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard -- 0058
-                                            AND t.lane_seq = r.lane_seq) -- 0058
-                        OFFSET 0) r -- 0058: not pulled up into a join of every row of the slot
+    JOIN ready r ON r.slot = v_slot AND r.queue = l.queue AND r.priority = l.priority AND r.shard = l.shard AND r.lane_seq >= l.c
+    WHERE NOT EXISTS (SELECT 1 FROM ready_tombstones t
+                      WHERE t.slot = v_slot AND t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard
+                        AND t.lane_seq = r.lane_seq)
     LIMIT 2 * greatest(p_carry_rows, 1) + 1) x;
   IF v_count > 2 * greatest(p_carry_rows, 1) THEN
     FOR v_attempt IN
@@ -25825,14 +25824,11 @@ BEGIN
       residue AS MATERIALIZED (
         SELECT r.*, l.c, l.barrier, l.paused,
                row_number() OVER (PARTITION BY r.queue, r.priority, r.shard ORDER BY r.lane_seq) AS n
-        FROM lanes l -- 0058
-        CROSS JOIN LATERAL (SELECT r.* FROM ready r -- 0058: by lane, from its cursor (see the header)
-                            WHERE r.slot = v_slot AND r.queue = l.queue AND r.priority = l.priority AND r.shard = l.shard -- 0058
-                              AND r.lane_seq >= l.c -- 0058
-                              AND NOT EXISTS (SELECT 1 FROM ready_tombstones t -- 0058
-                                              WHERE t.slot = v_slot AND t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard -- 0058
-                                                AND t.lane_seq = r.lane_seq) -- 0058
-                            OFFSET 0) r -- 0058
+        FROM ready r JOIN lanes l ON l.queue = r.queue AND l.priority = r.priority AND l.shard = r.shard
+        WHERE r.slot = v_slot AND r.lane_seq >= l.c
+          AND NOT EXISTS (SELECT 1 FROM ready_tombstones t
+                          WHERE t.slot = v_slot AND t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard
+                            AND t.lane_seq = r.lane_seq)
       ),
       decided AS MATERIALIZED (
         SELECT x.*,
@@ -25949,14 +25945,11 @@ BEGIN
   residue AS MATERIALIZED (
     SELECT r.*, l.c, l.barrier, l.paused,
            row_number() OVER (PARTITION BY r.queue, r.priority, r.shard ORDER BY r.lane_seq) AS n
-    FROM lanes l -- 0058
-    CROSS JOIN LATERAL (SELECT r.* FROM ready r -- 0058: by lane, from its cursor (see the header)
-                        WHERE r.slot = v_slot AND r.queue = l.queue AND r.priority = l.priority AND r.shard = l.shard -- 0058
-                          AND r.lane_seq >= l.c -- 0058
-                          AND NOT EXISTS (SELECT 1 FROM ready_tombstones t -- 0058
-                                          WHERE t.slot = v_slot AND t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard -- 0058
-                                            AND t.lane_seq = r.lane_seq) -- 0058
-                        OFFSET 0) r -- 0058
+    FROM ready r JOIN lanes l ON l.queue = r.queue AND l.priority = r.priority AND l.shard = r.shard
+    WHERE r.slot = v_slot AND r.lane_seq >= l.c
+      AND NOT EXISTS (SELECT 1 FROM ready_tombstones t
+                      WHERE t.slot = v_slot AND t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard
+                        AND t.lane_seq = r.lane_seq)
   ),
   decided AS MATERIALIZED (
     SELECT x.*,

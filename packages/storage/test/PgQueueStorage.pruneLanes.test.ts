@@ -1,9 +1,9 @@
 /**
  * A pruned slot's residue in several lanes (migration 0058): prune finds the lanes with rows in the
- * slot (`ready_lanes_in_slot`, a loose scan of the ready child's primary key) and reads each lane's
- * residue from its cursor. Every lane's unclaimed rows must survive the truncate, carried into the
- * current slot or parked ahead, and come back in their lane's order; a lane the scan missed would
- * lose its rows with the slot.
+ * slot by `ready_lanes_in_slot` (a loose scan of the ready child's primary key for up to 16 lanes,
+ * a scan of the child past that). Every lane's unclaimed rows must survive the truncate, carried
+ * into the current slot or parked ahead, and come back in their lane's order; a lane the function
+ * missed would lose its rows with the slot.
  */
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
@@ -11,18 +11,23 @@ import { QueueStorage } from "../src/QueueStorage.ts"
 import { claimOf, completeAll, fresh, keepAll, withEagerDatabase } from "./pgFixtures.ts"
 
 /**
- * Three lanes: two queues, one of them with two priorities. `claimed`: how many of the lane's head
- * are claimed before the slot is sealed (a queue's claim takes its best priority first, so of
- * queue a only priority 1's head is).
+ * Three lanes: two queues, one of them with two priorities, and `more` lanes of queues of their
+ * own. `claimed`: how many of the lane's head are claimed before the slot is sealed (a queue's
+ * claim takes its best priority first, so of queue a only priority 1's head is).
  */
-const lanesOf = (label: string) => {
+const lanesOf = (label: string, more = 0) => {
   const a = fresh(`${label}-a`)
   const b = fresh(`${label}-b`)
   return [
     { queue: a, priority: 1, claimed: 2 },
     { queue: a, priority: 3, claimed: 0 },
-    { queue: b, priority: 2, claimed: 2 }
-  ] as const
+    { queue: b, priority: 2, claimed: 2 },
+    ...Array.from({ length: more }, (_, i) => ({
+      queue: fresh(`${label}-more${i}`),
+      priority: 2,
+      claimed: 1
+    }))
+  ]
 }
 
 /**
@@ -50,7 +55,7 @@ const sealedResidue = (lanes: ReturnType<typeof lanesOf>) =>
       const claimed = yield* storage.claim(claimOf(lane.queue, lane.claimed))
       assert.deepStrictEqual(
         claimed.map((j) => j.priority),
-        [lane.priority, lane.priority],
+        Array.from({ length: lane.claimed }, () => lane.priority),
         "the claim took the lane's head"
       )
       yield* completeAll(claimed)
@@ -74,14 +79,14 @@ const claimBack = (lanes: ReturnType<typeof lanesOf>) =>
   })
 
 /**
- * Seals a slot with residue in three lanes, prunes it with a carry budget of `carryRows`, and
- * claims every row back: each lane's rows, once each, in order.
+ * Seals a slot with residue in three lanes and `moreLanes` more, prunes it with a carry budget of
+ * `carryRows`, and claims every row back: each lane's rows, once each, in order.
  */
-const residueComesBack = (label: string, carryRows: number) =>
+const residueComesBack = (label: string, carryRows: number, moreLanes = 0) =>
   withEagerDatabase({ pruneCarryRows: carryRows }, () =>
     Effect.gen(function* () {
       const storage = yield* QueueStorage
-      const lanes = lanesOf(label)
+      const lanes = lanesOf(label, moreLanes)
       const residue = yield* sealedResidue(lanes)
       const outcome = yield* storage.prune(keepAll)
       assert.strictEqual(outcome._tag, "Pruned")
@@ -98,5 +103,10 @@ describe("prune: a slot's residue in several lanes", () => {
   // budget), which locks each lane of the slot and parks what will not be carried
   it.live("parks ahead every lane's rows beyond the carry budget, and loses none", () =>
     residueComesBack("park", 1)
+  )
+
+  // more lanes than ready_lanes_in_slot walks (16): it answers by a scan of the slot instead
+  it.live("finds every lane of a slot with more lanes than the walk takes", () =>
+    residueComesBack("many", 100, 20)
   )
 })
