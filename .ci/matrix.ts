@@ -64,7 +64,7 @@ const legs: ReadonlyArray<Leg> = [
  * default; a terminated one replaced), the hot path's plans (what the ring children claim and
  * finalize read: plans are what differs between majors), and rescue through the claim spans (every
  * open attempt found, by both of the sweeps' statements: planner settings and plans again), and
- * prune's residue in several lanes (0058: a loose index scan and per-lane ranges, plans again). The full suite (ring properties under
+ * prune's residue in several lanes (0058: a loose index scan or a scan by the lane count, plans again). The full suite (ring properties under
  * churn and a pinned horizon, prune and liveness, cron, tracing, the multi-process fault
  * scenarios, the docs' examples) runs once, on the default server: with full durability on 2
  * cores it would take a leg over 20 minutes, and CI has 90 for everything.

@@ -25471,7 +25471,7 @@ REVOKE EXECUTE ON FUNCTION :AWA_SCHEMA.prune_queue(int, bigint, bigint, bigint) 
 --   ready_lanes_in_slot (new) walks the child's primary key (queue, priority, shard lead it) by a
 --   loose scan: one descent per lane with rows in the slot. A descent costs ~5 µs where a row of
 --   the scan costs a fraction of one, so with many lanes of few rows each (2,000 lanes of two rows:
---   11 ms against 1 ms) the scan is cheaper: the walk stops after 64 lanes and the function
+--   11 ms against 1 ms) the scan is cheaper: the walk stops after 16 lanes and the function
 --   answers by the DISTINCT scan instead (both branches in one statement, each behind a one-time
 --   filter on the walk's length). A SQL function without SET clauses, so the planner inlines it
 --   into the calling statement (the slot's child is then pruned as in that statement); its names
