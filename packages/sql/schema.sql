@@ -1534,26 +1534,13 @@ BEGIN
       END IF; -- 0056
       v_floor := nextval('key_grant_seq'); -- 0056: after the key lock, as below
       RETURN QUERY -- 0056
-      WITH g AS MATERIALIZED ( -- 0056: the newest generation and the key's open grants (0036's count), one snapshot
+      WITH g AS MATERIALIZED ( -- 0056: the newest generation and the key's open grants (0036's count), one snapshot (0059: the function is STABLE)
         SELECT (SELECT r.generation FROM ring_rotations r WHERE r.ring = 'queue' ORDER BY r.generation DESC LIMIT 1) AS gen, -- 0056
                o.n, o.m -- 0056
-        FROM (SELECT count(*)::int AS n, min(o.s) AS m FROM ( -- 0056
-          (SELECT c.key_seq AS s FROM claims c -- 0056
-           WHERE c.key_policy = p_policy AND c.key_digest = v_d -- 0056
-             AND (c.slot BETWEEN v_lo1 AND v_hi1 OR c.slot BETWEEN v_lo2 AND v_hi2) -- 0056
-             AND c.key_seq >= coalesce((SELECT h.key_horizon FROM claims h -- 0056
-                                        WHERE h.key_policy = p_policy AND h.key_digest = v_d AND h.key_seq IS NOT NULL -- 0056
-                                          AND (h.slot BETWEEN v_lo1 AND v_hi1 OR h.slot BETWEEN v_lo2 AND v_hi2) -- 0056
-                                        ORDER BY h.key_seq DESC LIMIT 1), 0) -- 0056
-             AND NOT EXISTS (SELECT 1 FROM closures x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease AND x.slot = c.slot -- 0056
-                               AND (x.slot BETWEEN v_lo1 AND v_hi1 OR x.slot BETWEEN v_lo2 AND v_hi2))) -- 0056
-          UNION ALL -- 0056
-          (SELECT NULL::bigint FROM claims c -- 0056
-           WHERE c.key_policy = p_policy AND c.key_digest = v_d AND c.key_seq IS NULL -- 0056
-             AND (c.slot BETWEEN v_lo1 AND v_hi1 OR c.slot BETWEEN v_lo2 AND v_hi2) -- 0056
-             AND NOT EXISTS (SELECT 1 FROM closures x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease AND x.slot = c.slot -- 0056
-                               AND (x.slot BETWEEN v_lo1 AND v_hi1 OR x.slot BETWEEN v_lo2 AND v_hi2))) -- 0056
-          LIMIT v_limit) o) o -- 0056
+        FROM (SELECT coalesce(least(sum(s.n), v_limit), 0)::int AS n, min(s.m) AS m -- 0059: slot by slot
+              FROM (SELECT v FROM generate_series(v_lo1, v_hi1) v -- 0059
+                    UNION ALL SELECT v FROM generate_series(v_lo2, v_hi2) v) ls(slot), -- 0059
+                   LATERAL key_grants_in_slot(ls.slot, p_policy, v_d, v_limit) s) o -- 0059
       ),
       picked AS MATERIALIZED ( -- 0056: the row, admitted below the limit while the pick's ranges still hold
         SELECT r.slot, r.generation, r.job_id, r.kind, r.queue, r.priority, r.shard, r.lane_seq, r.args, r.metadata, -- 0056
@@ -1625,31 +1612,18 @@ BEGIN
       -- horizon on (the horizon of its newest grant: every grant of the key below it was closed
       -- when that grant was taken) and those without a key_seq (carried by prune, or written
       -- before 0036), up to the limit (admission only asks whether open + admitted < limit),
-      -- in the slots that can hold a claim. Also the smallest key_seq among the open ones. (The
-      -- closures' slot ranges are implied by x.slot = c.slot; written out, they let the executor
-      -- open one closures child instead of sixteen.)
+      -- in the slots that can hold a claim. Also the smallest key_seq among the open ones. 0059:
+      -- slot by slot, each slot from the horizon of the key's newest grant in it
+      -- (key_grants_in_slot, see the header).
       SELECT coalesce(array_agg(g.n ORDER BY k.i), '{}'), -- 0036
              coalesce(array_agg(least(g.m, v_floor) ORDER BY k.i), '{}') -- 0036
         INTO v_new_held, v_new_hz -- 0036
       FROM unnest(v_new) WITH ORDINALITY k(d, i)
-      LEFT JOIN LATERAL ( -- 0036
-        SELECT count(*)::int AS n, min(o.s) AS m FROM ( -- 0036
-          (SELECT c.key_seq AS s FROM claims c -- 0036
-           WHERE c.key_policy = p_policy AND c.key_digest = k.d -- 0036
-             AND (c.slot BETWEEN v_klo1 AND v_khi1 OR c.slot BETWEEN v_klo2 AND v_khi2) -- 0036
-             AND c.key_seq >= coalesce((SELECT h.key_horizon FROM claims h -- 0036
-                                        WHERE h.key_policy = p_policy AND h.key_digest = k.d AND h.key_seq IS NOT NULL -- 0036
-                                          AND (h.slot BETWEEN v_klo1 AND v_khi1 OR h.slot BETWEEN v_klo2 AND v_khi2) -- 0036
-                                        ORDER BY h.key_seq DESC LIMIT 1), 0) -- 0036
-             AND NOT EXISTS (SELECT 1 FROM closures x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease AND x.slot = c.slot -- 0036
-                               AND (x.slot BETWEEN v_klo1 AND v_khi1 OR x.slot BETWEEN v_klo2 AND v_khi2))) -- 0036
-          UNION ALL -- 0036
-          (SELECT NULL::bigint FROM claims c -- 0036
-           WHERE c.key_policy = p_policy AND c.key_digest = k.d AND c.key_seq IS NULL -- 0036
-             AND (c.slot BETWEEN v_klo1 AND v_khi1 OR c.slot BETWEEN v_klo2 AND v_khi2) -- 0036
-             AND NOT EXISTS (SELECT 1 FROM closures x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease AND x.slot = c.slot -- 0036
-                               AND (x.slot BETWEEN v_klo1 AND v_khi1 OR x.slot BETWEEN v_klo2 AND v_khi2))) -- 0036
-          LIMIT v_limit) o -- 0036
+      LEFT JOIN LATERAL ( -- 0059: slot by slot (key_grants_in_slot)
+        SELECT coalesce(least(sum(s.n), v_limit), 0)::int AS n, min(s.m) AS m -- 0059
+        FROM (SELECT v FROM generate_series(v_klo1, v_khi1) v -- 0059
+              UNION ALL SELECT v FROM generate_series(v_klo2, v_khi2) v) ls(slot), -- 0059
+             LATERAL key_grants_in_slot(ls.slot, p_policy, k.d, v_limit) s -- 0059
       ) g ON v_new_locked[k.i]; -- 0036
       v_keys := v_keys || v_new;
       v_locked_keys := v_locked_keys || v_new_locked;
@@ -3333,6 +3307,229 @@ CREATE OR REPLACE FUNCTION awa.key_digest(p_key text)
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
 AS $function$ SELECT pg_catalog.sha256(pg_catalog.convert_to('awa.concurrency-key.v1' || pg_catalog.chr(31) || 'awa' || pg_catalog.chr(31) || p_key, 'UTF8')) $function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.key_grants_in_slot(p_slot integer, p_policy text, p_digest bytea, p_limit integer, OUT n integer, OUT m bigint)
+ RETURNS record
+ LANGUAGE plpgsql
+ STABLE
+ SET search_path TO 'awa', 'pg_catalog'
+ SET plan_cache_mode TO 'force_generic_plan'
+ SET jit TO 'off'
+AS $function$
+BEGIN
+  CASE p_slot
+    WHEN 0 THEN
+      SELECT count(*)::int, min(o.s) INTO n, m FROM (
+        (SELECT c.key_seq AS s FROM claims_0 c
+         WHERE c.key_policy = p_policy AND c.key_digest = p_digest
+           AND c.key_seq >= coalesce((SELECT h.key_horizon FROM claims_0 h
+                                      WHERE h.key_policy = p_policy AND h.key_digest = p_digest AND h.key_seq IS NOT NULL
+                                      ORDER BY h.key_seq DESC LIMIT 1), 0)
+           AND NOT EXISTS (SELECT 1 FROM closures_0 x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease))
+        UNION ALL
+        (SELECT NULL::bigint FROM claims_0 c
+         WHERE c.key_policy = p_policy AND c.key_digest = p_digest AND c.key_seq IS NULL
+           AND NOT EXISTS (SELECT 1 FROM closures_0 x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease))
+        LIMIT p_limit) o;
+    WHEN 1 THEN
+      SELECT count(*)::int, min(o.s) INTO n, m FROM (
+        (SELECT c.key_seq AS s FROM claims_1 c
+         WHERE c.key_policy = p_policy AND c.key_digest = p_digest
+           AND c.key_seq >= coalesce((SELECT h.key_horizon FROM claims_1 h
+                                      WHERE h.key_policy = p_policy AND h.key_digest = p_digest AND h.key_seq IS NOT NULL
+                                      ORDER BY h.key_seq DESC LIMIT 1), 0)
+           AND NOT EXISTS (SELECT 1 FROM closures_1 x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease))
+        UNION ALL
+        (SELECT NULL::bigint FROM claims_1 c
+         WHERE c.key_policy = p_policy AND c.key_digest = p_digest AND c.key_seq IS NULL
+           AND NOT EXISTS (SELECT 1 FROM closures_1 x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease))
+        LIMIT p_limit) o;
+    WHEN 2 THEN
+      SELECT count(*)::int, min(o.s) INTO n, m FROM (
+        (SELECT c.key_seq AS s FROM claims_2 c
+         WHERE c.key_policy = p_policy AND c.key_digest = p_digest
+           AND c.key_seq >= coalesce((SELECT h.key_horizon FROM claims_2 h
+                                      WHERE h.key_policy = p_policy AND h.key_digest = p_digest AND h.key_seq IS NOT NULL
+                                      ORDER BY h.key_seq DESC LIMIT 1), 0)
+           AND NOT EXISTS (SELECT 1 FROM closures_2 x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease))
+        UNION ALL
+        (SELECT NULL::bigint FROM claims_2 c
+         WHERE c.key_policy = p_policy AND c.key_digest = p_digest AND c.key_seq IS NULL
+           AND NOT EXISTS (SELECT 1 FROM closures_2 x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease))
+        LIMIT p_limit) o;
+    WHEN 3 THEN
+      SELECT count(*)::int, min(o.s) INTO n, m FROM (
+        (SELECT c.key_seq AS s FROM claims_3 c
+         WHERE c.key_policy = p_policy AND c.key_digest = p_digest
+           AND c.key_seq >= coalesce((SELECT h.key_horizon FROM claims_3 h
+                                      WHERE h.key_policy = p_policy AND h.key_digest = p_digest AND h.key_seq IS NOT NULL
+                                      ORDER BY h.key_seq DESC LIMIT 1), 0)
+           AND NOT EXISTS (SELECT 1 FROM closures_3 x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease))
+        UNION ALL
+        (SELECT NULL::bigint FROM claims_3 c
+         WHERE c.key_policy = p_policy AND c.key_digest = p_digest AND c.key_seq IS NULL
+           AND NOT EXISTS (SELECT 1 FROM closures_3 x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease))
+        LIMIT p_limit) o;
+    WHEN 4 THEN
+      SELECT count(*)::int, min(o.s) INTO n, m FROM (
+        (SELECT c.key_seq AS s FROM claims_4 c
+         WHERE c.key_policy = p_policy AND c.key_digest = p_digest
+           AND c.key_seq >= coalesce((SELECT h.key_horizon FROM claims_4 h
+                                      WHERE h.key_policy = p_policy AND h.key_digest = p_digest AND h.key_seq IS NOT NULL
+                                      ORDER BY h.key_seq DESC LIMIT 1), 0)
+           AND NOT EXISTS (SELECT 1 FROM closures_4 x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease))
+        UNION ALL
+        (SELECT NULL::bigint FROM claims_4 c
+         WHERE c.key_policy = p_policy AND c.key_digest = p_digest AND c.key_seq IS NULL
+           AND NOT EXISTS (SELECT 1 FROM closures_4 x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease))
+        LIMIT p_limit) o;
+    WHEN 5 THEN
+      SELECT count(*)::int, min(o.s) INTO n, m FROM (
+        (SELECT c.key_seq AS s FROM claims_5 c
+         WHERE c.key_policy = p_policy AND c.key_digest = p_digest
+           AND c.key_seq >= coalesce((SELECT h.key_horizon FROM claims_5 h
+                                      WHERE h.key_policy = p_policy AND h.key_digest = p_digest AND h.key_seq IS NOT NULL
+                                      ORDER BY h.key_seq DESC LIMIT 1), 0)
+           AND NOT EXISTS (SELECT 1 FROM closures_5 x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease))
+        UNION ALL
+        (SELECT NULL::bigint FROM claims_5 c
+         WHERE c.key_policy = p_policy AND c.key_digest = p_digest AND c.key_seq IS NULL
+           AND NOT EXISTS (SELECT 1 FROM closures_5 x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease))
+        LIMIT p_limit) o;
+    WHEN 6 THEN
+      SELECT count(*)::int, min(o.s) INTO n, m FROM (
+        (SELECT c.key_seq AS s FROM claims_6 c
+         WHERE c.key_policy = p_policy AND c.key_digest = p_digest
+           AND c.key_seq >= coalesce((SELECT h.key_horizon FROM claims_6 h
+                                      WHERE h.key_policy = p_policy AND h.key_digest = p_digest AND h.key_seq IS NOT NULL
+                                      ORDER BY h.key_seq DESC LIMIT 1), 0)
+           AND NOT EXISTS (SELECT 1 FROM closures_6 x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease))
+        UNION ALL
+        (SELECT NULL::bigint FROM claims_6 c
+         WHERE c.key_policy = p_policy AND c.key_digest = p_digest AND c.key_seq IS NULL
+           AND NOT EXISTS (SELECT 1 FROM closures_6 x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease))
+        LIMIT p_limit) o;
+    WHEN 7 THEN
+      SELECT count(*)::int, min(o.s) INTO n, m FROM (
+        (SELECT c.key_seq AS s FROM claims_7 c
+         WHERE c.key_policy = p_policy AND c.key_digest = p_digest
+           AND c.key_seq >= coalesce((SELECT h.key_horizon FROM claims_7 h
+                                      WHERE h.key_policy = p_policy AND h.key_digest = p_digest AND h.key_seq IS NOT NULL
+                                      ORDER BY h.key_seq DESC LIMIT 1), 0)
+           AND NOT EXISTS (SELECT 1 FROM closures_7 x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease))
+        UNION ALL
+        (SELECT NULL::bigint FROM claims_7 c
+         WHERE c.key_policy = p_policy AND c.key_digest = p_digest AND c.key_seq IS NULL
+           AND NOT EXISTS (SELECT 1 FROM closures_7 x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease))
+        LIMIT p_limit) o;
+    WHEN 8 THEN
+      SELECT count(*)::int, min(o.s) INTO n, m FROM (
+        (SELECT c.key_seq AS s FROM claims_8 c
+         WHERE c.key_policy = p_policy AND c.key_digest = p_digest
+           AND c.key_seq >= coalesce((SELECT h.key_horizon FROM claims_8 h
+                                      WHERE h.key_policy = p_policy AND h.key_digest = p_digest AND h.key_seq IS NOT NULL
+                                      ORDER BY h.key_seq DESC LIMIT 1), 0)
+           AND NOT EXISTS (SELECT 1 FROM closures_8 x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease))
+        UNION ALL
+        (SELECT NULL::bigint FROM claims_8 c
+         WHERE c.key_policy = p_policy AND c.key_digest = p_digest AND c.key_seq IS NULL
+           AND NOT EXISTS (SELECT 1 FROM closures_8 x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease))
+        LIMIT p_limit) o;
+    WHEN 9 THEN
+      SELECT count(*)::int, min(o.s) INTO n, m FROM (
+        (SELECT c.key_seq AS s FROM claims_9 c
+         WHERE c.key_policy = p_policy AND c.key_digest = p_digest
+           AND c.key_seq >= coalesce((SELECT h.key_horizon FROM claims_9 h
+                                      WHERE h.key_policy = p_policy AND h.key_digest = p_digest AND h.key_seq IS NOT NULL
+                                      ORDER BY h.key_seq DESC LIMIT 1), 0)
+           AND NOT EXISTS (SELECT 1 FROM closures_9 x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease))
+        UNION ALL
+        (SELECT NULL::bigint FROM claims_9 c
+         WHERE c.key_policy = p_policy AND c.key_digest = p_digest AND c.key_seq IS NULL
+           AND NOT EXISTS (SELECT 1 FROM closures_9 x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease))
+        LIMIT p_limit) o;
+    WHEN 10 THEN
+      SELECT count(*)::int, min(o.s) INTO n, m FROM (
+        (SELECT c.key_seq AS s FROM claims_10 c
+         WHERE c.key_policy = p_policy AND c.key_digest = p_digest
+           AND c.key_seq >= coalesce((SELECT h.key_horizon FROM claims_10 h
+                                      WHERE h.key_policy = p_policy AND h.key_digest = p_digest AND h.key_seq IS NOT NULL
+                                      ORDER BY h.key_seq DESC LIMIT 1), 0)
+           AND NOT EXISTS (SELECT 1 FROM closures_10 x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease))
+        UNION ALL
+        (SELECT NULL::bigint FROM claims_10 c
+         WHERE c.key_policy = p_policy AND c.key_digest = p_digest AND c.key_seq IS NULL
+           AND NOT EXISTS (SELECT 1 FROM closures_10 x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease))
+        LIMIT p_limit) o;
+    WHEN 11 THEN
+      SELECT count(*)::int, min(o.s) INTO n, m FROM (
+        (SELECT c.key_seq AS s FROM claims_11 c
+         WHERE c.key_policy = p_policy AND c.key_digest = p_digest
+           AND c.key_seq >= coalesce((SELECT h.key_horizon FROM claims_11 h
+                                      WHERE h.key_policy = p_policy AND h.key_digest = p_digest AND h.key_seq IS NOT NULL
+                                      ORDER BY h.key_seq DESC LIMIT 1), 0)
+           AND NOT EXISTS (SELECT 1 FROM closures_11 x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease))
+        UNION ALL
+        (SELECT NULL::bigint FROM claims_11 c
+         WHERE c.key_policy = p_policy AND c.key_digest = p_digest AND c.key_seq IS NULL
+           AND NOT EXISTS (SELECT 1 FROM closures_11 x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease))
+        LIMIT p_limit) o;
+    WHEN 12 THEN
+      SELECT count(*)::int, min(o.s) INTO n, m FROM (
+        (SELECT c.key_seq AS s FROM claims_12 c
+         WHERE c.key_policy = p_policy AND c.key_digest = p_digest
+           AND c.key_seq >= coalesce((SELECT h.key_horizon FROM claims_12 h
+                                      WHERE h.key_policy = p_policy AND h.key_digest = p_digest AND h.key_seq IS NOT NULL
+                                      ORDER BY h.key_seq DESC LIMIT 1), 0)
+           AND NOT EXISTS (SELECT 1 FROM closures_12 x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease))
+        UNION ALL
+        (SELECT NULL::bigint FROM claims_12 c
+         WHERE c.key_policy = p_policy AND c.key_digest = p_digest AND c.key_seq IS NULL
+           AND NOT EXISTS (SELECT 1 FROM closures_12 x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease))
+        LIMIT p_limit) o;
+    WHEN 13 THEN
+      SELECT count(*)::int, min(o.s) INTO n, m FROM (
+        (SELECT c.key_seq AS s FROM claims_13 c
+         WHERE c.key_policy = p_policy AND c.key_digest = p_digest
+           AND c.key_seq >= coalesce((SELECT h.key_horizon FROM claims_13 h
+                                      WHERE h.key_policy = p_policy AND h.key_digest = p_digest AND h.key_seq IS NOT NULL
+                                      ORDER BY h.key_seq DESC LIMIT 1), 0)
+           AND NOT EXISTS (SELECT 1 FROM closures_13 x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease))
+        UNION ALL
+        (SELECT NULL::bigint FROM claims_13 c
+         WHERE c.key_policy = p_policy AND c.key_digest = p_digest AND c.key_seq IS NULL
+           AND NOT EXISTS (SELECT 1 FROM closures_13 x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease))
+        LIMIT p_limit) o;
+    WHEN 14 THEN
+      SELECT count(*)::int, min(o.s) INTO n, m FROM (
+        (SELECT c.key_seq AS s FROM claims_14 c
+         WHERE c.key_policy = p_policy AND c.key_digest = p_digest
+           AND c.key_seq >= coalesce((SELECT h.key_horizon FROM claims_14 h
+                                      WHERE h.key_policy = p_policy AND h.key_digest = p_digest AND h.key_seq IS NOT NULL
+                                      ORDER BY h.key_seq DESC LIMIT 1), 0)
+           AND NOT EXISTS (SELECT 1 FROM closures_14 x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease))
+        UNION ALL
+        (SELECT NULL::bigint FROM claims_14 c
+         WHERE c.key_policy = p_policy AND c.key_digest = p_digest AND c.key_seq IS NULL
+           AND NOT EXISTS (SELECT 1 FROM closures_14 x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease))
+        LIMIT p_limit) o;
+    WHEN 15 THEN
+      SELECT count(*)::int, min(o.s) INTO n, m FROM (
+        (SELECT c.key_seq AS s FROM claims_15 c
+         WHERE c.key_policy = p_policy AND c.key_digest = p_digest
+           AND c.key_seq >= coalesce((SELECT h.key_horizon FROM claims_15 h
+                                      WHERE h.key_policy = p_policy AND h.key_digest = p_digest AND h.key_seq IS NOT NULL
+                                      ORDER BY h.key_seq DESC LIMIT 1), 0)
+           AND NOT EXISTS (SELECT 1 FROM closures_15 x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease))
+        UNION ALL
+        (SELECT NULL::bigint FROM claims_15 c
+         WHERE c.key_policy = p_policy AND c.key_digest = p_digest AND c.key_seq IS NULL
+           AND NOT EXISTS (SELECT 1 FROM closures_15 x WHERE x.job_id = c.job_id AND x.run_lease = c.run_lease))
+        LIMIT p_limit) o;
+  END CASE;
+END
+$function$
 -- execute besides the owner: owner only
 
 CREATE OR REPLACE FUNCTION awa.key_open_grants(p_policy text, p_digest bytea)
