@@ -15,14 +15,20 @@
  *   DATABASE_URL=postgres://… node --conditions=@awa/source bench/src/keyedClaimSideBySide.ts
  *     [--windows 8] [--seconds 30] [--keys 50] [--limit 2] [--rate 100] [--warm 5]
  *
+ * `--sql <file>`: runs the file's statements after the schema is installed (`:AWA_SCHEMA` read as
+ * `awa`), e.g. an earlier migration's text of `claim_keyed`, to compare two builds of a function
+ * in the same tool.
+ *
  * Prints one row per window (each kind's claim p50 / p99, the p99 ratio, the calls that overlapped
  * a finalization) and, over all windows pooled, each kind's quantiles and the p99 ratio.
  */
+import { readFileSync } from "node:fs"
 import { Job } from "@awa/core"
 import { Awa, AwaClient, Handler } from "@awa/runtime"
 import { KeyGrants, QueueStorage } from "@awa/storage"
 import { PgClient } from "@effect/sql-pg"
 import { Effect, Layer, ManagedRuntime, Redacted, References, Schema, Scope } from "effect"
+import { SqlClient } from "effect/sql"
 import { createDatabase, databaseName, dropDatabase, intArg, now, quantile, round } from "./lib.ts"
 
 const windows = intArg("--windows", 8)
@@ -31,6 +37,8 @@ const keys = intArg("--keys", 50)
 const limit = intArg("--limit", 2)
 const rate = intArg("--rate", 100)
 const warmSeconds = intArg("--warm", 5)
+const sqlFileAt = process.argv.indexOf("--sql")
+const sqlFile = sqlFileAt > 0 ? process.argv[sqlFileAt + 1] : undefined
 const serverUrl = process.env.DATABASE_URL
 if (serverUrl === undefined) throw new Error("DATABASE_URL is required")
 
@@ -132,6 +140,13 @@ const main = Effect.gen(function* () {
   yield* Effect.addFinalizer(() => Effect.promise(() => runtime.dispose()))
   const run = <A, E>(effect: Effect.Effect<A, E, ManagedRuntime.ManagedRuntime.Services<typeof runtime>>) =>
     Effect.promise(() => runtime.runPromise(effect))
+  if (sqlFile !== undefined)
+    yield* run(
+      Effect.flatMap(
+        SqlClient.SqlClient,
+        (sql) => sql.unsafe(readFileSync(sqlFile, "utf8").replaceAll(":AWA_SCHEMA", "awa")).unprepared
+      )
+    )
   yield* run(Effect.flatMap(Effect.service(KeyGrants), (g) => g.create({ id: policy, maxInFlight: limit })))
   const client = yield* run(Effect.service(AwaClient.AwaClient))
 

@@ -6,9 +6,10 @@
 -- only inserts into (docs/benchmarks.md, "Keyed and plain claims in the same minutes"). A generic
 -- plan of a statement over a parent names all sixteen children, so on PostgreSQL <= 17 each call
 -- locked the 32 children (37 relation locks more than claim, all in the shared lock table: 110
--- against 73), and each prune's TRUNCATE of a slot invalidated the plan, so that every backend's
--- next keyed claim planned the count again (+8-12 ms in one backend, against +4-6 ms for claim):
--- the keyed claim's tail in a running worker (its server p99 5.96 ms against claim's 1.73).
+-- against 73, including the children a prune is truncating), and each prune's TRUNCATE of any
+-- slot invalidated the plan, so that every backend's next keyed claim planned the count again
+-- over 80 child scans (that statement ~5.8 ms to plan in one backend). In a running worker the
+-- keyed claim's server p99 was 5.96 ms against claim's 1.73, its slow calls at the prunes.
 --
 -- key_grants_in_slot (new) answers the count for one slot, with one branch per slot of the queue
 -- ring naming that slot's claims_<n> and closures_<n> (its closures are in its claims' slot since
@@ -31,8 +32,8 @@
 -- starts after the key's transaction lock is held: key_grants_in_slot is STABLE, so its statements
 -- read in the calling statement's snapshot (the one-row statement's newest generation and its
 -- count stay in one snapshot). It reads claims_<n> and closures_<n> of the slots asked for, takes
--- ACCESS SHARE on them, and writes nothing. Priced in one backend (docs/benchmarks.md, "A keyed
--- count slot by slot (migration 0059)").
+-- ACCESS SHARE on them, and writes nothing. Measured in docs/benchmarks.md ("A keyed count slot by
+-- slot (migration 0059)").
 --
 -- Functions: key_grants_in_slot (new), claim_keyed (0056's text, lines marked 0059).
 
