@@ -64,7 +64,8 @@ const legs: ReadonlyArray<Leg> = [
  * default; a terminated one replaced), the hot path's plans (what the ring children claim and
  * finalize read: plans are what differs between majors), and rescue through the claim spans (every
  * open attempt found, by both of the sweeps' statements: planner settings and plans again), and
- * prune's residue in several lanes (0058: a loose index scan or a scan by the lane count, plans again). The full suite (ring properties under
+ * prune's residue in several lanes (0058: a loose index scan or a scan by the lane count, plans again), and
+ * the keyed count in every ring slot (0059: one slot's children per branch). The full suite (ring properties under
  * churn and a pinned horizon, prune and liveness, cron, tracing, the multi-process fault
  * scenarios, the docs' examples) runs once, on the default server: with full durability on 2
  * cores it would take a leg over 20 minutes, and CI has 90 for everything.
@@ -95,7 +96,8 @@ const suites = [
   "packages/storage/test/PgQueueStorage.claimSpans.test.ts",
   "packages/storage/test/FinalizeCompletions.test.ts",
   "packages/sql/test/CompletionClosureUpgrade.test.ts",
-  "packages/storage/test/PgQueueStorage.pruneLanes.test.ts"
+  "packages/storage/test/PgQueueStorage.pruneLanes.test.ts",
+  "packages/storage/test/PgKeyGrants.slots.test.ts"
 ]
 
 const arg = (name: string) => {
