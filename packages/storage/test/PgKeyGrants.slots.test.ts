@@ -14,7 +14,7 @@ import { Effect } from "effect"
 import { SqlClient } from "effect/sql"
 import { type KeyedClaim, KeyGrants } from "../src/KeyGrants.ts"
 import { type ClaimedJob, QueueStorage } from "../src/QueueStorage.ts"
-import { fresh, withGrantsDatabase } from "./pgFixtures.ts"
+import { completeAll, fresh, withGrantsDatabase } from "./pgFixtures.ts"
 
 const ringSlots = 16
 
@@ -26,13 +26,6 @@ const claimOf = (queue: string, policy: string) => ({
   agingIntervalMs: 0
 })
 const jobsOf = (c: KeyedClaim): ReadonlyArray<ClaimedJob> => (c._tag === "Claimed" ? c.jobs : [])
-
-const complete = (jobs: ReadonlyArray<ClaimedJob>) =>
-  Effect.flatMap(QueueStorage, (s) =>
-    s.finalizeMany(
-      jobs.map((c) => ({ jobId: c.jobId, runLease: c.runLease, outcome: { _tag: "Complete" as const } }))
-    )
-  )
 
 /** `rows` jobs of key "k" in `queue`: the claim's window holds that many. */
 const enqueueKeyed = (queue: string, rows: number) =>
@@ -75,7 +68,7 @@ const walkTheRing = (windowRows: number) =>
             "KeyGated",
             `slot ${slot}: open grant of the slot before`
           )
-          yield* complete(open)
+          yield* completeAll(open)
         }
         const taken = jobsOf(yield* grants.claim(claimOf(first, p)))
         assert.strictEqual(taken.length, 1, `slot ${slot}: the key is free`)
@@ -90,7 +83,7 @@ const walkTheRing = (windowRows: number) =>
           `slot ${slot}: its own open grant`
         )
         // its closure, in this slot, frees it
-        yield* complete(taken)
+        yield* completeAll(taken)
         open = jobsOf(yield* grants.claim(claimOf(second, p)))
         assert.strictEqual(open.length, 1, `slot ${slot}: the grant's closure`)
         if (round < ringSlots - 1)
