@@ -37,7 +37,8 @@ const isolationAgnostic: Record<string, string> = {
   set_wake_on_demand: "replaces one constant function (DDL, the same at any level), reads no table (0051)",
   lane_cursor: "a read, called only inside checked functions",
   queue_slot_ranges: "a read, called only inside checked functions",
-  key_grants_in_slot: "a read of one slot's grants in the caller's snapshot (STABLE), called only inside claim_keyed (0059)",
+  key_grants_in_slot:
+    "a read of one slot's grants in the caller's snapshot (STABLE), called only inside claim_keyed (0059)",
   queue_stats: "a read of one statement (one snapshot at any level) that writes nothing (0030)",
   queue_rates: "a read of one statement that writes nothing (0031)",
   queue_history: "a read of one statement that writes nothing (0031)",
