@@ -9,6 +9,9 @@
  *   DATABASE_URL=postgres://… node --conditions=@awa/source bench/src/keyedClaimPairs.ts
  *     [--pairs 8] [--seconds 45] [--keys 50] [--limit 2] [--rate 200]
  *
+ * `--aa`: the control (an A/A run): both runs of every pair are plain, so the ratios show the
+ * measure's own spread between two identical workloads a minute apart.
+ *
  * A pair's two runs share the machine's state of that minute and nothing else; the calls that
  * overlap a completion carry the tail (docs/benchmarks.md, "The claim call's own p99"), so the
  * table shows how many did, and the p99 of those that ran alone.
@@ -22,6 +25,8 @@ const seconds = intArg("--seconds", 45)
 const keys = intArg("--keys", 50)
 const limit = intArg("--limit", 2)
 const rate = intArg("--rate", 200)
+/** `--aa`: both runs of a pair without keys (the measure's control). */
+const control = process.argv.includes("--aa")
 if (process.env.DATABASE_URL === undefined) throw new Error("DATABASE_URL is required")
 
 interface Run {
@@ -37,12 +42,13 @@ const split =
 
 /** One `pickupTrace.ts` run in a child process (this process's Node and flags); its claim calls. */
 const run = (withKeys: boolean): Run => {
+  const keysOfRun = withKeys && !control ? keys : 0
   const out = execFileSync(
     process.execPath,
     [
       ...process.execArgv,
       join(import.meta.dirname, "pickupTrace.ts"),
-      ...["--keys", String(withKeys ? keys : 0), "--limit", String(limit), "--rate", String(rate)],
+      ...["--keys", String(keysOfRun), "--limit", String(limit), "--rate", String(rate)],
       ...["--seconds", String(seconds), "--slowest", "0"]
     ],
     { encoding: "utf8", env: process.env, maxBuffer: 64 * 1024 * 1024 }
@@ -61,7 +67,10 @@ const median = (xs: ReadonlyArray<number>) => {
 
 const results: Array<{ readonly keyed: Run; readonly plain: Run }> = []
 console.log(
-  `${pairs} pairs of ${seconds} s at ${rate} jobs/s, ${keys} keys at most ${limit} in flight each against no key`
+  `${pairs} pairs of ${seconds} s at ${rate} jobs/s, ` +
+    (control
+      ? "control: no key in either run"
+      : `${keys} keys at most ${limit} in flight each against no key`)
 )
 console.log(
   "| pair | claim p50 keyed / plain ms | claim p99 keyed / plain ms | keyed ÷ plain p99 | calls overlapping a finalize, keyed / plain | p99 of the calls alone, keyed / plain |"

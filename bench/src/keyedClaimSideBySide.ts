@@ -15,6 +15,10 @@
  *   DATABASE_URL=postgres://… node --conditions=@awa/source bench/src/keyedClaimSideBySide.ts
  *     [--windows 8] [--seconds 30] [--keys 50] [--limit 2] [--rate 100] [--warm 5]
  *
+ * `--aa`: the control (an A/A run): the second queue has no key policy and its jobs no key, so
+ * both queues claim through the plain claim; what the ratio shows then is this measure's own
+ * spread between two identical claims, the yardstick for the keyed run's ratio.
+ *
  * `--sql <file>`: runs the file's statements after the schema is installed (`:AWA_SCHEMA` read as
  * `awa`), e.g. an earlier migration's text of `claim_keyed`, to compare two builds of a function
  * in the same tool.
@@ -37,6 +41,8 @@ const keys = intArg("--keys", 50)
 const limit = intArg("--limit", 2)
 const rate = intArg("--rate", 100)
 const warmSeconds = intArg("--warm", 5)
+/** `--aa`: the second queue is plain as well (the measure's control). */
+const control = process.argv.includes("--aa")
 const sqlFileAt = process.argv.indexOf("--sql")
 const sqlFile = sqlFileAt > 0 ? process.argv[sqlFileAt + 1] : undefined
 const serverUrl = process.env.DATABASE_URL
@@ -51,7 +57,7 @@ const KeyedJob = Job.define({
   kind: "sbs_keyed",
   args: Args,
   queue: keyedQueue,
-  concurrencyKey: ({ seq }: { readonly seq: number }) => `tenant-${seq % keys}`
+  ...(control ? {} : { concurrencyKey: ({ seq }: { readonly seq: number }) => `tenant-${seq % keys}` })
 })
 
 type Kind = "plain" | "keyed"
@@ -85,7 +91,9 @@ const timing = Layer.mergeAll(
     Effect.map(Effect.service(QueueStorage), (s) =>
       QueueStorage.of({
         ...s,
-        claim: (params) => timed("plain", s.claim(params), (jobs) => jobs.length),
+        // the control's second queue claims here too: timed as the keyed queue's claims
+        claim: (params) =>
+          timed(params.queue === keyedQueue ? "keyed" : "plain", s.claim(params), (jobs) => jobs.length),
         finalizeMany: (items) => timed("finalize", s.finalizeMany(items), () => items.length)
       })
     )
@@ -160,7 +168,7 @@ const main = Effect.gen(function* () {
       Awa.worker({
         queues: {
           [plainQueue]: { maxConcurrency: 50 },
-          [keyedQueue]: { maxConcurrency: 50, keyPolicy: policy }
+          [keyedQueue]: control ? { maxConcurrency: 50 } : { maxConcurrency: 50, keyPolicy: policy }
         },
         handlers: [Handler.handler(PlainJob, () => onStart), Handler.handler(KeyedJob, () => onStart)],
         tracing: false,
@@ -193,7 +201,10 @@ const main = Effect.gen(function* () {
 
   yield* offer(warmSeconds)
   console.log(
-    `${windows} windows of ${seconds} s; per queue ${rate} jobs/s; keyed: ${keys} keys at most ${limit} in flight each`
+    `${windows} windows of ${seconds} s; per queue ${rate} jobs/s; ` +
+      (control
+        ? `control: both queues plain ("keyed" below is ${keyedQueue}, without a key)`
+        : `keyed: ${keys} keys at most ${limit} in flight each`)
   )
   console.log(
     "| window | claim p50 keyed / plain ms | claim p99 keyed / plain ms | keyed ÷ plain p99 | calls keyed / plain | overlapping a finalization, keyed / plain |"
