@@ -11,6 +11,8 @@
  * `--keep-database`: leave the drained database in place (its name is printed) to query it after.
  * `--statements`: `pg_stat_statements` (if the server loads it) reset as the drain starts, and the
  * database's top statements by time at its end (nested ones too when it tracks them).
+ * `--no-check`: no check after the interval that storage shows no open job (a prototype installed
+ * by `AWA_BENCH_SQL` may leave the jobs view unable to tell).
  * `--alloc`: also a sampling allocation profile (.heapprofile beside the CPU profile), summarized
  * as bytes allocated per job by the allocating function.
  *
@@ -49,6 +51,8 @@ const warm = Number(stringArg("--warm", "1000"))
 const keepDatabase = process.argv.includes("--keep-database")
 const allocations = process.argv.includes("--alloc")
 const statements = process.argv.includes("--statements")
+/** `--no-check`: skip the check, after the interval, that storage shows no open job (for prototypes whose views it cannot read). */
+const check = !process.argv.includes("--no-check")
 const resultsDir = join(import.meta.dirname, "..", "results")
 
 /**
@@ -161,7 +165,8 @@ const main = async () => {
           if (++warmed === warm) resolve()
         })
       })
-      await untilNoOpenJobs(adapter)
+      // ends as the measured drain does: at the system's own count of acknowledged completions
+      await untilDrained(adapter, 0, warm)
       await adapter.stopWorkers()
     }
     for (let seq = 0; seq < jobs; seq += 1000)
@@ -217,7 +222,7 @@ const main = async () => {
     const server1 = postgresCpu()
     const threads1 = threadCpu()
     // for correctness only, outside the interval
-    await untilNoOpenJobs(adapter)
+    if (check) await untilNoOpenJobs(adapter)
     const serverCpu = serverCpuReport(server0, server1, database)
     // what each of the database's backends ran last: which part of the system it serves
     const lastQueries = await Effect.runPromise(

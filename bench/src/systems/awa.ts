@@ -13,11 +13,13 @@
  *   set: tracing on with no tracer installed, maintenance and ring policy at their defaults.
  * Both use `migrateOnStart` (install only) and the same pool of 10.
  */
+import { readFileSync } from "node:fs"
 import { Job } from "@awa/core"
 import { Awa, AwaClient, Handler } from "@awa/runtime"
 import { KeyGrants } from "@awa/storage"
 import { PgClient } from "@effect/sql-pg"
 import { Effect, Exit, Layer, ManagedRuntime, Metric, Redacted, References, Schema, Scope } from "effect"
+import { SqlClient } from "effect/sql"
 import { type AdapterFactory, inFlight, benchQueue as queue } from "./types.ts"
 
 const poolSize = 10
@@ -53,6 +55,14 @@ const BenchJob = Job.define({
  */
 const overrides = JSON.parse(process.env.AWA_WORKER_OPTIONS ?? "{}") as Record<string, unknown>
 
+/**
+ * For investigations only: `AWA_BENCH_SQL=<file>[,<file>…]` runs each file, one statement per file
+ * (the driver prepares what it sends, one command at a time), once the schema is installed
+ * (`:AWA_SCHEMA` read as `awa`): e.g. a prototype of a function, to price it through the whole
+ * stack. The files' names are recorded in the settings.
+ */
+const extraSql = process.env.AWA_BENCH_SQL
+
 export const make: AdapterFactory = async (url, options = { profile: "tuned" }) => {
   // `lean` is `tuned` with no completed job kept (see Profile)
   const tuned = options.profile !== "defaults"
@@ -70,6 +80,16 @@ export const make: AdapterFactory = async (url, options = { profile: "tuned" }) 
     )
   )
   await runtime.runPromise(Effect.void)
+  if (extraSql !== undefined)
+    await runtime.runPromise(
+      Effect.flatMap(SqlClient.SqlClient, (sql) =>
+        Effect.forEach(
+          extraSql.split(","),
+          (file) => sql.unsafe(readFileSync(file, "utf8").replaceAll(":AWA_SCHEMA", "awa")).unprepared,
+          { discard: true }
+        )
+      )
+    )
   // `create` is idempotent: every process of the scale phase makes the same call
   if (keys > 0 && keyLimit > 0)
     await runtime.runPromise(
@@ -99,6 +119,7 @@ export const make: AdapterFactory = async (url, options = { profile: "tuned" }) 
         : "default (leader: rotate check 1 s, rotating at 10,000 rows or 10 s; promote 250 ms; completed retention 1 day)",
       poolSize,
       ...(Object.keys(overrides).length > 0 ? { overrides } : {}),
+      ...(extraSql !== undefined ? { extraSql } : {}),
       ...(keys > 0
         ? { concurrencyKeys: keys, keyPolicy: keyLimit > 0 ? `bench, maxInFlight ${keyLimit}` : "none" }
         : {}),
