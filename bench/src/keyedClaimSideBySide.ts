@@ -19,21 +19,19 @@
  * both queues claim through the plain claim; what the ratio shows then is this measure's own
  * spread between two identical claims, the yardstick for the keyed run's ratio.
  *
- * `--sql <file>`: runs the file's statements after the schema is installed (`:AWA_SCHEMA` read as
- * `awa`), e.g. an earlier migration's text of `claim_keyed`, to compare two builds of a function
+ * `--sql <file>`: runs the file's statement (one: `runSqlFiles`) after the schema is installed, e.g. an earlier migration's text of `claim_keyed`, to compare two builds of a function
  * in the same tool.
  *
  * Prints one row per window (each kind's claim p50 / p99, the p99 ratio, the calls that overlapped
  * a finalization) and, over all windows pooled, each kind's quantiles and the p99 ratio.
  */
-import { readFileSync } from "node:fs"
 import { Job } from "@awa/core"
 import { Awa, AwaClient, Handler } from "@awa/runtime"
 import { KeyGrants, QueueStorage } from "@awa/storage"
 import { PgClient } from "@effect/sql-pg"
 import { Effect, Layer, ManagedRuntime, Redacted, References, Schema, Scope } from "effect"
-import { SqlClient } from "effect/sql"
 import { createDatabase, databaseName, dropDatabase, intArg, now, quantile, round } from "./lib.ts"
+import { runSqlFiles } from "./sqlFiles.ts"
 
 const windows = intArg("--windows", 8)
 const seconds = intArg("--seconds", 30)
@@ -148,13 +146,7 @@ const main = Effect.gen(function* () {
   yield* Effect.addFinalizer(() => Effect.promise(() => runtime.dispose()))
   const run = <A, E>(effect: Effect.Effect<A, E, ManagedRuntime.ManagedRuntime.Services<typeof runtime>>) =>
     Effect.promise(() => runtime.runPromise(effect))
-  if (sqlFile !== undefined)
-    yield* run(
-      Effect.flatMap(
-        SqlClient.SqlClient,
-        (sql) => sql.unsafe(readFileSync(sqlFile, "utf8").replaceAll(":AWA_SCHEMA", "awa")).unprepared
-      )
-    )
+  if (sqlFile !== undefined) yield* run(runSqlFiles([sqlFile]))
   yield* run(Effect.flatMap(Effect.service(KeyGrants), (g) => g.create({ id: policy, maxInFlight: limit })))
   const client = yield* run(Effect.service(AwaClient.AwaClient))
 

@@ -13,13 +13,12 @@
  *   set: tracing on with no tracer installed, maintenance and ring policy at their defaults.
  * Both use `migrateOnStart` (install only) and the same pool of 10.
  */
-import { readFileSync } from "node:fs"
 import { Job } from "@awa/core"
 import { Awa, AwaClient, Handler } from "@awa/runtime"
 import { KeyGrants } from "@awa/storage"
 import { PgClient } from "@effect/sql-pg"
 import { Effect, Exit, Layer, ManagedRuntime, Metric, Redacted, References, Schema, Scope } from "effect"
-import { SqlClient } from "effect/sql"
+import { runSqlFiles } from "../sqlFiles.ts"
 import { type AdapterFactory, inFlight, benchQueue as queue } from "./types.ts"
 
 const poolSize = 10
@@ -56,9 +55,8 @@ const BenchJob = Job.define({
 const overrides = JSON.parse(process.env.AWA_WORKER_OPTIONS ?? "{}") as Record<string, unknown>
 
 /**
- * For investigations only: `AWA_BENCH_SQL=<file>[,<file>…]` runs each file, one statement per file
- * (the driver prepares what it sends, one command at a time), once the schema is installed
- * (`:AWA_SCHEMA` read as `awa`): e.g. a prototype of a function, to price it through the whole
+ * For investigations only: `AWA_BENCH_SQL=<file>[,<file>…]` runs each file (one statement per
+ * file: `runSqlFiles`) once the schema is installed: e.g. a prototype of a function, to price it through the whole
  * stack. The files' names are recorded in the settings.
  */
 const extraSql = process.env.AWA_BENCH_SQL
@@ -80,16 +78,7 @@ export const make: AdapterFactory = async (url, options = { profile: "tuned" }) 
     )
   )
   await runtime.runPromise(Effect.void)
-  if (extraSql !== undefined)
-    await runtime.runPromise(
-      Effect.flatMap(SqlClient.SqlClient, (sql) =>
-        Effect.forEach(
-          extraSql.split(","),
-          (file) => sql.unsafe(readFileSync(file, "utf8").replaceAll(":AWA_SCHEMA", "awa")).unprepared,
-          { discard: true }
-        )
-      )
-    )
+  if (extraSql !== undefined) await runtime.runPromise(runSqlFiles(extraSql.split(",")))
   // `create` is idempotent: every process of the scale phase makes the same call
   if (keys > 0 && keyLimit > 0)
     await runtime.runPromise(
