@@ -4395,37 +4395,87 @@ BEGIN
     PERFORM set_config('enable_nestloop', 'off', true); -- 0048
     PERFORM set_config('enable_mergejoin', 'off', true); -- 0058: the ready rows joined by hash, not both sides sorted
     SELECT * INTO v_hist FROM ring_current('history'); -- 0048
-    WITH judged AS MATERIALIZED ( -- 0048: 0039's wide and judged, in one step (nothing is in history yet)
-      SELECT t.job_id, t.run_lease, t.state, t.attempt, coalesce(t.max_attempts, r.max_attempts) AS max_attempts,
-             coalesce(t.kind, r.kind) AS kind, coalesce(t.queue, r.queue) AS queue, coalesce(t.priority, r.priority) AS priority,
-             coalesce(t.args, r.args) AS args, coalesce(t.metadata, r.metadata) AS metadata, coalesce(t.tags, r.tags) AS tags,
-             coalesce(t.errors, r.errors) AS errors, t.progress, coalesce(t.run_at, r.run_at) AS run_at,
-             coalesce(t.created_at, r.created_at) AS created_at, t.finalized_at,
-             coalesce(t.unique_key, r.unique_key) AS unique_key, coalesce(t.unique_states, r.unique_states, 0) AS unique_states,
-             t.finalized_at > now() - CASE t.state
-                                        WHEN 'completed' THEN coalesce(m.completed_retention, p_completed_ms * interval '1 millisecond')
-                                        WHEN 'failed' THEN coalesce(m.failed_retention, p_failed_ms * interval '1 millisecond')
-                                        ELSE coalesce(m.cancelled_retention, p_cancelled_ms * interval '1 millisecond') END AS keep
-      FROM terminal_records t -- 0057
-      LEFT JOIN ready r ON NOT t.wide AND r.slot = t.slot AND r.job_id = t.job_id AND r.lane_seq = t.lane_seq
-      LEFT JOIN queue_meta m ON m.queue = coalesce(t.queue, r.queue)
-      WHERE t.slot = v_slot
-    ),
-    copied AS ( -- 0048: the kept rows, straight from the judging
+    -- 0060: with no queue's own retention (the usual case), a row's fate is its state and
+    -- finalized_at alone: the kept rows go straight from their join to history (no wide row is
+    -- kept aside for the counts), and only the dropped rows are joined again, narrow, for the
+    -- rollup and their keys. Both in one statement (one snapshot: the same rows and the same now()
+    -- decide the copy, the counts and the keys). A queue's own retention needs the row's queue
+    -- before its fate: judged as 0048 did, below.
+    IF NOT EXISTS (SELECT 1 FROM queue_meta m -- 0060
+                   WHERE m.completed_retention IS NOT NULL OR m.failed_retention IS NOT NULL OR m.cancelled_retention IS NOT NULL) THEN -- 0060
+    WITH copied AS ( -- 0060: the kept rows, filtered before their join
       INSERT INTO history (slot, generation, job_id, run_lease, state, attempt, max_attempts, kind, queue, priority, args,
                            metadata, tags, errors, progress, run_at, created_at, finalized_at, unique_key, unique_states)
-      SELECT v_hist.slot, v_hist.generation, j.job_id, j.run_lease, j.state, j.attempt, j.max_attempts, j.kind, j.queue, j.priority,
-             j.args, j.metadata, j.tags, j.errors, j.progress, j.run_at, j.created_at, j.finalized_at, j.unique_key, j.unique_states
-      FROM judged j WHERE j.keep
-      RETURNING 1
+      SELECT v_hist.slot, v_hist.generation, t.job_id, t.run_lease, t.state, t.attempt, coalesce(t.max_attempts, r.max_attempts), -- 0060
+             coalesce(t.kind, r.kind), coalesce(t.queue, r.queue), coalesce(t.priority, r.priority), -- 0060
+             coalesce(t.args, r.args), coalesce(t.metadata, r.metadata), coalesce(t.tags, r.tags), -- 0060
+             coalesce(t.errors, r.errors), t.progress, coalesce(t.run_at, r.run_at), coalesce(t.created_at, r.created_at), -- 0060
+             t.finalized_at, coalesce(t.unique_key, r.unique_key), coalesce(t.unique_states, r.unique_states, 0) -- 0060
+      FROM terminal_records t -- 0060
+      LEFT JOIN ready r ON NOT t.wide AND r.slot = t.slot AND r.job_id = t.job_id AND r.lane_seq = t.lane_seq -- 0060
+      WHERE t.slot = v_slot -- 0060
+        AND t.finalized_at > now() - CASE t.state WHEN 'completed' THEN p_completed_ms * interval '1 millisecond' -- 0060
+                                                  WHEN 'failed' THEN p_failed_ms * interval '1 millisecond' -- 0060
+                                                  ELSE p_cancelled_ms * interval '1 millisecond' END -- 0060
+      RETURNING queue, state -- 0060
+    ),
+    dropped AS MATERIALIZED ( -- 0060: the others, narrow: their queue for the rollup, their keys to release
+      SELECT t.job_id, t.run_lease, t.state, t.finalized_at, coalesce(t.queue, r.queue) AS queue, -- 0060
+             coalesce(t.unique_key, r.unique_key) AS unique_key -- 0060
+      FROM terminal_records t -- 0060
+      LEFT JOIN ready r ON NOT t.wide AND r.slot = t.slot AND r.job_id = t.job_id AND r.lane_seq = t.lane_seq -- 0060
+      WHERE t.slot = v_slot -- 0060
+        AND NOT t.finalized_at > now() - CASE t.state WHEN 'completed' THEN p_completed_ms * interval '1 millisecond' -- 0060
+                                                      WHEN 'failed' THEN p_failed_ms * interval '1 millisecond' -- 0060
+                                                      ELSE p_cancelled_ms * interval '1 millisecond' END -- 0060
+    ),
+    counted AS MATERIALIZED ( -- 0060: rows per queue and state, kept and dropped together
+      SELECT g.k, sum(g.n)::bigint AS n -- 0060
+      FROM (SELECT c.queue || ':' || c.state AS k, count(*) AS n FROM copied c GROUP BY 1 -- 0060
+            UNION ALL -- 0060
+            SELECT d.queue || ':' || d.state, count(*) FROM dropped d GROUP BY 1) g -- 0060
+      GROUP BY g.k -- 0060
     )
-    SELECT (SELECT count(*) FROM copied),
-           (SELECT jsonb_object_agg(k, n) FROM (SELECT j.queue || ':' || j.state AS k, count(*) AS n FROM judged j GROUP BY 1) c),
-           (SELECT jsonb_agg(jsonb_build_object('job_id', j.job_id, 'run_lease', j.run_lease, 'finalized_at', j.finalized_at,
-                                                'unique_key', encode(j.unique_key, 'hex')))
-            FROM judged j WHERE NOT j.keep AND j.unique_key IS NOT NULL),
-           (SELECT count(*) FROM judged)
-      INTO v_copied_rows, v_rollup, v_keys, v_count; -- 0048
+    SELECT (SELECT count(*) FROM copied), -- 0060
+           (SELECT jsonb_object_agg(c.k, c.n) FROM counted c), -- 0060
+           (SELECT jsonb_agg(jsonb_build_object('job_id', d.job_id, 'run_lease', d.run_lease, 'finalized_at', d.finalized_at, -- 0060
+                                                'unique_key', encode(d.unique_key, 'hex'))) -- 0060
+            FROM dropped d WHERE d.unique_key IS NOT NULL), -- 0060
+           (SELECT coalesce(sum(c.n), 0)::bigint FROM counted c) -- 0060
+      INTO v_copied_rows, v_rollup, v_keys, v_count; -- 0060
+    ELSE -- 0060
+      WITH judged AS MATERIALIZED ( -- 0048: 0039's wide and judged, in one step (nothing is in history yet)
+        SELECT t.job_id, t.run_lease, t.state, t.attempt, coalesce(t.max_attempts, r.max_attempts) AS max_attempts,
+               coalesce(t.kind, r.kind) AS kind, coalesce(t.queue, r.queue) AS queue, coalesce(t.priority, r.priority) AS priority,
+               coalesce(t.args, r.args) AS args, coalesce(t.metadata, r.metadata) AS metadata, coalesce(t.tags, r.tags) AS tags,
+               coalesce(t.errors, r.errors) AS errors, t.progress, coalesce(t.run_at, r.run_at) AS run_at,
+               coalesce(t.created_at, r.created_at) AS created_at, t.finalized_at,
+               coalesce(t.unique_key, r.unique_key) AS unique_key, coalesce(t.unique_states, r.unique_states, 0) AS unique_states,
+               t.finalized_at > now() - CASE t.state
+                                          WHEN 'completed' THEN coalesce(m.completed_retention, p_completed_ms * interval '1 millisecond')
+                                          WHEN 'failed' THEN coalesce(m.failed_retention, p_failed_ms * interval '1 millisecond')
+                                          ELSE coalesce(m.cancelled_retention, p_cancelled_ms * interval '1 millisecond') END AS keep
+        FROM terminal_records t -- 0057
+        LEFT JOIN ready r ON NOT t.wide AND r.slot = t.slot AND r.job_id = t.job_id AND r.lane_seq = t.lane_seq
+        LEFT JOIN queue_meta m ON m.queue = coalesce(t.queue, r.queue)
+        WHERE t.slot = v_slot
+      ),
+      copied AS ( -- 0048: the kept rows, straight from the judging
+        INSERT INTO history (slot, generation, job_id, run_lease, state, attempt, max_attempts, kind, queue, priority, args,
+                             metadata, tags, errors, progress, run_at, created_at, finalized_at, unique_key, unique_states)
+        SELECT v_hist.slot, v_hist.generation, j.job_id, j.run_lease, j.state, j.attempt, j.max_attempts, j.kind, j.queue, j.priority,
+               j.args, j.metadata, j.tags, j.errors, j.progress, j.run_at, j.created_at, j.finalized_at, j.unique_key, j.unique_states
+        FROM judged j WHERE j.keep
+        RETURNING 1
+      )
+      SELECT (SELECT count(*) FROM copied),
+             (SELECT jsonb_object_agg(k, n) FROM (SELECT j.queue || ':' || j.state AS k, count(*) AS n FROM judged j GROUP BY 1) c),
+             (SELECT jsonb_agg(jsonb_build_object('job_id', j.job_id, 'run_lease', j.run_lease, 'finalized_at', j.finalized_at,
+                                                  'unique_key', encode(j.unique_key, 'hex')))
+              FROM judged j WHERE NOT j.keep AND j.unique_key IS NOT NULL),
+             (SELECT count(*) FROM judged)
+        INTO v_copied_rows, v_rollup, v_keys, v_count; -- 0048
+    END IF; -- 0060
     PERFORM set_config('enable_nestloop', v_saved_nestloop, true); -- 0048
     PERFORM set_config('enable_mergejoin', v_saved_mergejoin, true); -- 0058
     IF v_copied_rows > 0 THEN -- 0048: recorded and committed, as 0013's copy ahead
