@@ -31,6 +31,7 @@ import {
   intArg,
   loadLine,
   now,
+  quantile,
   round,
   stringArg,
   table,
@@ -102,8 +103,6 @@ const timedPrune = (url: string, args: string, prototype: string | undefined) =>
       )
   )
 
-const median = (xs: ReadonlyArray<number>) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!
-
 const program = Effect.gen(function* () {
   const server = yield* acquireServer
   const name = databaseName("awa_prune_copy")
@@ -131,13 +130,15 @@ const program = Effect.gen(function* () {
       }
   const rows = [...samples].map(([key, ms]) => {
     const [variant, retention] = key.split("\u0000") as [string, string]
+    const sorted = [...ms].sort((a, b) => a - b)
+    const median = quantile(sorted, 0.5)
     return [
       variant,
       retention,
-      String(round(median(ms), 1)),
-      String(round(Math.min(...ms), 1)),
-      String(round(Math.max(...ms), 1)),
-      String(round((median(ms) * 1000) / jobs, 2))
+      round(median, 1),
+      round(sorted[0]!, 1),
+      round(sorted.at(-1)!, 1),
+      round((median * 1000) / jobs, 2)
     ]
   })
   yield* Console.log(table(["build", "retention", "median ms", "min", "max", "µs per job"], rows))

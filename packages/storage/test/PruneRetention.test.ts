@@ -15,6 +15,28 @@ import { claimOf, completeAll, fresh, keepAll, keepNothing, withEagerDatabase } 
 
 const day = 86_400_000
 
+/**
+ * Seals the current queue slot, prunes it (the layer calls again after 'Copied'), and reads what
+ * the prune recorded: its outcomes, the slot's roll-up, and the rows a copy ahead judged (none
+ * when it copied nothing ahead).
+ */
+const pruneSealed = (retention: RetentionParams) =>
+  Effect.gen(function* () {
+    const storage = yield* QueueStorage
+    const sql = yield* SqlClient.SqlClient
+    const [sealed] = yield* sql<{ generation: string }>`
+      SELECT generation::text AS generation FROM awa.ring_current('queue')`
+    yield* storage.rotateWhenDue({ minRows: 1, maxAgeMs: 0 })
+    const outcomes: Array<string> = []
+    for (let i = 0; i < 5 && outcomes.at(-1) !== "Pruned"; i++)
+      outcomes.push((yield* storage.prune({ ...retention, carryAfterMs: 0 }))._tag)
+    const [rollup] = yield* sql<{ rollup: Record<string, number> }>`
+      SELECT rollup FROM awa.ring_prunes WHERE ring = 'queue' AND generation = ${sealed!.generation}::bigint`
+    const [copy] = yield* sql<{ rows: number }>`
+      SELECT terminal_rows::int AS rows FROM awa.history_copies WHERE generation = ${sealed!.generation}::bigint`
+    return { outcomes, rollup: rollup?.rollup, copiedAhead: copy?.rows }
+  })
+
 describe("prune: per-queue retention", () => {
   it.live(
     "a queue whose completed retention is 0 keeps no history; the argument's day holds for the other",
@@ -72,12 +94,7 @@ describe("prune: per-queue retention", () => {
           // a completed job still holds its unique key until prune drops it
           const again = storage.enqueueMany([job(drops, 0)])
           assert.strictEqual((yield* Effect.flip(again))._tag, "UniqueConflict")
-          const [sealed] = yield* sql<{ generation: string }>`
-            SELECT generation::text AS generation FROM awa.ring_current('queue')`
-          yield* storage.rotateWhenDue({ minRows: 1, maxAgeMs: 0 })
-          const outcomes: Array<string> = []
-          for (let i = 0; i < 5 && outcomes.at(-1) !== "Pruned"; i++)
-            outcomes.push((yield* storage.prune({ ...keepAll, carryAfterMs: 0 }))._tag)
+          const { outcomes, rollup } = yield* pruneSealed(keepAll)
           assert.strictEqual(outcomes.at(-1), "Pruned")
           const rows = yield* sql<{ queue: string; n: number; distinct: number }>`
             SELECT queue, count(*)::int AS n, count(DISTINCT job_id)::int AS distinct
@@ -91,9 +108,7 @@ describe("prune: per-queue retention", () => {
           const [payload] = yield* sql<{ n: number }>`
             SELECT count(*)::int AS n FROM awa.history WHERE queue = ${keeps} AND kind = ${keeps} AND (args->>'n') IS NOT NULL`
           assert.strictEqual(payload!.n, per)
-          const [rollup] = yield* sql<{ rollup: Record<string, number> }>`
-            SELECT rollup FROM awa.ring_prunes WHERE ring = 'queue' AND generation = ${sealed!.generation}::bigint`
-          assert.deepStrictEqual(rollup!.rollup, { [`${keeps}:completed`]: per, [`${drops}:completed`]: per })
+          assert.deepStrictEqual(rollup, { [`${keeps}:completed`]: per, [`${drops}:completed`]: per })
           // the dropped jobs' keys were released: the same job can be enqueued again
           const [enqueued] = yield* again
           assert.strictEqual(enqueued!.queue, drops)
@@ -101,24 +116,7 @@ describe("prune: per-queue retention", () => {
       )
   )
 
-  // 0060's statement: no queue_meta retention anywhere in these databases
-  const pruneSealed = (retention: RetentionParams) =>
-    Effect.gen(function* () {
-      const storage = yield* QueueStorage
-      const sql = yield* SqlClient.SqlClient
-      const [sealed] = yield* sql<{ generation: string }>`
-        SELECT generation::text AS generation FROM awa.ring_current('queue')`
-      yield* storage.rotateWhenDue({ minRows: 1, maxAgeMs: 0 })
-      const outcomes: Array<string> = []
-      for (let i = 0; i < 5 && outcomes.at(-1) !== "Pruned"; i++)
-        outcomes.push((yield* storage.prune({ ...retention, carryAfterMs: 0 }))._tag)
-      const [rollup] = yield* sql<{ rollup: Record<string, number> }>`
-        SELECT rollup FROM awa.ring_prunes WHERE ring = 'queue' AND generation = ${sealed!.generation}::bigint`
-      const [copy] = yield* sql<{ rows: number }>`
-        SELECT terminal_rows::int AS rows FROM awa.history_copies WHERE generation = ${sealed!.generation}::bigint`
-      return { outcomes, rollup: rollup?.rollup, copiedAhead: copy?.rows }
-    })
-
+  // 0060's statement: no queue_meta retention anywhere in the databases of the next two tests
   // a key held while the job is completed or failed, released when prune drops the row
   const keyed = (queue: string, n: number) => ({
     kind: queue,
@@ -170,7 +168,7 @@ describe("prune: per-queue retention", () => {
             [
               [done, "completed", 600, 600, 600],
               [mixed, "completed", 300, 300, 300]
-            ].sort((a, b) => String(a[0]).localeCompare(String(b[0]))),
+            ],
             "the completed rows once each, with their payload; no failed row"
           )
           assert.deepStrictEqual(rollup, {
