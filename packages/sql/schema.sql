@@ -1225,8 +1225,12 @@ BEGIN
       WHERE p.unique_key IS NOT NULL AND (p.unique_states & 6) = 2
         AND u.unique_key = p.unique_key AND u.job_id = p.job_id
     )
-    SELECT p.job_id, p.run_lease + 1, p.attempt + 1, p.max_attempts, p.kind, p.queue, p.priority, p.args, p.metadata,
-           p.tags, p.errors, p.run_at, p.created_at, v_now, v_deadline, p.progress /* 0022 */
+    -- 0061: a lean answer (see the header): empty values and the call's times as NULL
+    SELECT p.job_id, p.run_lease + 1, p.attempt + 1, p.max_attempts, p.kind, p.queue, p.priority, p.args,
+           nullif(p.metadata, '{}'::jsonb), nullif(p.tags, '{}'::text[]), nullif(p.errors, '[]'::jsonb), -- 0061
+           nullif(p.run_at, p.created_at), p.created_at, -- 0061
+           CASE WHEN row_number() OVER (ORDER BY p.lane_seq) = 1 THEN v_now END, -- 0061
+           CASE WHEN row_number() OVER (ORDER BY p.lane_seq) = 1 THEN v_deadline END, p.progress /* 0022 */ -- 0061
     FROM picked p
     -- 0024: a row whose mask holds 'running' but not 'available' is left to the statement below;
     -- set_config (evaluated only for such a row: OR stops at the first true arm) tells the loop.
@@ -1310,8 +1314,11 @@ BEGIN
              s.created_at, s.unique_key, s.unique_states
       FROM settled s WHERE s.holder <> s.job_id
     )
-    SELECT s.job_id, s.run_lease + 1, s.attempt + 1, s.max_attempts, s.kind, s.queue, s.priority, s.args, s.metadata,
-           s.tags, s.errors, s.run_at, s.created_at, v_now, v_deadline, s.progress
+    SELECT s.job_id, s.run_lease + 1, s.attempt + 1, s.max_attempts, s.kind, s.queue, s.priority, s.args,
+           nullif(s.metadata, '{}'::jsonb), nullif(s.tags, '{}'::text[]), nullif(s.errors, '[]'::jsonb), -- 0061
+           nullif(s.run_at, s.created_at), s.created_at, -- 0061
+           CASE WHEN row_number() OVER (ORDER BY s.lane_seq) = 1 THEN v_now END, -- 0061
+           CASE WHEN row_number() OVER (ORDER BY s.lane_seq) = 1 THEN v_deadline END, s.progress -- 0061
     FROM settled s WHERE s.holder = s.job_id
     ORDER BY s.lane_seq;
     GET DIAGNOSTICS v_n = ROW_COUNT;
@@ -1567,8 +1574,9 @@ BEGIN
         SELECT p.slot, p.generation, p_queue, v_prios[v_k], v_shards[v_k], p.lane_seq, p.lane_seq, v_now, v_deadline -- 0056
         FROM picked p -- 0056
       )
-      SELECT p.job_id, p.run_lease + 1, p.attempt + 1, p.max_attempts, p.kind, p.queue, p.priority, p.args, p.metadata, -- 0056
-             p.tags, p.errors, p.run_at, p.created_at, v_now, v_deadline, p.progress, NULL::text -- 0056
+      SELECT p.job_id, p.run_lease + 1, p.attempt + 1, p.max_attempts, p.kind, p.queue, p.priority, p.args, -- 0056
+             nullif(p.metadata, '{}'::jsonb), nullif(p.tags, '{}'::text[]), nullif(p.errors, '[]'::jsonb), -- 0061: one row, its own times
+             nullif(p.run_at, p.created_at), p.created_at, v_now, v_deadline, p.progress, NULL::text -- 0061
       FROM picked p -- 0056
       UNION ALL -- 0056: the key at its limit: 0041's status row
       SELECT NULL::bigint, NULL::bigint, NULL::int, NULL::int, NULL::text, p_queue, NULL::smallint, NULL::jsonb, -- 0056
@@ -1697,8 +1705,10 @@ BEGIN
   -- key at its limit, or one whose lock another claimer held); NULL otherwise.
   IF v_total > 0 THEN -- 0041
     RETURN QUERY -- 0041
-    SELECT r.job_id, r.run_lease + 1, r.attempt + 1, r.max_attempts, r.kind, r.queue, r.priority, r.args, r.metadata, -- 0041
-           r.tags, r.errors, r.run_at, r.created_at, v_now, v_deadline, r.progress, -- 0041
+    SELECT r.job_id, r.run_lease + 1, r.attempt + 1, r.max_attempts, r.kind, r.queue, r.priority, r.args, -- 0041
+           nullif(r.metadata, '{}'::jsonb), nullif(r.tags, '{}'::text[]), nullif(r.errors, '[]'::jsonb), -- 0061
+           nullif(r.run_at, r.created_at), r.created_at, -- 0061
+           CASE WHEN r.ordinality = 1 THEN v_now END, CASE WHEN r.ordinality = 1 THEN v_deadline END, r.progress, -- 0061
            CASE WHEN v_contended THEN 'keyLockContended' WHEN v_gated THEN 'keyGated' END -- 0041
     FROM unnest(v_out) WITH ORDINALITY r -- 0041
     ORDER BY r.ordinality; -- 0041

@@ -23,7 +23,7 @@ import { checkQueueName, type ReadCommittedRequired, ValidationError } from "@aw
 import { Migrations } from "@awa/sql"
 import { Clock, Context, Effect, Layer } from "effect"
 import { SqlClient, type SqlError } from "effect/sql"
-import { type ClaimRow, claimedJobOf } from "./PgQueueStorage.ts"
+import { type ClaimRow, claimedJobsOf } from "./PgQueueStorage.ts"
 import { type ClaimedJob, type ClaimParams, QueueStorage } from "./QueueStorage.ts"
 import * as ReadCommitted from "./ReadCommitted.ts"
 import * as SimRate from "./SimRate.ts"
@@ -183,7 +183,7 @@ export const makePg = Effect.fnUntraced(function* (options: { readonly schema?: 
       )
       if (rows.length === 1 && rows[0]!.job_id === null)
         return { jobs: [], nextTokenAt: rows[0]!.next_token_at ?? undefined }
-      return { jobs: rows.map(claimedJobOf), nextTokenAt: rows[0]?.next_token_at ?? undefined }
+      return { jobs: claimedJobsOf(rows), nextTokenAt: rows[0]?.next_token_at ?? undefined }
     })
 
   return FlowStorage.of({ depth, setOverrides, clearOverrides, getOverrides, claimRated })

@@ -21,7 +21,7 @@ import {
   type TakeResult,
   timeoutMsRange
 } from "./CallbackStorage.ts"
-import { type ClaimRow, claimedJobOf } from "./PgQueueStorage.ts"
+import { type ClaimRow, claimedJobsOf } from "./PgQueueStorage.ts"
 import type { AttemptToken, RescuedAttempt } from "./QueueStorage.ts"
 import * as ReadCommitted from "./ReadCommitted.ts"
 import { checkInteger } from "./StorageChecks.ts"
@@ -190,14 +190,12 @@ export const make = Effect.fnUntraced(function* (options: PgCallbackStorageOptio
           Omit<ClaimRow, "deadline_at"> & { readonly callback_result: unknown }
         >`SELECT * FROM ${s}.claim_resumed(${queue}, ${max})`
       ),
-      (rows) =>
-        rows.map(
-          (r): ResumedJob => ({
-            // parked: the claim's deadline no longer applies (migration 0034)
-            ...claimedJobOf({ ...r, deadline_at: null }),
-            callbackResult: r.callback_result
-          })
-        )
+      (rows) => {
+        // parked: the claim's deadline no longer applies (migration 0034); every row carries its
+        // own values (claim_resumed's answer is not lean)
+        const jobs = claimedJobsOf(rows.map((r) => ({ ...r, deadline_at: null })))
+        return rows.map((r, i): ResumedJob => ({ ...jobs[i]!, callbackResult: r.callback_result }))
+      }
     )
 
   const rescueTimedOut = (limit: number) =>

@@ -23,7 +23,7 @@ import {
   policyLimits,
   StaleKeyPolicyEpoch
 } from "./KeyGrants.ts"
-import { type ClaimRow, claimedJobOf } from "./PgQueueStorage.ts"
+import { type ClaimRow, claimedJobsOf } from "./PgQueueStorage.ts"
 import * as ReadCommitted from "./ReadCommitted.ts"
 import { checkInteger, maxClaimBatch } from "./StorageChecks.ts"
 import { cancelChannel, closedPayload, gatedPayload } from "./StorageSignals.ts"
@@ -222,7 +222,8 @@ export const make = Effect.fnUntraced(function* (options: PgKeyGrantsOptions = {
           gate === "keyLockContended" ? { _tag: "KeyLockContended" } : { _tag: "KeyGated" }
         ) as KeyedClaim
       }
-      const jobs = rows.map((r) => claimedJobOf({ ...r, job_id: r.job_id! }))
+      // a first row with a job: every row has one (a gate or rate row comes alone)
+      const jobs = claimedJobsOf(rows as ReadonlyArray<ClaimRow>)
       // 0041: every row carries why the call stopped short, if it did
       const blocked = gate === "keyGated" ? "gated" : gate === "keyLockContended" ? "contended" : undefined
       return { _tag: "Claimed", jobs, blocked, nextTokenAt } as KeyedClaim

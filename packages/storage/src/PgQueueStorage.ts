@@ -396,7 +396,13 @@ const sortedByLane = (jobs: ReadonlyArray<CheckedJob>): ReadonlyArray<number> =>
   return order.sort((a, b) => compareLane(jobs[a]!, jobs[b]!) || a - b)
 }
 
-/** A row of `claim` (and of `claim_keyed`, `claim_resumed`): the claimed attempt as stored. */
+/**
+ * A row of `claim` (and of `claim_keyed`, `claim_resumed`): the claimed attempt as stored. Since
+ * migration 0061 claim and claim_keyed answer lean rows: `metadata`, `tags` and `errors` are NULL
+ * when empty, `run_at` is NULL when it equals `created_at`, and the call's `claimed_at` and
+ * `deadline_at` come on the first row of each statement's answer only (NULL after it).
+ * `claimedJobsOf` restores them.
+ */
 export interface ClaimRow {
   readonly job_id: bigint
   readonly run_lease: bigint
@@ -406,18 +412,18 @@ export interface ClaimRow {
   readonly queue: string
   readonly priority: number
   readonly args: unknown
-  readonly metadata: Record<string, unknown>
-  readonly tags: Array<string>
-  readonly errors: Array<any>
-  readonly run_at: Date
+  readonly metadata: Record<string, unknown> | null
+  readonly tags: Array<string> | null
+  readonly errors: Array<any> | null
+  readonly run_at: Date | null
   readonly created_at: Date
-  readonly claimed_at: Date
+  readonly claimed_at: Date | null
   readonly deadline_at: Date | null
   readonly progress: Record<string, unknown> | null
 }
 
-/** The claimed attempt a worker receives, from its row. */
-export const claimedJobOf = (r: ClaimRow): ClaimedJob => ({
+/** The claimed attempt a worker receives, from its row and its claim call's times. */
+const claimedJobFrom = (r: ClaimRow, claimedAt: Date, deadlineAt: Date | null): ClaimedJob => ({
   jobId: r.job_id,
   runLease: r.run_lease,
   kind: r.kind,
@@ -426,15 +432,38 @@ export const claimedJobOf = (r: ClaimRow): ClaimedJob => ({
   attempt: r.attempt,
   maxAttempts: r.max_attempts,
   args: r.args,
-  metadata: r.metadata,
-  tags: r.tags,
-  errors: r.errors,
-  runAt: r.run_at,
+  metadata: r.metadata ?? {},
+  tags: r.tags ?? [],
+  errors: r.errors ?? [],
+  runAt: r.run_at ?? new Date(r.created_at.getTime()),
   createdAt: r.created_at,
-  claimedAt: r.claimed_at,
-  deadlineAt: r.deadline_at,
+  claimedAt,
+  deadlineAt,
   progress: r.progress
 })
+
+/**
+ * The claimed attempts a worker receives, from a claim's rows in their order: a row without
+ * `claimed_at` has its call's times from the row before it that carried them (0061). The jobs of
+ * one call share those two `Date`s, as they share the instants.
+ */
+export const claimedJobsOf = (rows: ReadonlyArray<ClaimRow>): Array<ClaimedJob> => {
+  const jobs = new Array<ClaimedJob>(rows.length)
+  let claimedAt: Date | null = null
+  let deadlineAt: Date | null = null
+  for (let i = 0; i < rows.length; i++) {
+    const row = rows[i]!
+    if (row.claimed_at !== null) {
+      claimedAt = row.claimed_at
+      deadlineAt = row.deadline_at
+    } else if (claimedAt === null) {
+      // every statement's first row carries the call's times: this is a bug in the SQL
+      throw new Error(`claim answered job ${row.job_id} without its call's claimed_at`)
+    }
+    jobs[i] = claimedJobFrom(row, claimedAt, deadlineAt)
+  }
+  return jobs
+}
 
 export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions = {}) {
   const sql = yield* SqlClient.SqlClient
@@ -624,7 +653,7 @@ export const make = Effect.fnUntraced(function* (options: PgQueueStorageOptions 
       yield* checkInteger("max", params.max, 0, maxClaimBatch)
       const statement = sql<ClaimRow>`SELECT * FROM ${s}.claim(${params.queue}, ${params.max}, ${params.deadlineMs}::bigint, ${params.agingIntervalMs}::bigint)`
       const rows = yield* hot.run(statement, rc("claim", statement))
-      return rows.map(claimedJobOf)
+      return claimedJobsOf(rows)
     }).pipe(ReadCommitted.mapRefusal("claim"))
 
   // A batch of completions (the completion batcher's usual one) goes as two arrays (migration
