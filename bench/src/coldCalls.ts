@@ -9,7 +9,8 @@
  *     [--ranges 100,300,1000,3000] [--runs 3]
  *
  * Layers: `select1` (`SELECT 1` through the pool: the driver and Effect's run loop),
- * `claim-rows` (a 100-row `SELECT` shaped as a claim's answer, per row), `claim-empty`
+ * `claim-rows` (a 100-row `SELECT` shaped as a claim's answer, per row), `claim-rows-lean` (the
+ * same answer as migration 0061 leaves it: empty values and repeated times NULL), `claim-empty`
  * (`storage.claim` of an empty queue: its checks, the hot connection, the span), `enqueue-one`
  * (`storage.enqueueMany` of one job), `insert` (`client.insert`, tracing off). Prints the median
  * over `--runs` processes of each range's µs of CPU per call (per row for `claim-rows`).
@@ -34,7 +35,7 @@ import {
   stringArg
 } from "./lib.ts"
 
-const layers = ["select1", "claim-rows", "claim-empty", "enqueue-one", "insert"] as const
+const layers = ["select1", "claim-rows", "claim-rows-lean", "claim-empty", "enqueue-one", "insert"] as const
 type LayerName = (typeof layers)[number]
 
 const ranges = stringArg("--ranges", "100,300,1000,3000").split(",").map(Number)
@@ -44,6 +45,17 @@ const claimShaped = `SELECT g::bigint AS job_id, 1::bigint AS run_lease, 1 AS at
   'bench'::text AS kind, 'bench_queue'::text AS queue, 2::smallint AS priority, jsonb_build_object('seq', g) AS args,
   '{}'::jsonb AS metadata, '{}'::text[] AS tags, '[]'::jsonb AS errors, now() AS run_at, now() AS created_at,
   now() AS claimed_at, now() + interval '5 min' AS deadline_at, NULL::jsonb AS progress
+  FROM generate_series(1, 100) g`
+
+/**
+ * The same answer as claim and claim_keyed give it since migration 0061: empty values, `run_at`
+ * equal to `created_at` and the call's times after the first row as NULL.
+ */
+const claimShapedLean = `SELECT g::bigint AS job_id, 1::bigint AS run_lease, 1 AS attempt, 25 AS max_attempts,
+  'bench'::text AS kind, 'bench_queue'::text AS queue, 2::smallint AS priority, jsonb_build_object('seq', g) AS args,
+  NULL::jsonb AS metadata, NULL::text[] AS tags, NULL::jsonb AS errors, NULL::timestamptz AS run_at, now() AS created_at,
+  CASE WHEN g = 1 THEN now() END AS claimed_at, CASE WHEN g = 1 THEN now() + interval '5 min' END AS deadline_at,
+  NULL::jsonb AS progress
   FROM generate_series(1, 100) g`
 
 const Probe = Job.define({ kind: "probe", args: Schema.Struct({ seq: Schema.Number }), queue: "cold_probe" })
@@ -60,8 +72,10 @@ const measureHere = async (layer: LayerName, url: string) => {
   const call: Effect.Effect<unknown, unknown, SqlClient.SqlClient | QueueStorage | AwaClient.AwaClient> =
     layer === "select1"
       ? Effect.flatMap(SqlClient.SqlClient, (sql) => sql`SELECT 1`)
-      : layer === "claim-rows"
-        ? Effect.flatMap(SqlClient.SqlClient, (sql) => sql.unsafe(claimShaped))
+      : layer === "claim-rows" || layer === "claim-rows-lean"
+        ? Effect.flatMap(SqlClient.SqlClient, (sql) =>
+            sql.unsafe(layer === "claim-rows" ? claimShaped : claimShapedLean)
+          )
         : layer === "claim-empty"
           ? Effect.flatMap(QueueStorage, (s) =>
               s.claim({ queue: "cold_empty", max: 100, deadlineMs: 0, agingIntervalMs: 0 })
@@ -80,7 +94,7 @@ const measureHere = async (layer: LayerName, url: string) => {
     const n = bound - done
     for (; done < bound; done++) await runtime.runPromise(call)
     const cpu = process.cpuUsage(cpu0)
-    perCall.push((cpu.user + cpu.system) / n / (layer === "claim-rows" ? 100 : 1))
+    perCall.push((cpu.user + cpu.system) / n / (layer.startsWith("claim-rows") ? 100 : 1))
   }
   await runtime.dispose()
   return perCall
@@ -119,7 +133,7 @@ const program = Effect.gen(function* () {
   yield* Effect.addFinalizer(() => dropDatabase(server.url, name).pipe(Effect.ignore))
   yield* installInChild("awa", url)
   const header = ranges.map((bound, i) => `calls ${i === 0 ? 1 : ranges[i - 1]! + 1}–${bound}`)
-  console.log(`µs of CPU per call (claim-rows: per row), median of ${runs} fresh processes`)
+  console.log(`µs of CPU per call (claim-rows, claim-rows-lean: per row), median of ${runs} fresh processes`)
   console.log(["layer".padEnd(12), ...header.map((h) => h.padStart(16))].join(""))
   for (const layer of chosen) {
     const samples: Array<Array<number>> = []
