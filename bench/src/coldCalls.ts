@@ -13,7 +13,7 @@
  * same answer as migration 0061 leaves it: empty values and repeated times NULL), `claim-empty`
  * (`storage.claim` of an empty queue: its checks, the hot connection, the span), `enqueue-one`
  * (`storage.enqueueMany` of one job), `insert` (`client.insert`, tracing off). Prints the median
- * over `--runs` processes of each range's µs of CPU per call (per row for `claim-rows`).
+ * over `--runs` processes of each range's µs of CPU per call (per row for both `claim-rows` layers).
  * `DATABASE_URL`, or a temporary embedded server with durability on.
  */
 import { execFile } from "node:child_process"
@@ -60,7 +60,7 @@ const claimShapedLean = `SELECT g::bigint AS job_id, 1::bigint AS run_lease, 1 A
 
 const Probe = Job.define({ kind: "probe", args: Schema.Struct({ seq: Schema.Number }), queue: "cold_probe" })
 
-/** One layer's calls in this (fresh) process: CPU µs per call (per row for claim-rows) by range. */
+/** One layer's calls in this (fresh) process: CPU µs per call (per row for claim-rows*) by range. */
 const measureHere = async (layer: LayerName, url: string) => {
   const runtime = ManagedRuntime.make(
     Awa.layerPg({ migrateOnStart: false, tracing: false }).pipe(

@@ -19,8 +19,9 @@
  * both queues claim through the plain claim; what the ratio shows then is this measure's own
  * spread between two identical claims, the yardstick for the keyed run's ratio.
  *
- * `--sql <file>`: runs the file's statement (one: `runSqlFiles`) after the schema is installed, e.g. an earlier migration's text of `claim_keyed`, to compare two builds of a function
- * in the same tool.
+ * `--sql <file>`: runs the file's statement (one: `runSqlFiles`) after the schema is installed,
+ * e.g. an earlier migration's text of `claim_keyed`, to compare two builds of a function in the
+ * same tool.
  *
  * Prints one row per window (each kind's claim p50 / p99, the p99 ratio, the calls that overlapped
  * a finalization) and, over all windows pooled, each kind's quantiles and the p99 ratio.

@@ -56,8 +56,8 @@ const overrides = JSON.parse(process.env.AWA_WORKER_OPTIONS ?? "{}") as Record<s
 
 /**
  * For investigations only: `AWA_BENCH_SQL=<file>[,<file>…]` runs each file (one statement per
- * file: `runSqlFiles`) once the schema is installed: e.g. a prototype of a function, to price it through the whole
- * stack. The files' names are recorded in the settings.
+ * file: `runSqlFiles`) once the schema is installed: e.g. a prototype of a function, to price it
+ * through the whole stack. The files' names are recorded in the settings.
  */
 const extraSql = process.env.AWA_BENCH_SQL
 
