@@ -178,6 +178,20 @@ const open = async (page: Page, server: Server, hash: string, ready: string) => 
   await page.locator(`main[data-route="${hash}"] ${ready}`).first().waitFor()
 }
 
+/**
+ * A computed style of the element `selector` finds, found and read in one task of the page: the
+ * dashboard redraws its view every poll, and an element a locator found just before a redraw is
+ * detached by the time it is read (its computed style is then empty).
+ */
+const computedStyle = (page: Page, selector: string, property: string, pseudo?: string) =>
+  page.evaluate(
+    ([selector, property, pseudo]) => {
+      const element = document.querySelector(selector!)
+      return element === null ? null : getComputedStyle(element, pseudo).getPropertyValue(property!)
+    },
+    [selector, property, pseudo] as const
+  )
+
 const noticeSays = async (page: Page, text: string) => {
   try {
     await page.locator("#notice", { hasText: text }).waitFor({ timeout: 15_000 })
@@ -345,14 +359,14 @@ describe.skipIf(!runBrowser)("dashboard", () => {
         const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth)
         assert.isAtMost(overflow, 0, "page wider than the window")
         // one card per queue: the header row is hidden, each cell carries its label
+        assert.strictEqual(await computedStyle(page, ".cards thead", "display"), "none")
         assert.strictEqual(
-          await page.locator(".cards thead").evaluate((e) => getComputedStyle(e).display),
-          "none"
-        )
-        assert.strictEqual(
-          await page
-            .locator('tr[data-queue="work"] td[data-label="Available"]')
-            .evaluate((e) => getComputedStyle(e, "::before").content),
+          await computedStyle(
+            page,
+            'tr[data-queue="work"] td[data-label="Available"]',
+            "content",
+            "::before"
+          ),
           '"Available"'
         )
       } finally {
