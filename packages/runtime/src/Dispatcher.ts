@@ -443,6 +443,8 @@ export const make = Effect.fnUntraced(function* <R>(
       now,
       batch - resumedCount
     )
+    // a claim that found jobs ends a streak of busy buckets: the inserts that held it committed
+    if (claimed > 0) bucketBusy = 0
     // (still `claiming` until `nothingLeft` says what this claim left: a closure announced while
     // the jobs start is noted for this claim's result too, not judged by the previous claim's)
     yield* startBuffered

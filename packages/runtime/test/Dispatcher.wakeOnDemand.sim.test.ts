@@ -133,6 +133,41 @@ describe("Dispatcher: wake-ups on demand (migration 0051)", () => {
     })
   )
 
+  it.effect(
+    "inserts in flight one after another (Busy each time): each claim that finds a job ends the back-off",
+    () =>
+      Effect.gen(function* () {
+        // every ask meets the next insert in flight (a steady stream of producers whose commits
+        // are slow): the claim after each short wait finds that insert's job. Without the reset
+        // the waits doubled (1, 2, 4 … 128 ms) although every one of those claims found work.
+        const h = yield* harness((call, storage) =>
+          call <= 8 ? Effect.as(insert(storage, call), "Busy") : Effect.succeed(call === 9 ? "Taken" : "Held")
+        )
+        yield* Effect.gen(function* () {
+          h.setStorage(yield* QueueStorage)
+          const ran: Array<number> = []
+          const stop = yield* startWorker(ran)
+          yield* advance(20, 1)
+          assert.deepStrictEqual(ran, [1, 2, 3, 4, 5, 6, 7, 8], "every insert's job ran within milliseconds")
+          yield* stop
+        }).pipe(Effect.provide(h.layer))
+      })
+  )
+
+  it.effect("a bucket held by a transaction that stays open (Busy, nothing to claim): the waits double", () =>
+    Effect.gen(function* () {
+      const h = yield* harness(() => Effect.succeed("Busy"))
+      yield* Effect.gen(function* () {
+        h.setStorage(yield* QueueStorage)
+        const stop = yield* startWorker([])
+        // 1 + 2 + 4 + 8 + 16 + 32 ms of waits: seven asks in 70 ms, not one per millisecond
+        yield* advance(70, 1)
+        assert.strictEqual(h.calls.length, 7)
+        yield* stop
+      }).pipe(Effect.provide(h.layer))
+    })
+  )
+
   it.effect("a backlog (two full claims in a row) stops the waiting; drained, it waits again", () =>
     Effect.gen(function* () {
       const h = yield* harness(() => Effect.succeed("Held"))
