@@ -1020,6 +1020,11 @@ BEGIN
     RAISE EXCEPTION 'claim needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
       USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
   END IF;
+  -- 0062: the claim commits without waiting for its WAL to reach disk, unless this transaction
+  -- wrote before it (a caller's own writes keep their durability); see the header
+  IF pg_current_xact_id_if_assigned() IS NULL THEN -- 0062
+    PERFORM set_config('synchronous_commit', 'off', true); -- 0062
+  END IF; -- 0062
   IF p_max <= 0 THEN
     RETURN;
   END IF;
@@ -1402,6 +1407,11 @@ BEGIN
     RAISE EXCEPTION 'claim_keyed needs READ COMMITTED, not %', upper(current_setting('transaction_isolation'))
       USING ERRCODE = 'AWI01', HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
   END IF;
+  -- 0062: the claim commits without waiting for its WAL to reach disk, unless this transaction
+  -- wrote before it (a caller's own writes keep their durability); see the header
+  IF pg_current_xact_id_if_assigned() IS NULL THEN -- 0062
+    PERFORM set_config('synchronous_commit', 'off', true); -- 0062
+  END IF; -- 0062
   IF p_max <= 0 THEN
     RETURN;
   END IF;
