@@ -338,7 +338,8 @@ export const make = Effect.fnUntraced(function* <R>(
   let lingered = false
 
   // Wake-ups on demand: consecutive full claims (two make a backlog), and consecutive answers that
-  // an insert in flight holds the queue's bucket (each doubles the short wait before the next claim).
+  // an insert in flight holds the queue's bucket (each doubles the short wait before the next claim,
+  // for a transaction that stays open; a claim that finds jobs starts the count over: ADR 0042).
   let fullClaims = 0
   let bucketBusy = 0
 
