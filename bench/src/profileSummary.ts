@@ -1,7 +1,8 @@
 /**
  * Sums a V8 `.cpuprofile` (as `profileDrain.ts` writes) by self time: the top functions and the
  * top files or packages, in % of the profile and in ms. For reading where Node's time goes
- * (docs/benchmarks.md, ADR 0031).
+ * (docs/benchmarks.md, ADR 0031). The first table groups the samples by owner (idle, the Effect
+ * runtime, Awa's code, the SQL driver, …), for two systems' profiles side by side.
  *
  *   node bench/src/profileSummary.ts bench/results/drain-awa-….cpuprofile [--top 30]
  */
@@ -47,14 +48,37 @@ const where = (url: string): string => {
   return url.replace(/^file:\/\//, "").replace(/^.*\/bench\//, "bench/")
 }
 
+/**
+ * A coarse owner for a sample, to set two systems' profiles side by side: time the thread waited
+ * (idle), the profiler's own, V8's collector, socket writes (on a busy two-core machine mostly the
+ * thread descheduled while the write wakes a backend), Awa's code, the Effect runtime, a SQL
+ * driver (Effect's or node-postgres), a peer's own package, Node's internals, anything else.
+ */
+const groupOf = (functionName: string, url: string): string => {
+  if (functionName === "(idle)") return "idle"
+  if (functionName === "(garbage collector)") return "garbage collector"
+  if (url.startsWith("node:inspector")) return "profiler"
+  if (url === "") return functionName === "writeBuffer" || functionName === "writev" ? "socket writes" : "other native"
+  if (url.includes("/packages/")) return "awa"
+  if (url.includes("node_modules/@effect/sql-pg/") || /node_modules\/(pg|pg-[a-z]+|postgres-[a-z]+)\//.test(url))
+    return "sql driver"
+  if (url.includes("node_modules/effect/")) return "effect runtime"
+  if (url.includes("node_modules/graphile-worker/") || url.includes("node_modules/pg-boss/")) return "peer"
+  if (url.startsWith("node:")) return "node internals"
+  return "other"
+}
+
 const functions = new Map<string, number>()
 const files = new Map<string, number>()
+const groups = new Map<string, number>()
 for (const [id, us] of selfUs) {
   const { functionName, url, lineNumber } = byId.get(id)!.callFrame
   const place = where(url)
   const fn = `${functionName || "(anonymous)"} ${place}${url === "" ? "" : `:${lineNumber + 1}`}`
   functions.set(fn, (functions.get(fn) ?? 0) + us)
   files.set(place, (files.get(place) ?? 0) + us)
+  const group = groupOf(functionName, url)
+  groups.set(group, (groups.get(group) ?? 0) + us)
 }
 
 const print = (title: string, entries: Map<string, number>) => {
@@ -65,5 +89,6 @@ const print = (title: string, entries: Map<string, number>) => {
     )
 }
 console.log(`${file}: ${(totalUs / 1000).toFixed(0)} ms profiled`)
+print("self time by group", groups)
 print("self time by file", files)
 print("self time by function", functions)
