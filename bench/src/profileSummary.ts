@@ -58,9 +58,13 @@ const groupOf = (functionName: string, url: string): string => {
   if (functionName === "(idle)") return "idle"
   if (functionName === "(garbage collector)") return "garbage collector"
   if (url.startsWith("node:inspector")) return "profiler"
-  if (url === "") return functionName === "writeBuffer" || functionName === "writev" ? "socket writes" : "other native"
+  if (url === "")
+    return functionName === "writeBuffer" || functionName === "writev" ? "socket writes" : "other native"
   if (url.includes("/packages/")) return "awa"
-  if (url.includes("node_modules/@effect/sql-pg/") || /node_modules\/(pg|pg-[a-z]+|postgres-[a-z]+)\//.test(url))
+  if (
+    url.includes("node_modules/@effect/sql-pg/") ||
+    /node_modules\/(pg|pg-[a-z]+|postgres-[a-z]+)\//.test(url)
+  )
     return "sql driver"
   if (url.includes("node_modules/effect/")) return "effect runtime"
   if (url.includes("node_modules/graphile-worker/") || url.includes("node_modules/pg-boss/")) return "peer"
