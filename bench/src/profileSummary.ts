@@ -61,13 +61,14 @@ const groupOf = (functionName: string, url: string): string => {
   if (url === "")
     return functionName === "writeBuffer" || functionName === "writev" ? "socket writes" : "other native"
   if (url.includes("/packages/")) return "awa"
+  // before the driver: `pg-boss` would match its `pg-…` packages
+  if (url.includes("node_modules/graphile-worker/") || url.includes("node_modules/pg-boss/")) return "peer"
   if (
     url.includes("node_modules/@effect/sql-pg/") ||
     /node_modules\/(pg|pg-[a-z]+|postgres-[a-z]+)\//.test(url)
   )
     return "sql driver"
   if (url.includes("node_modules/effect/")) return "effect runtime"
-  if (url.includes("node_modules/graphile-worker/") || url.includes("node_modules/pg-boss/")) return "peer"
   if (url.startsWith("node:")) return "node internals"
   return "other"
 }
