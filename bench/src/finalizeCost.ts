@@ -19,6 +19,7 @@ import { Awa } from "@awa/runtime"
 import { QueueStorage } from "@awa/storage"
 import { PgClient } from "@effect/sql-pg"
 import { Effect, Layer, Redacted, References } from "effect"
+import { SqlClient } from "effect/sql"
 import {
   acquireServerAt,
   costTable,
@@ -27,8 +28,10 @@ import {
   intArg,
   quantile,
   rolledBackTimer,
+  stringArg,
   withClient
 } from "./lib.ts"
+import { runSqlFiles } from "./sqlFiles.ts"
 
 const jobs = intArg("--jobs", 20_000)
 const slots = intArg("--slots", 4)
@@ -45,9 +48,25 @@ const claimAndComplete = `
     SELECT array_agg(job_id) AS ids, array_agg(run_lease) AS leases FROM awa.claim('${queue}', ${batch}, 0, 0))
   SELECT count(*) FROM c, awa.finalize_completions(c.ids, c.leases)`
 
+/**
+ * `--sql <file>[,<file>…]`: a prototype's SQL files (`sqlFiles.ts`) run after the install; one of
+ * them defines `awa.finalize_completions_alt` with the same signature, timed beside the installed
+ * function in the same rounds.
+ */
+const altSql = stringArg("--sql", "")
+const altFiles = altSql === "" ? [] : altSql.split(",")
+
 const probes: ReadonlyArray<readonly [string, string]> = [
   [`claim(${batch})`, claimOnly],
-  [`claim(${batch}) + finalize_completions(${batch})`, claimAndComplete]
+  [`claim(${batch}) + finalize_completions(${batch})`, claimAndComplete],
+  ...(altFiles.length === 0
+    ? []
+    : [
+        [
+          `claim(${batch}) + finalize_completions_alt(${batch})`,
+          claimAndComplete.replace("awa.finalize_completions(", "awa.finalize_completions_alt(")
+        ] as const
+      ])
 ]
 
 /** The backlog, through the storage layer, a rotation after every `slots`-th part of it. */
@@ -99,6 +118,8 @@ const program = Effect.gen(function* () {
   const server = yield* acquireServerAt(process.env.DATABASE_URL)
   const url = yield* createDatabase(server.url, databaseName("awa_finalize_cost"))
   yield* load(url)
+  if (altFiles.length > 0)
+    yield* withClient(url, (sql) => Effect.provideService(runSqlFiles(altFiles), SqlClient.SqlClient, sql))
   const { samples, live } = yield* measure(url)
   console.log(
     `finalize cost in one backend: ${jobs.toLocaleString("en-US")} jobs over ${live} slot(s), batches of ${batch}, ${rounds} rounds of ${calls} calls`
@@ -110,13 +131,17 @@ const program = Effect.gen(function* () {
     )
   )
   // the medians the table shows
-  const [claim, both] = probes.map(([label]) =>
+  const [claim, both, alt] = probes.map(([label]) =>
     quantile(
       [...samples.get(label)!].sort((a, b) => a - b),
       0.5
     )
   )
   console.log(`finalize_completions(${batch}): ~${Math.round(both! - claim!)} µs (difference of the medians)`)
+  if (alt !== undefined)
+    console.log(
+      `finalize_completions_alt(${batch}): ~${Math.round(alt - claim!)} µs (difference of the medians)`
+    )
 })
 
 Effect.runPromise(Effect.scoped(program)).catch((error) => {
