@@ -8,6 +8,7 @@
  *
  *   node --conditions=@awa/source bench/src/finalizeCost.ts [--jobs 20000] [--slots 4] [--batch 100] [--rounds 6] [--calls 30]
  *   DATABASE_URL=postgres://…/postgres node --conditions=@awa/source bench/src/finalizeCost.ts   # any server
+ *   node --conditions=@awa/source bench/src/finalizeCost.ts --sql alt.sql   # a prototype's finalize_completions_alt beside it
  *
  * `--slots n`: a rotation after every n-th of the backlog, as a drain's backlog spans the slots
  * rotated in while it was enqueued; the claims then lie in the oldest slot while every slot up to
