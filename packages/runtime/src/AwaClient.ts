@@ -18,7 +18,7 @@ import {
 } from "@awa/core"
 import type { EnqueuedJob, EnqueueError, JobView, ListFilter, QueueStateCount } from "@awa/storage"
 import { FlowStorage, QueueStorage } from "@awa/storage"
-import { Clock, Context, Duration, Effect, Layer, type Option, Schema } from "effect"
+import { Clock, Context, Duration, Effect, Layer, type Option, Schema, Tracer } from "effect"
 import type { SqlError } from "effect/sql"
 import * as Backpressure from "./Backpressure.ts"
 import * as FlowMetrics from "./FlowMetrics.ts"
@@ -34,8 +34,9 @@ export type InsertError = EnqueueError | BackpressureRejected
 
 export interface AwaClientOptions {
   /**
-   * A producer span per insert call, its traceparent stored in job metadata. Off: no span at all
-   * and nothing stored. Default true.
+   * A producer span per insert call, its traceparent stored in job metadata, when a tracer is
+   * installed. Under Effect's default tracer (none installed) no span is opened and only a
+   * caller's own current span is stored. Off: no span at all and nothing stored. Default true.
    */
   readonly tracing?: boolean | undefined
 }
@@ -245,19 +246,26 @@ export const make = Effect.fnUntraced(function* (options: AwaClientOptions = {})
     // With tracing off there is no producer span at all (as for the worker's consumer spans): a
     // span per insert is measurable per-job cost. Its stack trace would only point here.
     tracing
-      ? send(job, args, options).pipe(
-          Effect.withSpan(
-            `send ${job.kind}`,
-            {
-              kind: "producer",
-              attributes: {
-                "messaging.system": "awa",
-                "messaging.operation.type": "send",
-                "awa.job.kind": job.kind
-              }
-            },
-            { captureStackTrace: false }
-          )
+      ? Effect.withFiber((fiber) =>
+          // Under Effect's default tracer nothing exports a span, so the insert opens none of its
+          // own and stores no traceparent it would have made up: its trace id would name a trace
+          // no backend has (ADR 0043). A caller's own span is still stored (`prepare`).
+          fiber.getRef(Tracer.Tracer) === Tracer.nativeTracer
+            ? send(job, args, options)
+            : send(job, args, options).pipe(
+                Effect.withSpan(
+                  `send ${job.kind}`,
+                  {
+                    kind: "producer",
+                    attributes: {
+                      "messaging.system": "awa",
+                      "messaging.operation.type": "send",
+                      "awa.job.kind": job.kind
+                    }
+                  },
+                  { captureStackTrace: false }
+                )
+              )
         )
       : send(job, args, options)
 

@@ -400,9 +400,10 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
    * With tracing on (off, there is no span at all: a span per attempt is measurable per-job cost),
    * wraps the attempt in a consumer span: child of the producer's span on attempt 1, linked after.
    * `exported` is false under Effect's default `nativeTracer` (no tracer installed): the span is
-   * kept, so a handler or logger still reads the producer's trace id from `Effect.currentSpan`,
-   * but without the attributes only an installed tracer could export (issue 17, ADR 0031). No
-   * stack trace in either case: it would only ever point here (as for the producer span).
+   * then made only for a job that carries a producer's traceparent, so a handler or logger still
+   * reads that trace id from `Effect.currentSpan`, and without the attributes only an installed
+   * tracer could export (issue 17, ADR 0031, ADR 0043). No stack trace in either case: it would
+   * only ever point here (as for the producer span).
    */
   const traced = <A, E>(job: ClaimedJob, effect: Effect.Effect<A, E, R>, exported: boolean) => {
     const attributes = exported
@@ -642,15 +643,15 @@ export const make = Effect.fnUntraced(function* <R>(options: ExecutorOptions<R>)
         entry.startedAt = performance.now()
         if (entry.closedElsewhere) return Effect.interrupt
         if (entry.deadlineExceeded) return Effect.fail(new DeadlineExceeded())
-        if (handler !== undefined)
-          return options.tracing
-            ? traced(
-                entry.job,
-                attempt(handler, entry),
-                // the tracer this fiber's spans go to: the default one exports nothing
-                fiber.getRef(Tracer.Tracer) !== Tracer.nativeTracer
-              )
+        if (handler !== undefined) {
+          if (!options.tracing) return attempt(handler, entry)
+          // the tracer this fiber's spans go to: the default one exports nothing
+          const exported = fiber.getRef(Tracer.Tracer) !== Tracer.nativeTracer
+          // under it, a span only continues a producer's trace (ADR 0043)
+          return exported || entry.job.metadata[Traceparent.metadataKey] !== undefined
+            ? traced(entry.job, attempt(handler, entry), exported)
             : attempt(handler, entry)
+        }
         return options.onUnknownKind === "fail"
           ? Effect.fail(new Job.JobTerminalError({ message: `unknown job kind: ${entry.job.kind}` }))
           : Effect.fail(new Error(`unknown job kind: ${entry.job.kind}`))

@@ -1,10 +1,13 @@
 /**
  * What the per-job cost cuts of issue 17 (ADR 0031) keep and what they drop, on the simulation
  * layer with virtual time:
- * - Under Effect's default tracer (no tracer installed) an attempt still runs in its consumer
- *   span, child of the producer's span (a handler or logger reads the trace id from
- *   `Effect.currentSpan`), but the span carries no attributes: only an installed tracer could
+ * - Under Effect's default tracer (no tracer installed) an attempt of a job inserted inside a span
+ *   still runs in its consumer span, child of that span (a handler or logger reads the trace id
+ *   from `Effect.currentSpan`), but the span carries no attributes: only an installed tracer could
  *   export them (Tracing.pg.test.ts checks them with one installed).
+ * - Under it, an insert outside any span opens none and stores no traceparent, and its attempt
+ *   runs in no span (ADR 0043); with a tracer installed the insert opens its `send` span and the
+ *   attempt its child, as before.
  * - No fiber waits for an attempt's acknowledgement any more (the batcher calls back), yet the
  *   attempt stays in the running registry, heartbeated, until its outcome is durable.
  * - The runtime's metrics, now tagged through one context per (queue, kind), still carry the
@@ -13,13 +16,13 @@
 import { Job, Traceparent } from "@awa/core"
 import { QueueStorage } from "@awa/storage"
 import { assert, describe, it } from "@effect/vitest"
-import { Context, Deferred, Effect, Exit, Layer, Metric, Option, Schema, Scope, type Tracer } from "effect"
+import { Context, Deferred, Effect, Exit, Layer, Metric, Option, Schema, Scope, Tracer } from "effect"
 import * as Awa from "../src/Awa.ts"
 import { AwaClient } from "../src/AwaClient.ts"
 import { handler } from "../src/Handler.ts"
 import * as RuntimeMetrics from "../src/RuntimeMetrics.ts"
 import { Worker } from "../src/Worker.ts"
-import { advance } from "./support.ts"
+import { advance, recordingTracer } from "./support.ts"
 
 const Task = Job.define({ kind: "task", args: Schema.Struct({ n: Schema.Number }), queue: "hot" })
 
@@ -61,6 +64,79 @@ describe("per-job cost cuts keep what a user can see", () => {
       assert.strictEqual(Option.getOrUndefined(span.parent)?.spanId, producer!.spanId)
       assert.strictEqual(span.attributes.size, 0, "no attributes for a tracer that exports nothing")
     }).pipe(Effect.provide(Awa.layerSim()))
+  )
+
+  /** Inserts one job with `insert`, runs it, and answers its stored traceparent and the span its handler ran in. */
+  const spanOfOneAttempt = (
+    insert: (client: AwaClient["Service"]) => Effect.Effect<{ readonly id: bigint }, unknown>
+  ) =>
+    Effect.gen(function* () {
+      const seen: Array<Option.Option<Tracer.Span>> = []
+      const scope = yield* Scope.make()
+      yield* Layer.buildWithScope(
+        Awa.worker({
+          queues: { hot: { pollInterval: "50 millis" } },
+          handlers: [
+            handler(Task, () => Effect.map(Effect.option(Effect.currentSpan), (span) => void seen.push(span)))
+          ]
+        }),
+        scope
+      )
+      const client = yield* AwaClient
+      const job = yield* insert(client)
+      const stored = (yield* client.storage.getJob(job.id)).metadata[Traceparent.metadataKey]
+      yield* advance(1_000)
+      yield* Scope.close(scope, Exit.void)
+      assert.strictEqual(seen.length, 1)
+      return { stored, span: Option.getOrUndefined(seen[0]!) }
+    })
+
+  it.effect(
+    "under the default tracer an insert outside any span stores no traceparent and its attempt runs in no span",
+    () =>
+      Effect.gen(function* () {
+        const { stored, span } = yield* spanOfOneAttempt((client) => client.insert(Task, { n: 1 }))
+        assert.isUndefined(stored, "no trace id that no backend has")
+        assert.isUndefined(span, "no span for a tracer that exports nothing and a job with no trace")
+      }).pipe(Effect.provide(Awa.layerSim()))
+  )
+
+  it.effect("under the default tracer an insert inside a span stores that span's own traceparent", () =>
+    Effect.gen(function* () {
+      let caller: Tracer.Span | undefined
+      const { stored, span } = yield* spanOfOneAttempt((client) =>
+        Effect.flatMap(Effect.currentSpan, (current) => {
+          caller = current
+          return client.insert(Task, { n: 1 })
+        }).pipe(Effect.withSpan("checkout"))
+      )
+      assert.strictEqual(
+        stored,
+        Traceparent.encode({ traceId: caller!.traceId, spanId: caller!.spanId, sampled: caller!.sampled }),
+        "the caller's span, not a producer span of the insert's own"
+      )
+      assert.strictEqual(span?.traceId, caller!.traceId)
+      assert.strictEqual(Option.getOrUndefined(span!.parent)?.spanId, caller!.spanId)
+    }).pipe(Effect.provide(Awa.layerSim()))
+  )
+
+  it.effect(
+    "with a tracer installed an insert outside any span opens its producer span, the attempt its child",
+    () => {
+      const { spans, tracer } = recordingTracer()
+      return Effect.gen(function* () {
+        const { stored, span } = yield* spanOfOneAttempt((client) => client.insert(Task, { n: 1 }))
+        const producer = spans.find((s) => s.name === "send task")
+        assert.isDefined(producer)
+        assert.strictEqual(
+          stored,
+          Traceparent.encode({ traceId: producer!.traceId, spanId: producer!.spanId, sampled: true })
+        )
+        assert.strictEqual(span?.name, "process task")
+        assert.strictEqual(Option.getOrUndefined(span!.parent)?.spanId, producer!.spanId)
+        assert.strictEqual(span!.attributes.get("messaging.destination.name"), "hot")
+      }).pipe(Effect.provide(Awa.layerSim()), Effect.withTracer(tracer))
+    }
   )
 
   it.effect("the worker's metrics keep the metric attributes of the context it was built in", () =>
