@@ -16,7 +16,7 @@
 import { Job, Traceparent } from "@awa/core"
 import { QueueStorage } from "@awa/storage"
 import { assert, describe, it } from "@effect/vitest"
-import { Context, Deferred, Effect, Exit, Layer, Metric, Option, Schema, Scope, Tracer } from "effect"
+import { Context, Deferred, Effect, Exit, Layer, Metric, Option, Schema, Scope, type Tracer } from "effect"
 import * as Awa from "../src/Awa.ts"
 import { AwaClient } from "../src/AwaClient.ts"
 import { handler } from "../src/Handler.ts"
