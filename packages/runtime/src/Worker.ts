@@ -204,7 +204,11 @@ export interface WorkerOptions<R> {
    * jobs of a kind only the new one knows; retrying hands them on (docs/adr/0020).
    */
   readonly onUnknownKind?: "fail" | "retry" | undefined
-  /** A consumer span per attempt, child of (or linked to) the producer span. Off: no span at all. Default true. */
+  /**
+   * A consumer span per attempt, child of (or linked to) the producer span. Under Effect's default
+   * tracer (none installed) only for a job that carries a traceparent (ADR 0043). Off: no span at
+   * all. Default true.
+   */
   readonly tracing?: boolean | undefined
   /**
    * Spans of the worker's background loops: each claim (`awa.claim <queue>`), the leader's
