@@ -113,32 +113,36 @@ export const make = Effect.fnUntraced(function* (options: AwaClientOptions = {})
     options: Job.InsertOptions | undefined
   ): Effect.Effect<Prepared, ValidationError> => {
     const merged = options === undefined ? job.defaults : { ...job.defaults, ...options }
-    // the common case needs neither the clock nor the current span: no generator per insert
-    if (!tracing && (merged.runAt !== undefined || merged.delay === undefined)) {
+    const needsClock = merged.runAt === undefined && merged.delay !== undefined
+    // a caller's own `awa:traceparent` wins over the current span (checked by checkNewJob)
+    const stamps = tracing && merged.metadata?.[Traceparent.metadataKey] === undefined
+    // the common case needs neither the clock nor the current span: no fiber read per insert
+    if (!needsClock && !stamps)
       return Effect.succeed({ merged, runAt: merged.runAt, metadata: merged.metadata })
-    }
-    return Effect.gen(function* () {
-      let runAt = merged.runAt
-      if (runAt === undefined && merged.delay !== undefined) {
-        const delay = Duration.fromInput(merged.delay)
-        if (delay._tag === "None")
-          return yield* new ValidationError({ field: "delay", reason: "is not a duration" })
-        runAt = new Date((yield* Clock.currentTimeMillis) + Duration.toMillis(delay.value))
-      }
+    return Effect.withFiber((fiber) => {
       let metadata = merged.metadata
-      // a caller's own `awa:traceparent` wins over the current span (checked by checkNewJob)
-      if (tracing && metadata?.[Traceparent.metadataKey] === undefined) {
-        const span = yield* Effect.option(Effect.currentSpan)
-        if (span._tag === "Some") {
+      if (stamps) {
+        // the current span, as `Effect.currentSpan` finds it: the insert's own producer span
+        // under an installed tracer, else the caller's span if it has one (ADR 0043)
+        const span = Context.getOrUndefined(fiber.context, Tracer.ParentSpan)
+        if (span?._tag === "Span") {
           const traceparent = Traceparent.encode({
-            traceId: span.value.traceId,
-            spanId: span.value.spanId,
-            sampled: span.value.sampled
+            traceId: span.traceId,
+            spanId: span.spanId,
+            sampled: span.sampled
           })
           metadata = { ...metadata, [Traceparent.metadataKey]: traceparent }
         }
       }
-      return { merged, runAt, metadata }
+      if (!needsClock) return Effect.succeed({ merged, runAt: merged.runAt, metadata })
+      const delay = Duration.fromInput(merged.delay!)
+      if (delay._tag === "None")
+        return Effect.fail(new ValidationError({ field: "delay", reason: "is not a duration" }))
+      return Effect.map(Clock.currentTimeMillis, (now) => ({
+        merged,
+        runAt: new Date(now + Duration.toMillis(delay.value)),
+        metadata
+      }))
     })
   }
 

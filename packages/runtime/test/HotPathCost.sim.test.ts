@@ -13,10 +13,22 @@
  * - The runtime's metrics, now tagged through one context per (queue, kind), still carry the
  *   metric attributes of the context the worker was built in, next to queue and kind.
  */
-import { Job, Traceparent } from "@awa/core"
+import { Job, Traceparent, ValidationError } from "@awa/core"
 import { QueueStorage } from "@awa/storage"
 import { assert, describe, it } from "@effect/vitest"
-import { Context, Deferred, Effect, Exit, Layer, Metric, Option, Schema, Scope, type Tracer } from "effect"
+import {
+  Clock,
+  Context,
+  Deferred,
+  Effect,
+  Exit,
+  Layer,
+  Metric,
+  Option,
+  Schema,
+  Scope,
+  type Tracer
+} from "effect"
 import * as Awa from "../src/Awa.ts"
 import { AwaClient } from "../src/AwaClient.ts"
 import { handler } from "../src/Handler.ts"
@@ -137,6 +149,32 @@ describe("per-job cost cuts keep what a user can see", () => {
         assert.strictEqual(span!.attributes.get("messaging.destination.name"), "hot")
       }).pipe(Effect.provide(Awa.layerSim()), Effect.withTracer(tracer))
     }
+  )
+
+  it.effect(
+    "an insert's delay is read from the clock and a bad one is a ValidationError, with or without a span",
+    () =>
+      Effect.gen(function* () {
+        const client = yield* AwaClient
+        const now = yield* Clock.currentTimeMillis
+        const delayed = yield* client
+          .insert(Task, { n: 1 }, { delay: "5 seconds" })
+          .pipe(Effect.withSpan("checkout"))
+        const stored = yield* client.storage.getJob(delayed.id)
+        assert.strictEqual(stored.runAt.getTime(), now + 5_000)
+        assert.isDefined(
+          Traceparent.decode(stored.metadata[Traceparent.metadataKey]),
+          "the caller's span, with a delay"
+        )
+        const bad = yield* Effect.flip(client.insert(Task, { n: 2 }, { delay: "soon" as never }))
+        assert.instanceOf(bad, ValidationError)
+        assert.strictEqual((bad as ValidationError).field, "delay")
+        assert.strictEqual(
+          (yield* client.storage.listJobs({ queue: "hot" })).length,
+          1,
+          "nothing written for bad input"
+        )
+      }).pipe(Effect.provide(Awa.layerSim()))
   )
 
   it.effect("the worker's metrics keep the metric attributes of the context it was built in", () =>
