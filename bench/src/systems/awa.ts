@@ -6,11 +6,11 @@
  * - `tuned` (the comparison's setting since issue 5): `maxConcurrency: 50`, defaults otherwise
  *   (claim-ahead `prefetch` up to 512, sized to measured throughput; poll 200 ms as a fallback to
  *   LISTEN/NOTIFY; completion batches of up to 512 with 1 ms linger, two in flight; enqueue chunks
- *   of 5,000; leader maintenance on), except `tracing: false` on client and worker (with tracing
- *   on, the default, every job stores its producer's `traceparent` in its metadata, which the
- *   peers do not do) and a 10 s shutdown timeout.
+ *   of 5,000; leader maintenance on), except `tracing: false` on client and worker and a 10 s
+ *   shutdown timeout.
  * - `defaults`: what a user gets from `Awa.layerPg` + `Awa.worker` with only `maxConcurrency`
- *   set: tracing on with no tracer installed, maintenance and ring policy at their defaults.
+ *   set: tracing on with no tracer installed (so no spans and no stored traceparent: ADR 0043),
+ *   maintenance and ring policy at their defaults.
  * Both use `migrateOnStart` (install only) and the same pool of 10.
  */
 import { Job } from "@awa/core"
