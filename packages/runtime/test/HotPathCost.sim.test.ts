@@ -39,45 +39,6 @@ import { advance, recordingTracer } from "./support.ts"
 const Task = Job.define({ kind: "task", args: Schema.Struct({ n: Schema.Number }), queue: "hot" })
 
 describe("per-job cost cuts keep what a user can see", () => {
-  it.effect("under the default tracer the attempt's span has the producer as parent and no attributes", () =>
-    Effect.gen(function* () {
-      const seen: Array<Tracer.AnySpan> = []
-      const scope = yield* Scope.make()
-      yield* Layer.buildWithScope(
-        Awa.worker({
-          queues: { hot: { pollInterval: "50 millis" } },
-          handlers: [
-            handler(Task, () =>
-              Effect.flatMap(Effect.currentSpan, (span) =>
-                Effect.sync(() => {
-                  seen.push(span)
-                })
-              )
-            )
-          ]
-        }),
-        scope
-      )
-      const client = yield* AwaClient
-      const job = yield* client.insert(Task, { n: 1 }).pipe(Effect.withSpan("checkout"))
-      const producer = Traceparent.decode(
-        (yield* client.storage.getJob(job.id)).metadata[Traceparent.metadataKey]
-      )
-      assert.isDefined(producer, "the insert stored its producer's traceparent")
-      yield* advance(1_000)
-      yield* Scope.close(scope, Exit.void)
-      assert.strictEqual(seen.length, 1)
-      const span = seen[0]!
-      assert.strictEqual(span._tag, "Span")
-      if (span._tag !== "Span") return
-      assert.strictEqual(span.name, "process task")
-      assert.strictEqual(span.kind, "consumer")
-      assert.strictEqual(span.traceId, producer!.traceId)
-      assert.strictEqual(Option.getOrUndefined(span.parent)?.spanId, producer!.spanId)
-      assert.strictEqual(span.attributes.size, 0, "no attributes for a tracer that exports nothing")
-    }).pipe(Effect.provide(Awa.layerSim()))
-  )
-
   /** Inserts one job with `insert`, runs it, and answers its stored traceparent and the span its handler ran in. */
   const spanOfOneAttempt = (
     insert: (client: AwaClient["Service"]) => Effect.Effect<{ readonly id: bigint }, unknown>
@@ -104,6 +65,31 @@ describe("per-job cost cuts keep what a user can see", () => {
     })
 
   it.effect(
+    "under the default tracer the attempt's span has the caller's span as parent and no attributes",
+    () =>
+      Effect.gen(function* () {
+        let caller: Tracer.Span | undefined
+        const { stored, span } = yield* spanOfOneAttempt((client) =>
+          Effect.flatMap(Effect.currentSpan, (current) => {
+            caller = current
+            return client.insert(Task, { n: 1 })
+          }).pipe(Effect.withSpan("checkout"))
+        )
+        assert.strictEqual(
+          stored,
+          Traceparent.encode({ traceId: caller!.traceId, spanId: caller!.spanId, sampled: caller!.sampled }),
+          "the caller's span, not a producer span of the insert's own"
+        )
+        assert.isDefined(span)
+        assert.strictEqual(span!.name, "process task")
+        assert.strictEqual(span!.kind, "consumer")
+        assert.strictEqual(span!.traceId, caller!.traceId)
+        assert.strictEqual(Option.getOrUndefined(span!.parent)?.spanId, caller!.spanId)
+        assert.strictEqual(span!.attributes.size, 0, "no attributes for a tracer that exports nothing")
+      }).pipe(Effect.provide(Awa.layerSim()))
+  )
+
+  it.effect(
     "under the default tracer an insert outside any span stores no traceparent and its attempt runs in no span",
     () =>
       Effect.gen(function* () {
@@ -111,25 +97,6 @@ describe("per-job cost cuts keep what a user can see", () => {
         assert.isUndefined(stored, "no trace id that no backend has")
         assert.isUndefined(span, "no span for a tracer that exports nothing and a job with no trace")
       }).pipe(Effect.provide(Awa.layerSim()))
-  )
-
-  it.effect("under the default tracer an insert inside a span stores that span's own traceparent", () =>
-    Effect.gen(function* () {
-      let caller: Tracer.Span | undefined
-      const { stored, span } = yield* spanOfOneAttempt((client) =>
-        Effect.flatMap(Effect.currentSpan, (current) => {
-          caller = current
-          return client.insert(Task, { n: 1 })
-        }).pipe(Effect.withSpan("checkout"))
-      )
-      assert.strictEqual(
-        stored,
-        Traceparent.encode({ traceId: caller!.traceId, spanId: caller!.spanId, sampled: caller!.sampled }),
-        "the caller's span, not a producer span of the insert's own"
-      )
-      assert.strictEqual(span?.traceId, caller!.traceId)
-      assert.strictEqual(Option.getOrUndefined(span!.parent)?.spanId, caller!.spanId)
-    }).pipe(Effect.provide(Awa.layerSim()))
   )
 
   it.effect(
