@@ -1014,6 +1014,10 @@ DECLARE
   v_rhi2 int; -- 0042
   v_j int; -- 0042: the last lane of a busy lane's run of same-priority lanes
   v_passed text[] := '{}'; -- 0042: busy lanes moved behind their shards ('priority:shard')
+  v_picked ready[]; -- 0063: the lane's picked rows, in lane order
+  v_part ready[]; -- 0063: one slot's candidates
+  v_merged boolean; -- 0063: more than one slot answered
+  v_s int; -- 0063: a live slot
 BEGIN
   -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
   IF current_setting('transaction_isolation') <> 'read committed' THEN
@@ -1166,38 +1170,50 @@ BEGIN
       ORDER BY m.next_lane_seq DESC LIMIT 1; -- 0047
     END IF; -- 0047
     v_cursor := coalesce(v_cursor, 0);
-    -- Pick, mark and claim in one statement. The pick is a MATERIALIZED CTE, so its LIMIT
-    -- cannot be merged away, and the rows returned are the picked rows themselves (no second
-    -- lookup of `ready`); the claims rows carry the same values.
+    -- 0063: the pick, slot by slot. Each live slot's candidates come from its own function
+    -- (lane_picks_<slot>, see the header), whose statements name that slot's children: planned in
+    -- a fraction of the time a plan over all sixteen children takes, and invalidated only by that
+    -- slot's own prune. The slots are read in the ring's order; a lane's rows can lie in several
+    -- (a carried row sits in the current slot before younger rows of an older one), so when more
+    -- than one slot answers, the candidates are merged in lane order and cut to the call's limit.
+    -- Each read is its own statement, with its own snapshot, and still sees the lane wholly:
+    -- what can change between them under the lane's claim lock and the cursor statement's
+    -- ACCESS SHARE on every claim_marks child is only rows appended at the lane's end (an enqueue
+    -- or a promotion into the current slot, positions committing in lane order); a cancel's
+    -- tombstone, a park and an unpark wait for the claim lock, a carry for the claim_marks lock.
+    v_picked := '{}'; -- 0063
+    v_merged := false; -- 0063
+    FOR v_s IN v_lo1 .. v_hi1 LOOP -- 0063
+      v_part := lane_picks_in_slot(v_s, p_queue, v_prios[v_k], v_shards[v_k], v_cursor, v_left); -- 0063
+      IF cardinality(v_part) > 0 THEN -- 0063
+        v_merged := v_merged OR cardinality(v_picked) > 0; -- 0063
+        v_picked := v_picked || v_part; -- 0063
+      END IF; -- 0063
+    END LOOP; -- 0063
+    FOR v_s IN v_lo2 .. v_hi2 LOOP -- 0063: empty when lo2 > hi2
+      v_part := lane_picks_in_slot(v_s, p_queue, v_prios[v_k], v_shards[v_k], v_cursor, v_left); -- 0063
+      IF cardinality(v_part) > 0 THEN -- 0063
+        v_merged := v_merged OR cardinality(v_picked) > 0; -- 0063
+        v_picked := v_picked || v_part; -- 0063
+      END IF; -- 0063
+    END LOOP; -- 0063
+    EXIT WHEN cardinality(v_picked) = 0; -- 0063: nothing claimable in this lane (v_n would be 0)
+    IF v_merged THEN -- 0063
+      v_picked := ARRAY(SELECT p FROM unnest(v_picked) p ORDER BY p.lane_seq LIMIT v_left); -- 0063
+    END IF; -- 0063
+    -- Mark and claim in one statement, over the picked rows (a MATERIALIZED CTE: the rows
+    -- returned are the picked rows themselves, no second lookup of `ready`; the claims rows carry
+    -- the same values).
     RETURN QUERY
     WITH picked AS MATERIALIZED (
-      SELECT r.slot, r.generation, r.job_id, r.kind, r.queue, r.priority, r.shard, r.lane_seq, r.args, r.metadata,
-             r.tags, r.errors, r.attempt, r.run_lease, r.max_attempts, r.run_at, r.created_at, r.progress, r.unique_key, r.unique_states -- 0022
-      FROM ready r
-      WHERE r.queue = p_queue AND r.priority = v_prios[v_k] AND r.shard = v_shards[v_k] AND r.lane_seq >= v_cursor
-        -- two ranges of scalar parameters: what partition pruning can use at executor start-up
-        -- (it cannot use `slot = ANY (array parameter)`), so the other children are not opened
-        AND (r.slot BETWEEN v_lo1 AND v_hi1 OR r.slot BETWEEN v_lo2 AND v_hi2)
-        -- a tombstone lives in its ready row's slot. 0052: probed per row only when the lane has
-        -- one at or past the cursor in these slots, which the first arm asks once (uncorrelated:
-        -- an InitPlan, in this statement's snapshot); the common lane has none.
-        AND (NOT EXISTS (SELECT 1 FROM ready_tombstones t0 -- 0052
-                         WHERE t0.queue = p_queue AND t0.priority = v_prios[v_k] AND t0.shard = v_shards[v_k] -- 0052
-                           AND t0.lane_seq >= v_cursor -- 0052
-                           AND (t0.slot BETWEEN v_lo1 AND v_hi1 OR t0.slot BETWEEN v_lo2 AND v_hi2)) -- 0052
-             OR NOT EXISTS (SELECT 1 FROM ready_tombstones t
-                            WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard AND t.lane_seq = r.lane_seq
-                              AND (t.slot BETWEEN v_lo1 AND v_hi1 OR t.slot BETWEEN v_lo2 AND v_hi2))) -- 0052
-        -- Paused, checked again in the pick's own snapshot: the check above ran in an earlier
-        -- statement, and a job enqueued after a pause committed (seen here) must not be claimed.
-        AND NOT EXISTS (SELECT 1 FROM queue_meta m WHERE m.queue = p_queue AND m.paused)
-        -- The lane's barrier (0021): its smallest parked position. Every parked row is at or past
-        -- it, so the pick never takes a row while a smaller one of the lane is parked, and its
-        -- mark never passes a parked row. Same statement, same snapshot as the pick.
-        AND r.lane_seq < coalesce((SELECT p.lane_seq FROM parked p
-                                   WHERE p.queue = p_queue AND p.priority = v_prios[v_k] AND p.shard = v_shards[v_k]
-                                   ORDER BY p.lane_seq LIMIT 1), 9223372036854775807)
-      ORDER BY r.lane_seq LIMIT v_left
+      SELECT p.slot, p.generation, p.job_id, p.kind, p.queue, p.priority, p.shard, p.lane_seq, p.args, p.metadata, -- 0063
+             p.tags, p.errors, p.attempt, p.run_lease, p.max_attempts, p.run_at, p.created_at, p.progress, p.unique_key, p.unique_states -- 0063
+      FROM unnest(v_picked) p -- 0063
+      -- Paused, checked again after the pick, in this statement's snapshot (0063: after the
+      -- reads, not in them: a pause that committed between two reads would leave out the later
+      -- slot's rows and not the earlier's, and the mark could pass a row). A job enqueued after a
+      -- pause committed, if a read saw it, meets the pause here: nothing is claimed.
+      WHERE NOT EXISTS (SELECT 1 FROM queue_meta m WHERE m.queue = p_queue AND m.paused) -- 0063
     ),
     mark AS (
       INSERT INTO claim_marks (slot, generation, queue, priority, shard, next_lane_seq)
@@ -3657,6 +3673,397 @@ CREATE OR REPLACE FUNCTION awa.lane_key(p_queue text, p_priority integer, p_shar
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
 AS $function$ SELECT hashtext(p_queue || chr(31) || p_priority || chr(31) || p_shard) $function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.lane_picks_0(p_queue text, p_priority smallint, p_shard smallint, p_from bigint, p_limit integer)
+ RETURNS awa.ready[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(
+    SELECT ROW(r.*)::awa.ready
+    FROM awa.ready_0 r
+    WHERE r.queue = p_queue AND r.priority = p_priority AND r.shard = p_shard AND r.lane_seq >= p_from
+      AND (NOT EXISTS (SELECT 1 FROM awa.ready_tombstones_0 t0
+                       WHERE t0.queue = p_queue AND t0.priority = p_priority AND t0.shard = p_shard
+                         AND t0.lane_seq >= p_from)
+           OR NOT EXISTS (SELECT 1 FROM awa.ready_tombstones_0 t
+                          WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard
+                            AND t.lane_seq >= r.lane_seq AND t.lane_seq <= r.lane_seq))
+      AND r.lane_seq < coalesce((SELECT p.lane_seq FROM awa.parked p
+                                 WHERE p.queue = p_queue AND p.priority = p_priority AND p.shard = p_shard
+                                 ORDER BY p.lane_seq LIMIT 1), 9223372036854775807)
+    ORDER BY r.lane_seq LIMIT p_limit);
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.lane_picks_1(p_queue text, p_priority smallint, p_shard smallint, p_from bigint, p_limit integer)
+ RETURNS awa.ready[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(
+    SELECT ROW(r.*)::awa.ready
+    FROM awa.ready_1 r
+    WHERE r.queue = p_queue AND r.priority = p_priority AND r.shard = p_shard AND r.lane_seq >= p_from
+      AND (NOT EXISTS (SELECT 1 FROM awa.ready_tombstones_1 t0
+                       WHERE t0.queue = p_queue AND t0.priority = p_priority AND t0.shard = p_shard
+                         AND t0.lane_seq >= p_from)
+           OR NOT EXISTS (SELECT 1 FROM awa.ready_tombstones_1 t
+                          WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard
+                            AND t.lane_seq >= r.lane_seq AND t.lane_seq <= r.lane_seq))
+      AND r.lane_seq < coalesce((SELECT p.lane_seq FROM awa.parked p
+                                 WHERE p.queue = p_queue AND p.priority = p_priority AND p.shard = p_shard
+                                 ORDER BY p.lane_seq LIMIT 1), 9223372036854775807)
+    ORDER BY r.lane_seq LIMIT p_limit);
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.lane_picks_10(p_queue text, p_priority smallint, p_shard smallint, p_from bigint, p_limit integer)
+ RETURNS awa.ready[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(
+    SELECT ROW(r.*)::awa.ready
+    FROM awa.ready_10 r
+    WHERE r.queue = p_queue AND r.priority = p_priority AND r.shard = p_shard AND r.lane_seq >= p_from
+      AND (NOT EXISTS (SELECT 1 FROM awa.ready_tombstones_10 t0
+                       WHERE t0.queue = p_queue AND t0.priority = p_priority AND t0.shard = p_shard
+                         AND t0.lane_seq >= p_from)
+           OR NOT EXISTS (SELECT 1 FROM awa.ready_tombstones_10 t
+                          WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard
+                            AND t.lane_seq >= r.lane_seq AND t.lane_seq <= r.lane_seq))
+      AND r.lane_seq < coalesce((SELECT p.lane_seq FROM awa.parked p
+                                 WHERE p.queue = p_queue AND p.priority = p_priority AND p.shard = p_shard
+                                 ORDER BY p.lane_seq LIMIT 1), 9223372036854775807)
+    ORDER BY r.lane_seq LIMIT p_limit);
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.lane_picks_11(p_queue text, p_priority smallint, p_shard smallint, p_from bigint, p_limit integer)
+ RETURNS awa.ready[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(
+    SELECT ROW(r.*)::awa.ready
+    FROM awa.ready_11 r
+    WHERE r.queue = p_queue AND r.priority = p_priority AND r.shard = p_shard AND r.lane_seq >= p_from
+      AND (NOT EXISTS (SELECT 1 FROM awa.ready_tombstones_11 t0
+                       WHERE t0.queue = p_queue AND t0.priority = p_priority AND t0.shard = p_shard
+                         AND t0.lane_seq >= p_from)
+           OR NOT EXISTS (SELECT 1 FROM awa.ready_tombstones_11 t
+                          WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard
+                            AND t.lane_seq >= r.lane_seq AND t.lane_seq <= r.lane_seq))
+      AND r.lane_seq < coalesce((SELECT p.lane_seq FROM awa.parked p
+                                 WHERE p.queue = p_queue AND p.priority = p_priority AND p.shard = p_shard
+                                 ORDER BY p.lane_seq LIMIT 1), 9223372036854775807)
+    ORDER BY r.lane_seq LIMIT p_limit);
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.lane_picks_12(p_queue text, p_priority smallint, p_shard smallint, p_from bigint, p_limit integer)
+ RETURNS awa.ready[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(
+    SELECT ROW(r.*)::awa.ready
+    FROM awa.ready_12 r
+    WHERE r.queue = p_queue AND r.priority = p_priority AND r.shard = p_shard AND r.lane_seq >= p_from
+      AND (NOT EXISTS (SELECT 1 FROM awa.ready_tombstones_12 t0
+                       WHERE t0.queue = p_queue AND t0.priority = p_priority AND t0.shard = p_shard
+                         AND t0.lane_seq >= p_from)
+           OR NOT EXISTS (SELECT 1 FROM awa.ready_tombstones_12 t
+                          WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard
+                            AND t.lane_seq >= r.lane_seq AND t.lane_seq <= r.lane_seq))
+      AND r.lane_seq < coalesce((SELECT p.lane_seq FROM awa.parked p
+                                 WHERE p.queue = p_queue AND p.priority = p_priority AND p.shard = p_shard
+                                 ORDER BY p.lane_seq LIMIT 1), 9223372036854775807)
+    ORDER BY r.lane_seq LIMIT p_limit);
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.lane_picks_13(p_queue text, p_priority smallint, p_shard smallint, p_from bigint, p_limit integer)
+ RETURNS awa.ready[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(
+    SELECT ROW(r.*)::awa.ready
+    FROM awa.ready_13 r
+    WHERE r.queue = p_queue AND r.priority = p_priority AND r.shard = p_shard AND r.lane_seq >= p_from
+      AND (NOT EXISTS (SELECT 1 FROM awa.ready_tombstones_13 t0
+                       WHERE t0.queue = p_queue AND t0.priority = p_priority AND t0.shard = p_shard
+                         AND t0.lane_seq >= p_from)
+           OR NOT EXISTS (SELECT 1 FROM awa.ready_tombstones_13 t
+                          WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard
+                            AND t.lane_seq >= r.lane_seq AND t.lane_seq <= r.lane_seq))
+      AND r.lane_seq < coalesce((SELECT p.lane_seq FROM awa.parked p
+                                 WHERE p.queue = p_queue AND p.priority = p_priority AND p.shard = p_shard
+                                 ORDER BY p.lane_seq LIMIT 1), 9223372036854775807)
+    ORDER BY r.lane_seq LIMIT p_limit);
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.lane_picks_14(p_queue text, p_priority smallint, p_shard smallint, p_from bigint, p_limit integer)
+ RETURNS awa.ready[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(
+    SELECT ROW(r.*)::awa.ready
+    FROM awa.ready_14 r
+    WHERE r.queue = p_queue AND r.priority = p_priority AND r.shard = p_shard AND r.lane_seq >= p_from
+      AND (NOT EXISTS (SELECT 1 FROM awa.ready_tombstones_14 t0
+                       WHERE t0.queue = p_queue AND t0.priority = p_priority AND t0.shard = p_shard
+                         AND t0.lane_seq >= p_from)
+           OR NOT EXISTS (SELECT 1 FROM awa.ready_tombstones_14 t
+                          WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard
+                            AND t.lane_seq >= r.lane_seq AND t.lane_seq <= r.lane_seq))
+      AND r.lane_seq < coalesce((SELECT p.lane_seq FROM awa.parked p
+                                 WHERE p.queue = p_queue AND p.priority = p_priority AND p.shard = p_shard
+                                 ORDER BY p.lane_seq LIMIT 1), 9223372036854775807)
+    ORDER BY r.lane_seq LIMIT p_limit);
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.lane_picks_15(p_queue text, p_priority smallint, p_shard smallint, p_from bigint, p_limit integer)
+ RETURNS awa.ready[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(
+    SELECT ROW(r.*)::awa.ready
+    FROM awa.ready_15 r
+    WHERE r.queue = p_queue AND r.priority = p_priority AND r.shard = p_shard AND r.lane_seq >= p_from
+      AND (NOT EXISTS (SELECT 1 FROM awa.ready_tombstones_15 t0
+                       WHERE t0.queue = p_queue AND t0.priority = p_priority AND t0.shard = p_shard
+                         AND t0.lane_seq >= p_from)
+           OR NOT EXISTS (SELECT 1 FROM awa.ready_tombstones_15 t
+                          WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard
+                            AND t.lane_seq >= r.lane_seq AND t.lane_seq <= r.lane_seq))
+      AND r.lane_seq < coalesce((SELECT p.lane_seq FROM awa.parked p
+                                 WHERE p.queue = p_queue AND p.priority = p_priority AND p.shard = p_shard
+                                 ORDER BY p.lane_seq LIMIT 1), 9223372036854775807)
+    ORDER BY r.lane_seq LIMIT p_limit);
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.lane_picks_2(p_queue text, p_priority smallint, p_shard smallint, p_from bigint, p_limit integer)
+ RETURNS awa.ready[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(
+    SELECT ROW(r.*)::awa.ready
+    FROM awa.ready_2 r
+    WHERE r.queue = p_queue AND r.priority = p_priority AND r.shard = p_shard AND r.lane_seq >= p_from
+      AND (NOT EXISTS (SELECT 1 FROM awa.ready_tombstones_2 t0
+                       WHERE t0.queue = p_queue AND t0.priority = p_priority AND t0.shard = p_shard
+                         AND t0.lane_seq >= p_from)
+           OR NOT EXISTS (SELECT 1 FROM awa.ready_tombstones_2 t
+                          WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard
+                            AND t.lane_seq >= r.lane_seq AND t.lane_seq <= r.lane_seq))
+      AND r.lane_seq < coalesce((SELECT p.lane_seq FROM awa.parked p
+                                 WHERE p.queue = p_queue AND p.priority = p_priority AND p.shard = p_shard
+                                 ORDER BY p.lane_seq LIMIT 1), 9223372036854775807)
+    ORDER BY r.lane_seq LIMIT p_limit);
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.lane_picks_3(p_queue text, p_priority smallint, p_shard smallint, p_from bigint, p_limit integer)
+ RETURNS awa.ready[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(
+    SELECT ROW(r.*)::awa.ready
+    FROM awa.ready_3 r
+    WHERE r.queue = p_queue AND r.priority = p_priority AND r.shard = p_shard AND r.lane_seq >= p_from
+      AND (NOT EXISTS (SELECT 1 FROM awa.ready_tombstones_3 t0
+                       WHERE t0.queue = p_queue AND t0.priority = p_priority AND t0.shard = p_shard
+                         AND t0.lane_seq >= p_from)
+           OR NOT EXISTS (SELECT 1 FROM awa.ready_tombstones_3 t
+                          WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard
+                            AND t.lane_seq >= r.lane_seq AND t.lane_seq <= r.lane_seq))
+      AND r.lane_seq < coalesce((SELECT p.lane_seq FROM awa.parked p
+                                 WHERE p.queue = p_queue AND p.priority = p_priority AND p.shard = p_shard
+                                 ORDER BY p.lane_seq LIMIT 1), 9223372036854775807)
+    ORDER BY r.lane_seq LIMIT p_limit);
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.lane_picks_4(p_queue text, p_priority smallint, p_shard smallint, p_from bigint, p_limit integer)
+ RETURNS awa.ready[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(
+    SELECT ROW(r.*)::awa.ready
+    FROM awa.ready_4 r
+    WHERE r.queue = p_queue AND r.priority = p_priority AND r.shard = p_shard AND r.lane_seq >= p_from
+      AND (NOT EXISTS (SELECT 1 FROM awa.ready_tombstones_4 t0
+                       WHERE t0.queue = p_queue AND t0.priority = p_priority AND t0.shard = p_shard
+                         AND t0.lane_seq >= p_from)
+           OR NOT EXISTS (SELECT 1 FROM awa.ready_tombstones_4 t
+                          WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard
+                            AND t.lane_seq >= r.lane_seq AND t.lane_seq <= r.lane_seq))
+      AND r.lane_seq < coalesce((SELECT p.lane_seq FROM awa.parked p
+                                 WHERE p.queue = p_queue AND p.priority = p_priority AND p.shard = p_shard
+                                 ORDER BY p.lane_seq LIMIT 1), 9223372036854775807)
+    ORDER BY r.lane_seq LIMIT p_limit);
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.lane_picks_5(p_queue text, p_priority smallint, p_shard smallint, p_from bigint, p_limit integer)
+ RETURNS awa.ready[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(
+    SELECT ROW(r.*)::awa.ready
+    FROM awa.ready_5 r
+    WHERE r.queue = p_queue AND r.priority = p_priority AND r.shard = p_shard AND r.lane_seq >= p_from
+      AND (NOT EXISTS (SELECT 1 FROM awa.ready_tombstones_5 t0
+                       WHERE t0.queue = p_queue AND t0.priority = p_priority AND t0.shard = p_shard
+                         AND t0.lane_seq >= p_from)
+           OR NOT EXISTS (SELECT 1 FROM awa.ready_tombstones_5 t
+                          WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard
+                            AND t.lane_seq >= r.lane_seq AND t.lane_seq <= r.lane_seq))
+      AND r.lane_seq < coalesce((SELECT p.lane_seq FROM awa.parked p
+                                 WHERE p.queue = p_queue AND p.priority = p_priority AND p.shard = p_shard
+                                 ORDER BY p.lane_seq LIMIT 1), 9223372036854775807)
+    ORDER BY r.lane_seq LIMIT p_limit);
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.lane_picks_6(p_queue text, p_priority smallint, p_shard smallint, p_from bigint, p_limit integer)
+ RETURNS awa.ready[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(
+    SELECT ROW(r.*)::awa.ready
+    FROM awa.ready_6 r
+    WHERE r.queue = p_queue AND r.priority = p_priority AND r.shard = p_shard AND r.lane_seq >= p_from
+      AND (NOT EXISTS (SELECT 1 FROM awa.ready_tombstones_6 t0
+                       WHERE t0.queue = p_queue AND t0.priority = p_priority AND t0.shard = p_shard
+                         AND t0.lane_seq >= p_from)
+           OR NOT EXISTS (SELECT 1 FROM awa.ready_tombstones_6 t
+                          WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard
+                            AND t.lane_seq >= r.lane_seq AND t.lane_seq <= r.lane_seq))
+      AND r.lane_seq < coalesce((SELECT p.lane_seq FROM awa.parked p
+                                 WHERE p.queue = p_queue AND p.priority = p_priority AND p.shard = p_shard
+                                 ORDER BY p.lane_seq LIMIT 1), 9223372036854775807)
+    ORDER BY r.lane_seq LIMIT p_limit);
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.lane_picks_7(p_queue text, p_priority smallint, p_shard smallint, p_from bigint, p_limit integer)
+ RETURNS awa.ready[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(
+    SELECT ROW(r.*)::awa.ready
+    FROM awa.ready_7 r
+    WHERE r.queue = p_queue AND r.priority = p_priority AND r.shard = p_shard AND r.lane_seq >= p_from
+      AND (NOT EXISTS (SELECT 1 FROM awa.ready_tombstones_7 t0
+                       WHERE t0.queue = p_queue AND t0.priority = p_priority AND t0.shard = p_shard
+                         AND t0.lane_seq >= p_from)
+           OR NOT EXISTS (SELECT 1 FROM awa.ready_tombstones_7 t
+                          WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard
+                            AND t.lane_seq >= r.lane_seq AND t.lane_seq <= r.lane_seq))
+      AND r.lane_seq < coalesce((SELECT p.lane_seq FROM awa.parked p
+                                 WHERE p.queue = p_queue AND p.priority = p_priority AND p.shard = p_shard
+                                 ORDER BY p.lane_seq LIMIT 1), 9223372036854775807)
+    ORDER BY r.lane_seq LIMIT p_limit);
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.lane_picks_8(p_queue text, p_priority smallint, p_shard smallint, p_from bigint, p_limit integer)
+ RETURNS awa.ready[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(
+    SELECT ROW(r.*)::awa.ready
+    FROM awa.ready_8 r
+    WHERE r.queue = p_queue AND r.priority = p_priority AND r.shard = p_shard AND r.lane_seq >= p_from
+      AND (NOT EXISTS (SELECT 1 FROM awa.ready_tombstones_8 t0
+                       WHERE t0.queue = p_queue AND t0.priority = p_priority AND t0.shard = p_shard
+                         AND t0.lane_seq >= p_from)
+           OR NOT EXISTS (SELECT 1 FROM awa.ready_tombstones_8 t
+                          WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard
+                            AND t.lane_seq >= r.lane_seq AND t.lane_seq <= r.lane_seq))
+      AND r.lane_seq < coalesce((SELECT p.lane_seq FROM awa.parked p
+                                 WHERE p.queue = p_queue AND p.priority = p_priority AND p.shard = p_shard
+                                 ORDER BY p.lane_seq LIMIT 1), 9223372036854775807)
+    ORDER BY r.lane_seq LIMIT p_limit);
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.lane_picks_9(p_queue text, p_priority smallint, p_shard smallint, p_from bigint, p_limit integer)
+ RETURNS awa.ready[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(
+    SELECT ROW(r.*)::awa.ready
+    FROM awa.ready_9 r
+    WHERE r.queue = p_queue AND r.priority = p_priority AND r.shard = p_shard AND r.lane_seq >= p_from
+      AND (NOT EXISTS (SELECT 1 FROM awa.ready_tombstones_9 t0
+                       WHERE t0.queue = p_queue AND t0.priority = p_priority AND t0.shard = p_shard
+                         AND t0.lane_seq >= p_from)
+           OR NOT EXISTS (SELECT 1 FROM awa.ready_tombstones_9 t
+                          WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard
+                            AND t.lane_seq >= r.lane_seq AND t.lane_seq <= r.lane_seq))
+      AND r.lane_seq < coalesce((SELECT p.lane_seq FROM awa.parked p
+                                 WHERE p.queue = p_queue AND p.priority = p_priority AND p.shard = p_shard
+                                 ORDER BY p.lane_seq LIMIT 1), 9223372036854775807)
+    ORDER BY r.lane_seq LIMIT p_limit);
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.lane_picks_in_slot(p_slot integer, p_queue text, p_priority smallint, p_shard smallint, p_from bigint, p_limit integer)
+ RETURNS awa.ready[]
+ LANGUAGE sql
+ STABLE
+AS $function$ SELECT CASE p_slot WHEN 0 THEN awa.lane_picks_0(p_queue, p_priority, p_shard, p_from, p_limit) WHEN 1 THEN awa.lane_picks_1(p_queue, p_priority, p_shard, p_from, p_limit) WHEN 2 THEN awa.lane_picks_2(p_queue, p_priority, p_shard, p_from, p_limit) WHEN 3 THEN awa.lane_picks_3(p_queue, p_priority, p_shard, p_from, p_limit) WHEN 4 THEN awa.lane_picks_4(p_queue, p_priority, p_shard, p_from, p_limit) WHEN 5 THEN awa.lane_picks_5(p_queue, p_priority, p_shard, p_from, p_limit) WHEN 6 THEN awa.lane_picks_6(p_queue, p_priority, p_shard, p_from, p_limit) WHEN 7 THEN awa.lane_picks_7(p_queue, p_priority, p_shard, p_from, p_limit) WHEN 8 THEN awa.lane_picks_8(p_queue, p_priority, p_shard, p_from, p_limit) WHEN 9 THEN awa.lane_picks_9(p_queue, p_priority, p_shard, p_from, p_limit) WHEN 10 THEN awa.lane_picks_10(p_queue, p_priority, p_shard, p_from, p_limit) WHEN 11 THEN awa.lane_picks_11(p_queue, p_priority, p_shard, p_from, p_limit) WHEN 12 THEN awa.lane_picks_12(p_queue, p_priority, p_shard, p_from, p_limit) WHEN 13 THEN awa.lane_picks_13(p_queue, p_priority, p_shard, p_from, p_limit) WHEN 14 THEN awa.lane_picks_14(p_queue, p_priority, p_shard, p_from, p_limit) WHEN 15 THEN awa.lane_picks_15(p_queue, p_priority, p_shard, p_from, p_limit) END $function$
 -- execute besides the owner: owner only
 
 CREATE OR REPLACE FUNCTION awa.ledger_totals(p_ring text, OUT prunes bigint, OUT rollup jsonb)

@@ -4,7 +4,9 @@
  * and a new function starts executable by PUBLIC, so these are checked on the installed catalog,
  * for every function in the schema, and each failure names the function:
  *
- * - every PL/pgSQL function runs with `search_path = <schema>, pg_catalog` and `jit = off`;
+ * - every PL/pgSQL function runs with `search_path = <schema>, pg_catalog` and `jit = off`, except
+ *   the few listed in `inheritsCallerSettings` (called only inside a function that sets both, whose
+ *   settings then apply), which must reference only schema-qualified objects, as below;
  * - an SQL-language function without that search_path (kept without SET clauses so it can be
  *   inlined) references only schema-qualified objects: called with a search_path that does not
  *   contain the schema, it still runs;
@@ -48,8 +50,22 @@ const isolationAgnostic: Record<string, string> = {
   cron_upsert: "one INSERT … ON CONFLICT on cron_schedules, correct at any level",
   cron_mark_stale: "one UPDATE of cron_schedules",
   cron_set_paused: "one UPDATE of cron_schedules",
-  cron_remove: "one DELETE of cron_schedules"
+  cron_remove: "one DELETE of cron_schedules",
+  lane_picks_in_slot: "an SQL CASE over the lane_picks_<slot> functions (0063)"
 }
+
+/**
+ * PL/pgSQL functions without SET clauses, and why: each is called only inside a function that
+ * sets `search_path` and `jit` (and its plan settings) and checks the isolation level, which
+ * then hold for it, and a SET clause would cost every call a save and restore of each setting.
+ * Matched by name; each must set nothing and run with `search_path = pg_catalog` (it names only
+ * schema-qualified objects).
+ */
+const inheritsCallerSettings: ReadonlyArray<readonly [RegExp, string]> = [
+  [/^lane_picks_\d+$/, "one slot's pick, a read called only inside claim, once per live slot and call (0063)"]
+]
+
+const inherits = (name: string) => inheritsCallerSettings.some(([pattern]) => pattern.test(name))
 
 interface FunctionRow {
   readonly sig: string
@@ -98,14 +114,15 @@ const refusesOtherLevels = (source: string) => {
 const rollback = Symbol("rollback")
 
 /**
- * Calls `f` with NULL arguments and `search_path = pg_catalog`, in a transaction that is always
+ * Calls `f` with NULL arguments and `search_path = pg_catalog` (counting its rows: its answer may be of
+ * a type of the schema the driver cannot decode), in a transaction that is always
  * rolled back; the error's message when the call fails.
  */
 const callOutsideSchema = (schema: string, f: FunctionRow) =>
   Effect.gen(function* () {
     const sql = yield* SqlClient.SqlClient
     const name = qualified(schema, f.sig).replace(/\(.*$/, "")
-    const call = `SELECT * FROM ${name}(${f.args.map((t) => `NULL::${t}`).join(", ")})`
+    const call = `SELECT count(*) FROM ${name}(${f.args.map((t) => `NULL::${t}`).join(", ")})`
     const exit = yield* Effect.exit(
       sql.withTransaction(
         Effect.gen(function* () {
@@ -136,7 +153,12 @@ const problems = (schema: string) =>
     for (const f of yield* functionsOf(schema)) {
       const config = f.config ?? []
       const pinned = config.includes(`search_path=${schema}, pg_catalog`)
-      if (f.language === "plpgsql") {
+      if (f.language === "plpgsql" && inherits(f.name)) {
+        if (config.length > 0)
+          found.push(`${f.sig}: listed as inheriting its caller's settings, but sets ${config}`)
+        const error = yield* callOutsideSchema(schema, f)
+        if (error !== undefined) found.push(`${f.sig}: fails outside its schema's search_path: ${error}`)
+      } else if (f.language === "plpgsql") {
         if (!pinned) found.push(`${f.sig}: no SET search_path = ${schema}, pg_catalog`)
         if (!config.includes("jit=off")) found.push(`${f.sig}: no SET jit = off`)
         if (!refusesOtherLevels(f.source) && !(f.name in isolationAgnostic))

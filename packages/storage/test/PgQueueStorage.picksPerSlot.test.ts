@@ -1,0 +1,88 @@
+/**
+ * Migration 0063 (ADR 0044): claim's pick reads each live slot through that slot's own function,
+ * whose statement names the slot's children, instead of one statement over the partitioned
+ * parents. What would break without it, or with it done wrong:
+ *
+ * - the plan over the parents names all sixteen children of `ready` and `ready_tombstones`, and a
+ *   generic plan locks every child it names at each execution (PostgreSQL 14–18): a claim held
+ *   ACCESS SHARE on all thirty-two. Seen to fail on 0062: sixteen of each.
+ * - a lane whose rows lie in two live slots, a carried row sitting in the current slot before the
+ *   older slot's rows: the slots' candidates must be merged in lane order and cut to the limit,
+ *   or the claim takes later jobs first and its mark passes the carried ones.
+ */
+import { TestDatabase } from "@awa/testing"
+import { assert, describe, it } from "@effect/vitest"
+import { Effect } from "effect"
+import { SqlClient } from "effect/sql"
+import type { ClaimedJob } from "../src/QueueStorage.ts"
+import { QueueStorage } from "../src/QueueStorage.ts"
+import { claimOf, completeAll, eagerStorage, fresh, keepNothing } from "./pgFixtures.ts"
+
+const job = (queue: string, name: string) => ({ kind: "slots", queue, args: { name } })
+
+const names = (rows: ReadonlyArray<ClaimedJob>) => rows.map((r) => (r.args as { name: string }).name)
+
+describe("claim's pick, slot by slot (0063)", () => {
+  it.live("a claim locks the ready and tombstone children of its live slot only", () =>
+    Effect.gen(function* () {
+      const { url } = yield* TestDatabase.acquire()
+      const q = fresh("locks")
+      yield* Effect.gen(function* () {
+        const storage = yield* QueueStorage
+        const sql = yield* SqlClient.SqlClient
+        yield* storage.enqueueMany([job(q, "a"), job(q, "b")])
+        const locked = yield* sql.withTransaction(
+          Effect.gen(function* () {
+            const claimed = yield* sql<{ job_id: string }>`SELECT job_id FROM awa.claim(${q}, 1, 0, 0)`
+            assert.strictEqual(claimed.length, 1)
+            return yield* sql<{ relation: string }>`
+              SELECT c.relname AS relation FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+              WHERE l.pid = pg_backend_pid() AND l.locktype = 'relation'
+                AND c.relname ~ '^ready(_tombstones)?_[0-9]+$'
+              ORDER BY 1`
+          })
+        )
+        const [current] = yield* sql<{ slot: number }>`SELECT slot FROM awa.ring_current('queue')`
+        assert.deepStrictEqual(
+          locked.map((l) => l.relation),
+          [`ready_${current!.slot}`, `ready_tombstones_${current!.slot}`]
+        )
+      }).pipe(Effect.provide(eagerStorage(url, 1)))
+    })
+  )
+
+  it.live(
+    "a lane in two live slots, carried rows in the current one before the older slot's: claimed in lane order, cut to the limit, none skipped",
+    () =>
+      Effect.gen(function* () {
+        const { url } = yield* TestDatabase.acquire()
+        const q = fresh("merge")
+        yield* Effect.gen(function* () {
+          const storage = yield* QueueStorage
+          const sql = yield* SqlClient.SqlClient
+          // slot S0: a1 claimed and completed, a2 and a3 left; a rotation to S1, which gets b4, b5;
+          // a rotation to S2 and a prune of S0, which carries a2 and a3 into S2
+          yield* storage.enqueueMany([job(q, "a1"), job(q, "a2"), job(q, "a3")])
+          yield* completeAll(yield* storage.claim(claimOf(q, 1)))
+          assert.strictEqual(yield* storage.rotate, "Rotated")
+          yield* storage.enqueueMany([job(q, "b4"), job(q, "b5")])
+          assert.strictEqual(yield* storage.rotate, "Rotated")
+          assert.strictEqual((yield* storage.prune(keepNothing))._tag, "Pruned")
+          const layout = yield* sql<{ slot: number; name: string }>`
+            SELECT r.slot, r.args->>'name' AS name FROM awa.ready r WHERE r.queue = ${q} ORDER BY r.lane_seq`
+          const [s1, s2] = [layout[2]!.slot, layout[0]!.slot]
+          assert.notStrictEqual(s1, s2)
+          assert.deepStrictEqual(
+            layout.map((r) => `${r.name}@${r.slot === s2 ? "current" : "older"}`),
+            ["a2@current", "a3@current", "b4@older", "b5@older"],
+            "the carried rows lie in the current slot, before the older slot's"
+          )
+
+          assert.deepStrictEqual(names(yield* storage.claim(claimOf(q, 3))), ["a2", "a3", "b4"])
+          yield* storage.enqueueMany([job(q, "c6")])
+          assert.deepStrictEqual(names(yield* storage.claim(claimOf(q, 10))), ["b5", "c6"])
+          assert.deepStrictEqual(names(yield* storage.claim(claimOf(q, 10))), [])
+        }).pipe(Effect.provide(eagerStorage(url, 1)))
+      })
+  )
+})
