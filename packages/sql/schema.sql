@@ -1917,6 +1917,189 @@ END
 $function$
 -- execute besides the owner: owner only
 
+CREATE OR REPLACE FUNCTION awa.closures_of_0(p_job_ids bigint[])
+ RETURNS awa.closures[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(SELECT ROW(z.*)::awa.closures FROM awa.closures_0 z WHERE z.job_id = ANY (p_job_ids));
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.closures_of_1(p_job_ids bigint[])
+ RETURNS awa.closures[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(SELECT ROW(z.*)::awa.closures FROM awa.closures_1 z WHERE z.job_id = ANY (p_job_ids));
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.closures_of_10(p_job_ids bigint[])
+ RETURNS awa.closures[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(SELECT ROW(z.*)::awa.closures FROM awa.closures_10 z WHERE z.job_id = ANY (p_job_ids));
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.closures_of_11(p_job_ids bigint[])
+ RETURNS awa.closures[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(SELECT ROW(z.*)::awa.closures FROM awa.closures_11 z WHERE z.job_id = ANY (p_job_ids));
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.closures_of_12(p_job_ids bigint[])
+ RETURNS awa.closures[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(SELECT ROW(z.*)::awa.closures FROM awa.closures_12 z WHERE z.job_id = ANY (p_job_ids));
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.closures_of_13(p_job_ids bigint[])
+ RETURNS awa.closures[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(SELECT ROW(z.*)::awa.closures FROM awa.closures_13 z WHERE z.job_id = ANY (p_job_ids));
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.closures_of_14(p_job_ids bigint[])
+ RETURNS awa.closures[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(SELECT ROW(z.*)::awa.closures FROM awa.closures_14 z WHERE z.job_id = ANY (p_job_ids));
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.closures_of_15(p_job_ids bigint[])
+ RETURNS awa.closures[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(SELECT ROW(z.*)::awa.closures FROM awa.closures_15 z WHERE z.job_id = ANY (p_job_ids));
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.closures_of_2(p_job_ids bigint[])
+ RETURNS awa.closures[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(SELECT ROW(z.*)::awa.closures FROM awa.closures_2 z WHERE z.job_id = ANY (p_job_ids));
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.closures_of_3(p_job_ids bigint[])
+ RETURNS awa.closures[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(SELECT ROW(z.*)::awa.closures FROM awa.closures_3 z WHERE z.job_id = ANY (p_job_ids));
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.closures_of_4(p_job_ids bigint[])
+ RETURNS awa.closures[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(SELECT ROW(z.*)::awa.closures FROM awa.closures_4 z WHERE z.job_id = ANY (p_job_ids));
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.closures_of_5(p_job_ids bigint[])
+ RETURNS awa.closures[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(SELECT ROW(z.*)::awa.closures FROM awa.closures_5 z WHERE z.job_id = ANY (p_job_ids));
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.closures_of_6(p_job_ids bigint[])
+ RETURNS awa.closures[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(SELECT ROW(z.*)::awa.closures FROM awa.closures_6 z WHERE z.job_id = ANY (p_job_ids));
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.closures_of_7(p_job_ids bigint[])
+ RETURNS awa.closures[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(SELECT ROW(z.*)::awa.closures FROM awa.closures_7 z WHERE z.job_id = ANY (p_job_ids));
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.closures_of_8(p_job_ids bigint[])
+ RETURNS awa.closures[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(SELECT ROW(z.*)::awa.closures FROM awa.closures_8 z WHERE z.job_id = ANY (p_job_ids));
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.closures_of_9(p_job_ids bigint[])
+ RETURNS awa.closures[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(SELECT ROW(z.*)::awa.closures FROM awa.closures_9 z WHERE z.job_id = ANY (p_job_ids));
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.closures_of_slot(p_slot integer, p_job_ids bigint[])
+ RETURNS awa.closures[]
+ LANGUAGE sql
+ STABLE
+AS $function$ SELECT CASE p_slot WHEN 0 THEN awa.closures_of_0(p_job_ids) WHEN 1 THEN awa.closures_of_1(p_job_ids) WHEN 2 THEN awa.closures_of_2(p_job_ids) WHEN 3 THEN awa.closures_of_3(p_job_ids) WHEN 4 THEN awa.closures_of_4(p_job_ids) WHEN 5 THEN awa.closures_of_5(p_job_ids) WHEN 6 THEN awa.closures_of_6(p_job_ids) WHEN 7 THEN awa.closures_of_7(p_job_ids) WHEN 8 THEN awa.closures_of_8(p_job_ids) WHEN 9 THEN awa.closures_of_9(p_job_ids) WHEN 10 THEN awa.closures_of_10(p_job_ids) WHEN 11 THEN awa.closures_of_11(p_job_ids) WHEN 12 THEN awa.closures_of_12(p_job_ids) WHEN 13 THEN awa.closures_of_13(p_job_ids) WHEN 14 THEN awa.closures_of_14(p_job_ids) WHEN 15 THEN awa.closures_of_15(p_job_ids) END $function$
+-- execute besides the owner: owner only
+
 CREATE OR REPLACE FUNCTION awa.cron_fire(p_name text, p_expected_last timestamp with time zone, p_tick timestamp with time zone, p_job jsonb)
  RETURNS TABLE(outcome text, job_id bigint)
  LANGUAGE plpgsql
@@ -3176,6 +3359,9 @@ DECLARE
   v_slo2 int; -- 0054
   v_shi2 int; -- 0054
   v_unique_ids bigint[]; -- 0055: the jobs whose ready row is read (see the header)
+  v_closed closures[] := '{}'; -- 0064: the batch's closures, slot by slot
+  v_keyed_rows ready[] := '{}'; -- 0064: the ready rows of v_unique_ids, slot by slot
+  v_s int; -- 0064: a slot holding the batch's claims
 BEGIN
   -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
   IF current_setting('transaction_isolation') <> 'read committed' THEN
@@ -3222,6 +3408,27 @@ BEGIN
          min(c.slot) FILTER (WHERE c.slot BETWEEN v_lo2 AND v_hi2), max(c.slot) FILTER (WHERE c.slot BETWEEN v_lo2 AND v_hi2), -- 0054
          array_agg(c.job_id) FILTER (WHERE c.without_unique_key IS NOT TRUE) -- 0055
     INTO v_slo1, v_shi1, v_slo2, v_shi2, v_unique_ids FROM unnest(v_claims) c; -- 0054, 0055
+  -- 0064: those closures and ready rows, read slot by slot through each slot's own functions
+  -- (closures_of_<slot>, ready_rows_of_<slot>; see the header) before the statement, not by the
+  -- statement through the parents. Sound in earlier statements: the claims rows locked above keep
+  -- every other closer of these attempts out (each locks them first), and ready rows are never
+  -- changed.
+  IF v_slo1 IS NOT NULL THEN -- 0064
+    FOR v_s IN v_slo1 .. v_shi1 LOOP -- 0064
+      v_closed := v_closed || closures_of_slot(v_s, v_ids); -- 0064
+      IF v_unique_ids IS NOT NULL THEN -- 0064
+        v_keyed_rows := v_keyed_rows || ready_rows_of_slot(v_s, v_unique_ids); -- 0064
+      END IF; -- 0064
+    END LOOP; -- 0064
+  END IF; -- 0064
+  IF v_slo2 IS NOT NULL THEN -- 0064
+    FOR v_s IN v_slo2 .. v_shi2 LOOP -- 0064
+      v_closed := v_closed || closures_of_slot(v_s, v_ids); -- 0064
+      IF v_unique_ids IS NOT NULL THEN -- 0064
+        v_keyed_rows := v_keyed_rows || ready_rows_of_slot(v_s, v_unique_ids); -- 0064
+      END IF; -- 0064
+    END LOOP; -- 0064
+  END IF; -- 0064
 
   RETURN QUERY
   WITH items AS MATERIALIZED (
@@ -3236,12 +3443,10 @@ BEGIN
   ),
   batch_ready AS MATERIALIZED ( -- 0055: only the rows that may hold a unique key
     SELECT r.slot, r.job_id, r.queue, r.priority, r.shard, r.lane_seq, r.unique_key, r.unique_states
-    FROM ready r WHERE r.job_id = ANY (v_unique_ids) -- 0055
-      AND (r.slot BETWEEN v_slo1 AND v_shi1 OR r.slot BETWEEN v_slo2 AND v_shi2) -- 0054
+    FROM unnest(v_keyed_rows) r -- 0064: read above, slot by slot
   ),
   batch_closures AS MATERIALIZED (
-    SELECT z.job_id, z.run_lease FROM closures z WHERE z.job_id = ANY (v_ids)
-      AND (z.slot BETWEEN v_slo1 AND v_shi1 OR z.slot BETWEEN v_slo2 AND v_shi2) -- 0054
+    SELECT z.job_id, z.run_lease FROM unnest(v_closed) z -- 0064: read above, slot by slot
   ),
   done AS MATERIALIZED (
     SELECT DISTINCT ON (i.job_id, i.run_lease)
@@ -5485,6 +5690,189 @@ AS $function$
   SELECT DISTINCT r.queue, r.priority, r.shard FROM awa.ready r
   WHERE r.slot = p_slot AND (SELECT max(v.n) FROM walk v) > 16
 $function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.ready_rows_of_0(p_job_ids bigint[])
+ RETURNS awa.ready[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(SELECT ROW(r.*)::awa.ready FROM awa.ready_0 r WHERE r.job_id = ANY (p_job_ids));
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.ready_rows_of_1(p_job_ids bigint[])
+ RETURNS awa.ready[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(SELECT ROW(r.*)::awa.ready FROM awa.ready_1 r WHERE r.job_id = ANY (p_job_ids));
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.ready_rows_of_10(p_job_ids bigint[])
+ RETURNS awa.ready[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(SELECT ROW(r.*)::awa.ready FROM awa.ready_10 r WHERE r.job_id = ANY (p_job_ids));
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.ready_rows_of_11(p_job_ids bigint[])
+ RETURNS awa.ready[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(SELECT ROW(r.*)::awa.ready FROM awa.ready_11 r WHERE r.job_id = ANY (p_job_ids));
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.ready_rows_of_12(p_job_ids bigint[])
+ RETURNS awa.ready[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(SELECT ROW(r.*)::awa.ready FROM awa.ready_12 r WHERE r.job_id = ANY (p_job_ids));
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.ready_rows_of_13(p_job_ids bigint[])
+ RETURNS awa.ready[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(SELECT ROW(r.*)::awa.ready FROM awa.ready_13 r WHERE r.job_id = ANY (p_job_ids));
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.ready_rows_of_14(p_job_ids bigint[])
+ RETURNS awa.ready[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(SELECT ROW(r.*)::awa.ready FROM awa.ready_14 r WHERE r.job_id = ANY (p_job_ids));
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.ready_rows_of_15(p_job_ids bigint[])
+ RETURNS awa.ready[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(SELECT ROW(r.*)::awa.ready FROM awa.ready_15 r WHERE r.job_id = ANY (p_job_ids));
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.ready_rows_of_2(p_job_ids bigint[])
+ RETURNS awa.ready[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(SELECT ROW(r.*)::awa.ready FROM awa.ready_2 r WHERE r.job_id = ANY (p_job_ids));
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.ready_rows_of_3(p_job_ids bigint[])
+ RETURNS awa.ready[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(SELECT ROW(r.*)::awa.ready FROM awa.ready_3 r WHERE r.job_id = ANY (p_job_ids));
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.ready_rows_of_4(p_job_ids bigint[])
+ RETURNS awa.ready[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(SELECT ROW(r.*)::awa.ready FROM awa.ready_4 r WHERE r.job_id = ANY (p_job_ids));
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.ready_rows_of_5(p_job_ids bigint[])
+ RETURNS awa.ready[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(SELECT ROW(r.*)::awa.ready FROM awa.ready_5 r WHERE r.job_id = ANY (p_job_ids));
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.ready_rows_of_6(p_job_ids bigint[])
+ RETURNS awa.ready[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(SELECT ROW(r.*)::awa.ready FROM awa.ready_6 r WHERE r.job_id = ANY (p_job_ids));
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.ready_rows_of_7(p_job_ids bigint[])
+ RETURNS awa.ready[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(SELECT ROW(r.*)::awa.ready FROM awa.ready_7 r WHERE r.job_id = ANY (p_job_ids));
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.ready_rows_of_8(p_job_ids bigint[])
+ RETURNS awa.ready[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(SELECT ROW(r.*)::awa.ready FROM awa.ready_8 r WHERE r.job_id = ANY (p_job_ids));
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.ready_rows_of_9(p_job_ids bigint[])
+ RETURNS awa.ready[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(SELECT ROW(r.*)::awa.ready FROM awa.ready_9 r WHERE r.job_id = ANY (p_job_ids));
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.ready_rows_of_slot(p_slot integer, p_job_ids bigint[])
+ RETURNS awa.ready[]
+ LANGUAGE sql
+ STABLE
+AS $function$ SELECT CASE p_slot WHEN 0 THEN awa.ready_rows_of_0(p_job_ids) WHEN 1 THEN awa.ready_rows_of_1(p_job_ids) WHEN 2 THEN awa.ready_rows_of_2(p_job_ids) WHEN 3 THEN awa.ready_rows_of_3(p_job_ids) WHEN 4 THEN awa.ready_rows_of_4(p_job_ids) WHEN 5 THEN awa.ready_rows_of_5(p_job_ids) WHEN 6 THEN awa.ready_rows_of_6(p_job_ids) WHEN 7 THEN awa.ready_rows_of_7(p_job_ids) WHEN 8 THEN awa.ready_rows_of_8(p_job_ids) WHEN 9 THEN awa.ready_rows_of_9(p_job_ids) WHEN 10 THEN awa.ready_rows_of_10(p_job_ids) WHEN 11 THEN awa.ready_rows_of_11(p_job_ids) WHEN 12 THEN awa.ready_rows_of_12(p_job_ids) WHEN 13 THEN awa.ready_rows_of_13(p_job_ids) WHEN 14 THEN awa.ready_rows_of_14(p_job_ids) WHEN 15 THEN awa.ready_rows_of_15(p_job_ids) END $function$
 -- execute besides the owner: owner only
 
 CREATE OR REPLACE FUNCTION awa.record_prune_state(p_ring text, p_outcome text, p_reason text)

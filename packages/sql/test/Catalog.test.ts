@@ -50,8 +50,7 @@ const isolationAgnostic: Record<string, string> = {
   cron_upsert: "one INSERT … ON CONFLICT on cron_schedules, correct at any level",
   cron_mark_stale: "one UPDATE of cron_schedules",
   cron_set_paused: "one UPDATE of cron_schedules",
-  cron_remove: "one DELETE of cron_schedules",
-  lane_picks_in_slot: "an SQL CASE over the lane_picks_<slot> functions (0063)"
+  cron_remove: "one DELETE of cron_schedules"
 }
 
 /**
@@ -62,7 +61,14 @@ const isolationAgnostic: Record<string, string> = {
  * schema-qualified objects).
  */
 const inheritsCallerSettings: ReadonlyArray<readonly [RegExp, string]> = [
-  [/^lane_picks_\d+$/, "one slot's pick, a read called only inside claim, once per live slot and call (0063)"]
+  [
+    /^lane_picks_\d+$/,
+    "one slot's pick, a read called only inside claim, once per live slot and call (0063)"
+  ],
+  [
+    /^(closures_of|ready_rows_of)_\d+$/,
+    "one slot's reads of a batch, called only inside finalize_completions (0064)"
+  ]
 ]
 
 const inherits = (name: string) => inheritsCallerSettings.some(([pattern]) => pattern.test(name))

@@ -1,11 +1,13 @@
 /**
- * Migration 0063 (ADR 0044): claim's pick reads each live slot through that slot's own function,
- * whose statement names the slot's children, instead of one statement over the partitioned
- * parents. What would break without it, or with it done wrong:
+ * Migrations 0063 and 0064 (ADR 0044): claim's pick, and a completion's reads of its batch's
+ * closures and ready rows, read each slot through that slot's own function, whose statement names
+ * the slot's children, instead of one statement over the partitioned parents. What would break
+ * without them, or with them done wrong:
  *
  * - the plan over the parents names all sixteen children of `ready` and `ready_tombstones`, and a
  *   generic plan locks every child it names at each execution (PostgreSQL 14–18): a claim held
- *   ACCESS SHARE on all thirty-two. Seen to fail on 0062: sixteen of each.
+ *   ACCESS SHARE on all thirty-two. Seen to fail on 0062: sixteen of each. A completion, the same
+ *   with `closures` (seen to fail on 0063).
  * - a lane whose rows lie in two live slots, a carried row sitting in the current slot before the
  *   older slot's rows: the slots' candidates must be merged in lane order and cut to the limit,
  *   or the claim takes later jobs first and its mark passes the carried ones.
@@ -22,7 +24,17 @@ const job = (queue: string, name: string) => ({ kind: "slots", queue, args: { na
 
 const names = (rows: ReadonlyArray<ClaimedJob>) => rows.map((r) => (r.args as { name: string }).name)
 
-describe("claim's pick, slot by slot (0063)", () => {
+/** The ring children matching `pattern` that the current transaction holds a lock on, in any mode. */
+const lockedChildren = (pattern: string) =>
+  Effect.flatMap(
+    SqlClient.SqlClient,
+    (sql) => sql<{ relation: string }>`
+      SELECT DISTINCT c.relname AS relation FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+      WHERE l.pid = pg_backend_pid() AND l.locktype = 'relation' AND c.relname ~ ${pattern}
+      ORDER BY 1`
+  ).pipe(Effect.map((rows) => rows.map((r) => r.relation)))
+
+describe("reads slot by slot (0063, 0064)", () => {
   it.live("a claim locks the ready and tombstone children of its live slot only", () =>
     Effect.gen(function* () {
       const { url } = yield* TestDatabase.acquire()
@@ -35,18 +47,11 @@ describe("claim's pick, slot by slot (0063)", () => {
           Effect.gen(function* () {
             const claimed = yield* sql<{ job_id: string }>`SELECT job_id FROM awa.claim(${q}, 1, 0, 0)`
             assert.strictEqual(claimed.length, 1)
-            return yield* sql<{ relation: string }>`
-              SELECT c.relname AS relation FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
-              WHERE l.pid = pg_backend_pid() AND l.locktype = 'relation'
-                AND c.relname ~ '^ready(_tombstones)?_[0-9]+$'
-              ORDER BY 1`
+            return yield* lockedChildren("^ready(_tombstones)?_[0-9]+$")
           })
         )
         const [current] = yield* sql<{ slot: number }>`SELECT slot FROM awa.ring_current('queue')`
-        assert.deepStrictEqual(
-          locked.map((l) => l.relation),
-          [`ready_${current!.slot}`, `ready_tombstones_${current!.slot}`]
-        )
+        assert.deepStrictEqual(locked, [`ready_${current!.slot}`, `ready_tombstones_${current!.slot}`])
       }).pipe(Effect.provide(eagerStorage(url, 1)))
     })
   )
@@ -82,6 +87,42 @@ describe("claim's pick, slot by slot (0063)", () => {
           yield* storage.enqueueMany([job(q, "c6")])
           assert.deepStrictEqual(names(yield* storage.claim(claimOf(q, 10))), ["b5", "c6"])
           assert.deepStrictEqual(names(yield* storage.claim(claimOf(q, 10))), [])
+        }).pipe(Effect.provide(eagerStorage(url, 1)))
+      })
+  )
+
+  it.live(
+    "a completion locks the closures child of its claims' slot only, and still answers a closed attempt as stale",
+    () =>
+      Effect.gen(function* () {
+        const { url } = yield* TestDatabase.acquire()
+        const q = fresh("closures")
+        yield* Effect.gen(function* () {
+          const storage = yield* QueueStorage
+          const sql = yield* SqlClient.SqlClient
+          yield* storage.enqueueMany([job(q, "a"), job(q, "b")])
+          const claimed = yield* storage.claim(claimOf(q, 2))
+          assert.strictEqual(claimed.length, 2)
+          const [a, b] = claimed
+          yield* completeAll([a!])
+          const { answers, locked } = yield* sql.withTransaction(
+            Effect.gen(function* () {
+              const answers = yield* sql<{ applied: boolean }>`
+              SELECT applied FROM awa.finalize_completions(
+                ${[a!.jobId, b!.jobId]}::bigint[], ${[a!.runLease, b!.runLease]}::bigint[]) ORDER BY ord`
+              return {
+                answers: answers.map((r) => r.applied),
+                locked: yield* lockedChildren("^closures_[0-9]+$")
+              }
+            })
+          )
+          const [current] = yield* sql<{ slot: number }>`SELECT slot FROM awa.ring_current('queue')`
+          assert.deepStrictEqual(
+            answers,
+            [false, true],
+            "a's attempt was closed already: stale; b's completes"
+          )
+          assert.deepStrictEqual(locked, [`closures_${current!.slot}`])
         }).pipe(Effect.provide(eagerStorage(url, 1)))
       })
   )
