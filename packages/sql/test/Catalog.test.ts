@@ -213,6 +213,13 @@ describe("catalog rules for every function", () => {
         )
       )
       yield* sql.unsafe(`REVOKE EXECUTE ON FUNCTION awa.careless_sql(text) FROM PUBLIC`).unprepared
+      // a function named as one that inherits its caller's settings, which sets one anyway and names
+      // a table without its schema
+      yield* sql.unsafe(
+        `CREATE FUNCTION awa.lane_picks_99() RETURNS int LANGUAGE plpgsql SET jit = off
+           AS $$ BEGIN RETURN (SELECT count(*) FROM queue_meta); END $$`
+      ).unprepared
+      yield* sql.unsafe(`REVOKE EXECUTE ON FUNCTION awa.lane_picks_99() FROM PUBLIC`).unprepared
       const found = yield* problems("awa")
       assert.deepStrictEqual(
         found.map((line) => line.replace(/: fails outside its schema's search_path: .*/, ": fails outside")),
@@ -221,7 +228,9 @@ describe("catalog rules for every function", () => {
           "awa.careless_plpgsql(): no SET jit = off",
           "awa.careless_plpgsql(): does not refuse other isolation levels than READ COMMITTED (AWI01)",
           "awa.careless_plpgsql(): executable by PUBLIC",
-          "awa.careless_sql(text): fails outside"
+          "awa.careless_sql(text): fails outside",
+          "awa.lane_picks_99(): listed as inheriting its caller's settings, but sets jit=off",
+          "awa.lane_picks_99(): fails outside"
         ]
       )
     }).pipe(Effect.provide(TestDatabase.layer()))
