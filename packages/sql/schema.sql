@@ -1018,6 +1018,8 @@ DECLARE
   v_part ready[]; -- 0063: one slot's candidates
   v_merged boolean; -- 0063: more than one slot answered
   v_s int; -- 0063: a live slot
+  v_probe_from bigint; -- 0065: a busy lane's cursor, as the probe read it
+  v_head boolean; -- 0065: the busy lane has a claimable head
 BEGIN
   -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
   IF current_setting('transaction_isolation') <> 'read committed' THEN
@@ -1096,13 +1098,29 @@ BEGIN
     IF NOT v_locked THEN
       -- With one lane the ordering query was skipped: wait for the busy lane only if it has
       -- a claimable head, as with several lanes (an idle queue still answers empty at once).
-      CONTINUE WHEN NOT v_ordered AND NOT EXISTS (
-        SELECT 1 FROM ready r
-        WHERE r.queue = p_queue AND r.priority = v_prios[v_k] AND r.shard = v_shards[v_k]
-          AND r.lane_seq >= (SELECT coalesce(max(m.next_lane_seq), 0) FROM claim_marks m
-                             WHERE m.queue = p_queue AND m.priority = v_prios[v_k] AND m.shard = v_shards[v_k])
-          AND NOT EXISTS (SELECT 1 FROM ready_tombstones t
-                          WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard AND t.lane_seq = r.lane_seq));
+      -- 0065: the probe reads the live slots (the ranking's ranges) and each slot through its own
+      -- function, lane_picks_<slot> (0063), from the lane's cursor; see the header. It needs no
+      -- exact answer: a head it misses leaves the lane for a later call, a head it sees that is
+      -- taken by then costs one wait of 100 ms at most.
+      IF NOT v_ordered THEN -- 0065
+        IF v_rlo1 IS NULL THEN -- 0065
+          SELECT s.lo1, s.hi1, s.lo2, s.hi2 INTO v_rlo1, v_rhi1, v_rlo2, v_rhi2 FROM queue_slot_ranges() s; -- 0065
+        END IF; -- 0065
+        SELECT m.next_lane_seq INTO v_probe_from FROM claim_marks m -- 0065
+        WHERE m.queue = p_queue AND m.priority = v_prios[v_k] AND m.shard = v_shards[v_k] -- 0065
+          AND (m.slot BETWEEN v_rlo1 AND v_rhi1 OR m.slot BETWEEN v_rlo2 AND v_rhi2) -- 0065
+        ORDER BY m.next_lane_seq DESC LIMIT 1; -- 0065
+        v_head := false; -- 0065
+        FOR v_s IN v_rlo1 .. v_rhi1 LOOP -- 0065
+          v_head := coalesce(cardinality(lane_picks_in_slot(v_s, p_queue, v_prios[v_k], v_shards[v_k], coalesce(v_probe_from, 0), 1)), 0) > 0; -- 0065
+          EXIT WHEN v_head; -- 0065
+        END LOOP; -- 0065
+        FOR v_s IN v_rlo2 .. v_rhi2 LOOP -- 0065: empty when lo2 > hi2
+          EXIT WHEN v_head; -- 0065
+          v_head := coalesce(cardinality(lane_picks_in_slot(v_s, p_queue, v_prios[v_k], v_shards[v_k], coalesce(v_probe_from, 0), 1)), 0) > 0; -- 0065
+        END LOOP; -- 0065
+        CONTINUE WHEN NOT v_head; -- 0065
+      END IF; -- 0065
       -- 0042: a busy lane followed in the order by lanes of the same priority (other shards of
       -- the queue, capabilities.md §22: not ordered among themselves) goes behind them, once,
       -- instead of being waited for: its claimer is taking its jobs, and this one takes the next

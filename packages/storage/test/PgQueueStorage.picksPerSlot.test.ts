@@ -8,17 +8,21 @@
  *   generic plan locks every child it names at each execution (PostgreSQL 14–18): a claim held
  *   ACCESS SHARE on all thirty-two. Seen to fail on 0062: sixteen of each. A completion, the same
  *   with `closures` (seen to fail on 0063).
+ * - migration 0065: a claim that finds its one lane's claim lock held asks whether the lane has a
+ *   claimable head before it waits; the probe read the three parents without slot bounds (all
+ *   forty-eight children locked; seen to fail on 0064: sixteen `ready` and sixteen
+ *   `ready_tombstones` children). It reads the live slots, oldest first, and stops at the head.
  * - a lane whose rows lie in two live slots, a carried row sitting in the current slot before the
  *   older slot's rows: the slots' candidates must be merged in lane order and cut to the limit,
  *   or the claim takes later jobs first and its mark passes the carried ones.
  */
 import { TestDatabase } from "@awa/testing"
 import { assert, describe, it } from "@effect/vitest"
-import { Effect } from "effect"
+import { Deferred, Effect, Fiber } from "effect"
 import { SqlClient } from "effect/sql"
 import type { ClaimedJob } from "../src/QueueStorage.ts"
 import { QueueStorage } from "../src/QueueStorage.ts"
-import { claimOf, completeAll, eagerStorage, fresh, keepNothing } from "./pgFixtures.ts"
+import { claimOf, completeAll, eagerStorage, fresh, holdOpenUntil, keepNothing } from "./pgFixtures.ts"
 
 const job = (queue: string, name: string) => ({ kind: "slots", queue, args: { name } })
 
@@ -54,6 +58,49 @@ describe("reads slot by slot (0063, 0064)", () => {
         assert.deepStrictEqual(locked, [`ready_${current!.slot}`, `ready_tombstones_${current!.slot}`])
       }).pipe(Effect.provide(eagerStorage(url, 1)))
     })
+  )
+
+  it.live(
+    "a claim that finds its one lane busy probes the live slots' children only, oldest first, and sees a head there",
+    () =>
+      Effect.gen(function* () {
+        const { url } = yield* TestDatabase.acquire()
+        const q = fresh("probe")
+        yield* Effect.gen(function* () {
+          const storage = yield* QueueStorage
+          const sql = yield* SqlClient.SqlClient
+          // the lane's rows in an older live slot, the current one empty
+          yield* storage.enqueueMany([job(q, "a"), job(q, "b")])
+          assert.strictEqual(yield* storage.rotate, "Rotated")
+          const [older] = yield* sql<{ slot: number }>`SELECT DISTINCT slot FROM awa.ready WHERE queue = ${q}`
+          const [current] = yield* sql<{ slot: number }>`SELECT slot FROM awa.ring_current('queue')`
+          assert.notStrictEqual(older!.slot, current!.slot)
+          // another claimer holds the lane's claim lock to the end of the test: this claim probes,
+          // waits its 100 ms and gives the lane up (claiming nothing, so the pick never runs and
+          // what it locked is the probe's)
+          const release = yield* Deferred.make<void>()
+          const holder = yield* holdOpenUntil(
+            url,
+            `SELECT pg_advisory_xact_lock(awa.lock_ns('claim'), awa.lane_key('${q}', 2, 0))`,
+            release
+          )
+          const { claimed, locked } = yield* sql.withTransaction(
+            Effect.gen(function* () {
+              const claimed = yield* sql<{ job_id: string }>`SELECT job_id FROM awa.claim(${q}, 1, 0, 0)`
+              return { claimed, locked: yield* lockedChildren("^ready(_tombstones)?_[0-9]+$") }
+            })
+          )
+          yield* Deferred.succeed(release, undefined)
+          yield* Fiber.join(holder)
+          assert.strictEqual(claimed.length, 0, "the lane stayed busy")
+          assert.deepStrictEqual(
+            locked,
+            [`ready_${older!.slot}`, `ready_tombstones_${older!.slot}`],
+            "the probe read the oldest live slot, found the head there and stopped"
+          )
+          assert.deepStrictEqual(names(yield* storage.claim(claimOf(q, 10))), ["a", "b"])
+        }).pipe(Effect.provide(eagerStorage(url, 2)))
+      })
   )
 
   it.live(
