@@ -1020,6 +1020,8 @@ DECLARE
   v_s int; -- 0063: a live slot
   v_probe_from bigint; -- 0065: a busy lane's cursor, as the probe read it
   v_head boolean; -- 0065: the busy lane has a claimable head
+  v_cursors bigint[]; -- 0066: the lanes' cursors, beside v_prios and v_shards
+  v_heads ready[]; -- 0066: the lanes' first claimable rows, one per lane and live slot at most
 BEGIN
   -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
   IF current_setting('transaction_isolation') <> 'read committed' THEN
@@ -1048,32 +1050,32 @@ BEGIN
     -- 0042: the cursors by a lateral read of claim_marks (lane_cursor's query), not a call of
     -- lane_cursor per lane: its SET clauses and its own executor start cost ~0.1 ms a lane, so a
     -- claim of an 8-shard queue ran at a third of one lane's rate (pgbench, one client).
-    WITH cur AS MATERIALIZED (
-      SELECT l.queue, l.priority, l.shard, coalesce(mk.c, 0) AS c -- 0042
-      FROM lanes l
-      LEFT JOIN LATERAL (SELECT m.next_lane_seq AS c FROM claim_marks m -- 0042
-                         WHERE m.queue = l.queue AND m.priority = l.priority AND m.shard = l.shard -- 0042
-                           AND (m.slot BETWEEN v_rlo1 AND v_rhi1 OR m.slot BETWEEN v_rlo2 AND v_rhi2) -- 0047
-                         ORDER BY m.next_lane_seq DESC LIMIT 1) mk ON true -- 0042
-      WHERE l.queue = p_queue
-    )
+    SELECT array_agg(l.priority), array_agg(l.shard), array_agg(coalesce(mk.c, 0)) -- 0066
+      INTO v_prios, v_shards, v_cursors -- 0066
+    FROM lanes l
+    LEFT JOIN LATERAL (SELECT m.next_lane_seq AS c FROM claim_marks m -- 0042
+                       WHERE m.queue = l.queue AND m.priority = l.priority AND m.shard = l.shard -- 0042
+                         AND (m.slot BETWEEN v_rlo1 AND v_rhi1 OR m.slot BETWEEN v_rlo2 AND v_rhi2) -- 0047
+                       ORDER BY m.next_lane_seq DESC LIMIT 1) mk ON true -- 0042
+    WHERE l.queue = p_queue;
+    -- 0066: each lane's first claimable row in each live slot, through that slot's own function
+    -- (lane_heads_<slot>, see the header); a lane's head is the first of them in lane order
+    v_heads := '{}'; -- 0066
+    FOR v_s IN v_rlo1 .. v_rhi1 LOOP -- 0066
+      v_heads := v_heads || lane_heads_in_slot(v_s, p_queue, v_prios, v_shards, v_cursors); -- 0066
+    END LOOP; -- 0066
+    FOR v_s IN v_rlo2 .. v_rhi2 LOOP -- 0066: empty when lo2 > hi2
+      v_heads := v_heads || lane_heads_in_slot(v_s, p_queue, v_prios, v_shards, v_cursors); -- 0066
+    END LOOP; -- 0066
     SELECT array_agg(o.priority ORDER BY o.n), array_agg(o.shard ORDER BY o.n) INTO v_prios, v_shards
     FROM (
-      SELECT cur.priority, cur.shard,
+      SELECT head.priority, head.shard,
              row_number() OVER (ORDER BY CASE WHEN p_aging_ms > 0
-                                              THEN greatest(1, cur.priority - floor(extract(epoch FROM (v_now - head.run_at)) * 1000 / p_aging_ms))
-                                              ELSE cur.priority END,
-                                         head.run_at, cur.priority, cur.shard) AS n
-      FROM cur
-      CROSS JOIN LATERAL (
-        SELECT r.run_at FROM ready r
-        WHERE r.queue = cur.queue AND r.priority = cur.priority AND r.shard = cur.shard AND r.lane_seq >= cur.c
-          AND (r.slot BETWEEN v_rlo1 AND v_rhi1 OR r.slot BETWEEN v_rlo2 AND v_rhi2) -- 0042: the live slots only
-          AND NOT EXISTS (SELECT 1 FROM ready_tombstones t
-                          WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard AND t.lane_seq = r.lane_seq
-                            AND (t.slot BETWEEN v_rlo1 AND v_rhi1 OR t.slot BETWEEN v_rlo2 AND v_rhi2)) -- 0042
-        ORDER BY r.lane_seq LIMIT 1
-      ) head
+                                              THEN greatest(1, head.priority - floor(extract(epoch FROM (v_now - head.run_at)) * 1000 / p_aging_ms))
+                                              ELSE head.priority END,
+                                         head.run_at, head.priority, head.shard) AS n
+      FROM (SELECT DISTINCT ON (h.priority, h.shard) h.priority, h.shard, h.run_at -- 0066
+            FROM unnest(v_heads) h ORDER BY h.priority, h.shard, h.lane_seq) head -- 0066
     ) o;
     IF v_prios IS NULL THEN
       RETURN;
@@ -3889,6 +3891,333 @@ BEGIN
                    ORDER BY m.next_lane_seq DESC LIMIT 1), 0);
 END
 $function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.lane_heads_0(p_queue text, p_priorities smallint[], p_shards smallint[], p_from bigint[])
+ RETURNS awa.ready[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(
+    SELECT ROW(h.*)::awa.ready
+    FROM unnest(p_priorities, p_shards, p_from) AS l(priority, shard, c)
+    CROSS JOIN LATERAL (
+      SELECT r.* FROM awa.ready_0 r
+      WHERE r.queue = p_queue AND r.priority = l.priority AND r.shard = l.shard AND r.lane_seq >= l.c
+        AND NOT EXISTS (SELECT 1 FROM awa.ready_tombstones_0 t
+                        WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard
+                          AND t.lane_seq >= r.lane_seq AND t.lane_seq <= r.lane_seq)
+      ORDER BY r.lane_seq LIMIT 1) h);
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.lane_heads_1(p_queue text, p_priorities smallint[], p_shards smallint[], p_from bigint[])
+ RETURNS awa.ready[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(
+    SELECT ROW(h.*)::awa.ready
+    FROM unnest(p_priorities, p_shards, p_from) AS l(priority, shard, c)
+    CROSS JOIN LATERAL (
+      SELECT r.* FROM awa.ready_1 r
+      WHERE r.queue = p_queue AND r.priority = l.priority AND r.shard = l.shard AND r.lane_seq >= l.c
+        AND NOT EXISTS (SELECT 1 FROM awa.ready_tombstones_1 t
+                        WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard
+                          AND t.lane_seq >= r.lane_seq AND t.lane_seq <= r.lane_seq)
+      ORDER BY r.lane_seq LIMIT 1) h);
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.lane_heads_10(p_queue text, p_priorities smallint[], p_shards smallint[], p_from bigint[])
+ RETURNS awa.ready[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(
+    SELECT ROW(h.*)::awa.ready
+    FROM unnest(p_priorities, p_shards, p_from) AS l(priority, shard, c)
+    CROSS JOIN LATERAL (
+      SELECT r.* FROM awa.ready_10 r
+      WHERE r.queue = p_queue AND r.priority = l.priority AND r.shard = l.shard AND r.lane_seq >= l.c
+        AND NOT EXISTS (SELECT 1 FROM awa.ready_tombstones_10 t
+                        WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard
+                          AND t.lane_seq >= r.lane_seq AND t.lane_seq <= r.lane_seq)
+      ORDER BY r.lane_seq LIMIT 1) h);
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.lane_heads_11(p_queue text, p_priorities smallint[], p_shards smallint[], p_from bigint[])
+ RETURNS awa.ready[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(
+    SELECT ROW(h.*)::awa.ready
+    FROM unnest(p_priorities, p_shards, p_from) AS l(priority, shard, c)
+    CROSS JOIN LATERAL (
+      SELECT r.* FROM awa.ready_11 r
+      WHERE r.queue = p_queue AND r.priority = l.priority AND r.shard = l.shard AND r.lane_seq >= l.c
+        AND NOT EXISTS (SELECT 1 FROM awa.ready_tombstones_11 t
+                        WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard
+                          AND t.lane_seq >= r.lane_seq AND t.lane_seq <= r.lane_seq)
+      ORDER BY r.lane_seq LIMIT 1) h);
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.lane_heads_12(p_queue text, p_priorities smallint[], p_shards smallint[], p_from bigint[])
+ RETURNS awa.ready[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(
+    SELECT ROW(h.*)::awa.ready
+    FROM unnest(p_priorities, p_shards, p_from) AS l(priority, shard, c)
+    CROSS JOIN LATERAL (
+      SELECT r.* FROM awa.ready_12 r
+      WHERE r.queue = p_queue AND r.priority = l.priority AND r.shard = l.shard AND r.lane_seq >= l.c
+        AND NOT EXISTS (SELECT 1 FROM awa.ready_tombstones_12 t
+                        WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard
+                          AND t.lane_seq >= r.lane_seq AND t.lane_seq <= r.lane_seq)
+      ORDER BY r.lane_seq LIMIT 1) h);
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.lane_heads_13(p_queue text, p_priorities smallint[], p_shards smallint[], p_from bigint[])
+ RETURNS awa.ready[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(
+    SELECT ROW(h.*)::awa.ready
+    FROM unnest(p_priorities, p_shards, p_from) AS l(priority, shard, c)
+    CROSS JOIN LATERAL (
+      SELECT r.* FROM awa.ready_13 r
+      WHERE r.queue = p_queue AND r.priority = l.priority AND r.shard = l.shard AND r.lane_seq >= l.c
+        AND NOT EXISTS (SELECT 1 FROM awa.ready_tombstones_13 t
+                        WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard
+                          AND t.lane_seq >= r.lane_seq AND t.lane_seq <= r.lane_seq)
+      ORDER BY r.lane_seq LIMIT 1) h);
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.lane_heads_14(p_queue text, p_priorities smallint[], p_shards smallint[], p_from bigint[])
+ RETURNS awa.ready[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(
+    SELECT ROW(h.*)::awa.ready
+    FROM unnest(p_priorities, p_shards, p_from) AS l(priority, shard, c)
+    CROSS JOIN LATERAL (
+      SELECT r.* FROM awa.ready_14 r
+      WHERE r.queue = p_queue AND r.priority = l.priority AND r.shard = l.shard AND r.lane_seq >= l.c
+        AND NOT EXISTS (SELECT 1 FROM awa.ready_tombstones_14 t
+                        WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard
+                          AND t.lane_seq >= r.lane_seq AND t.lane_seq <= r.lane_seq)
+      ORDER BY r.lane_seq LIMIT 1) h);
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.lane_heads_15(p_queue text, p_priorities smallint[], p_shards smallint[], p_from bigint[])
+ RETURNS awa.ready[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(
+    SELECT ROW(h.*)::awa.ready
+    FROM unnest(p_priorities, p_shards, p_from) AS l(priority, shard, c)
+    CROSS JOIN LATERAL (
+      SELECT r.* FROM awa.ready_15 r
+      WHERE r.queue = p_queue AND r.priority = l.priority AND r.shard = l.shard AND r.lane_seq >= l.c
+        AND NOT EXISTS (SELECT 1 FROM awa.ready_tombstones_15 t
+                        WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard
+                          AND t.lane_seq >= r.lane_seq AND t.lane_seq <= r.lane_seq)
+      ORDER BY r.lane_seq LIMIT 1) h);
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.lane_heads_2(p_queue text, p_priorities smallint[], p_shards smallint[], p_from bigint[])
+ RETURNS awa.ready[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(
+    SELECT ROW(h.*)::awa.ready
+    FROM unnest(p_priorities, p_shards, p_from) AS l(priority, shard, c)
+    CROSS JOIN LATERAL (
+      SELECT r.* FROM awa.ready_2 r
+      WHERE r.queue = p_queue AND r.priority = l.priority AND r.shard = l.shard AND r.lane_seq >= l.c
+        AND NOT EXISTS (SELECT 1 FROM awa.ready_tombstones_2 t
+                        WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard
+                          AND t.lane_seq >= r.lane_seq AND t.lane_seq <= r.lane_seq)
+      ORDER BY r.lane_seq LIMIT 1) h);
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.lane_heads_3(p_queue text, p_priorities smallint[], p_shards smallint[], p_from bigint[])
+ RETURNS awa.ready[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(
+    SELECT ROW(h.*)::awa.ready
+    FROM unnest(p_priorities, p_shards, p_from) AS l(priority, shard, c)
+    CROSS JOIN LATERAL (
+      SELECT r.* FROM awa.ready_3 r
+      WHERE r.queue = p_queue AND r.priority = l.priority AND r.shard = l.shard AND r.lane_seq >= l.c
+        AND NOT EXISTS (SELECT 1 FROM awa.ready_tombstones_3 t
+                        WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard
+                          AND t.lane_seq >= r.lane_seq AND t.lane_seq <= r.lane_seq)
+      ORDER BY r.lane_seq LIMIT 1) h);
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.lane_heads_4(p_queue text, p_priorities smallint[], p_shards smallint[], p_from bigint[])
+ RETURNS awa.ready[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(
+    SELECT ROW(h.*)::awa.ready
+    FROM unnest(p_priorities, p_shards, p_from) AS l(priority, shard, c)
+    CROSS JOIN LATERAL (
+      SELECT r.* FROM awa.ready_4 r
+      WHERE r.queue = p_queue AND r.priority = l.priority AND r.shard = l.shard AND r.lane_seq >= l.c
+        AND NOT EXISTS (SELECT 1 FROM awa.ready_tombstones_4 t
+                        WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard
+                          AND t.lane_seq >= r.lane_seq AND t.lane_seq <= r.lane_seq)
+      ORDER BY r.lane_seq LIMIT 1) h);
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.lane_heads_5(p_queue text, p_priorities smallint[], p_shards smallint[], p_from bigint[])
+ RETURNS awa.ready[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(
+    SELECT ROW(h.*)::awa.ready
+    FROM unnest(p_priorities, p_shards, p_from) AS l(priority, shard, c)
+    CROSS JOIN LATERAL (
+      SELECT r.* FROM awa.ready_5 r
+      WHERE r.queue = p_queue AND r.priority = l.priority AND r.shard = l.shard AND r.lane_seq >= l.c
+        AND NOT EXISTS (SELECT 1 FROM awa.ready_tombstones_5 t
+                        WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard
+                          AND t.lane_seq >= r.lane_seq AND t.lane_seq <= r.lane_seq)
+      ORDER BY r.lane_seq LIMIT 1) h);
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.lane_heads_6(p_queue text, p_priorities smallint[], p_shards smallint[], p_from bigint[])
+ RETURNS awa.ready[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(
+    SELECT ROW(h.*)::awa.ready
+    FROM unnest(p_priorities, p_shards, p_from) AS l(priority, shard, c)
+    CROSS JOIN LATERAL (
+      SELECT r.* FROM awa.ready_6 r
+      WHERE r.queue = p_queue AND r.priority = l.priority AND r.shard = l.shard AND r.lane_seq >= l.c
+        AND NOT EXISTS (SELECT 1 FROM awa.ready_tombstones_6 t
+                        WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard
+                          AND t.lane_seq >= r.lane_seq AND t.lane_seq <= r.lane_seq)
+      ORDER BY r.lane_seq LIMIT 1) h);
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.lane_heads_7(p_queue text, p_priorities smallint[], p_shards smallint[], p_from bigint[])
+ RETURNS awa.ready[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(
+    SELECT ROW(h.*)::awa.ready
+    FROM unnest(p_priorities, p_shards, p_from) AS l(priority, shard, c)
+    CROSS JOIN LATERAL (
+      SELECT r.* FROM awa.ready_7 r
+      WHERE r.queue = p_queue AND r.priority = l.priority AND r.shard = l.shard AND r.lane_seq >= l.c
+        AND NOT EXISTS (SELECT 1 FROM awa.ready_tombstones_7 t
+                        WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard
+                          AND t.lane_seq >= r.lane_seq AND t.lane_seq <= r.lane_seq)
+      ORDER BY r.lane_seq LIMIT 1) h);
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.lane_heads_8(p_queue text, p_priorities smallint[], p_shards smallint[], p_from bigint[])
+ RETURNS awa.ready[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(
+    SELECT ROW(h.*)::awa.ready
+    FROM unnest(p_priorities, p_shards, p_from) AS l(priority, shard, c)
+    CROSS JOIN LATERAL (
+      SELECT r.* FROM awa.ready_8 r
+      WHERE r.queue = p_queue AND r.priority = l.priority AND r.shard = l.shard AND r.lane_seq >= l.c
+        AND NOT EXISTS (SELECT 1 FROM awa.ready_tombstones_8 t
+                        WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard
+                          AND t.lane_seq >= r.lane_seq AND t.lane_seq <= r.lane_seq)
+      ORDER BY r.lane_seq LIMIT 1) h);
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.lane_heads_9(p_queue text, p_priorities smallint[], p_shards smallint[], p_from bigint[])
+ RETURNS awa.ready[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+  RETURN ARRAY(
+    SELECT ROW(h.*)::awa.ready
+    FROM unnest(p_priorities, p_shards, p_from) AS l(priority, shard, c)
+    CROSS JOIN LATERAL (
+      SELECT r.* FROM awa.ready_9 r
+      WHERE r.queue = p_queue AND r.priority = l.priority AND r.shard = l.shard AND r.lane_seq >= l.c
+        AND NOT EXISTS (SELECT 1 FROM awa.ready_tombstones_9 t
+                        WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard
+                          AND t.lane_seq >= r.lane_seq AND t.lane_seq <= r.lane_seq)
+      ORDER BY r.lane_seq LIMIT 1) h);
+END
+$function$
+-- execute besides the owner: owner only
+
+CREATE OR REPLACE FUNCTION awa.lane_heads_in_slot(p_slot integer, p_queue text, p_priorities smallint[], p_shards smallint[], p_from bigint[])
+ RETURNS awa.ready[]
+ LANGUAGE sql
+ STABLE
+AS $function$ SELECT CASE p_slot WHEN 0 THEN awa.lane_heads_0(p_queue, p_priorities, p_shards, p_from) WHEN 1 THEN awa.lane_heads_1(p_queue, p_priorities, p_shards, p_from) WHEN 2 THEN awa.lane_heads_2(p_queue, p_priorities, p_shards, p_from) WHEN 3 THEN awa.lane_heads_3(p_queue, p_priorities, p_shards, p_from) WHEN 4 THEN awa.lane_heads_4(p_queue, p_priorities, p_shards, p_from) WHEN 5 THEN awa.lane_heads_5(p_queue, p_priorities, p_shards, p_from) WHEN 6 THEN awa.lane_heads_6(p_queue, p_priorities, p_shards, p_from) WHEN 7 THEN awa.lane_heads_7(p_queue, p_priorities, p_shards, p_from) WHEN 8 THEN awa.lane_heads_8(p_queue, p_priorities, p_shards, p_from) WHEN 9 THEN awa.lane_heads_9(p_queue, p_priorities, p_shards, p_from) WHEN 10 THEN awa.lane_heads_10(p_queue, p_priorities, p_shards, p_from) WHEN 11 THEN awa.lane_heads_11(p_queue, p_priorities, p_shards, p_from) WHEN 12 THEN awa.lane_heads_12(p_queue, p_priorities, p_shards, p_from) WHEN 13 THEN awa.lane_heads_13(p_queue, p_priorities, p_shards, p_from) WHEN 14 THEN awa.lane_heads_14(p_queue, p_priorities, p_shards, p_from) WHEN 15 THEN awa.lane_heads_15(p_queue, p_priorities, p_shards, p_from) END $function$
 -- execute besides the owner: owner only
 
 CREATE OR REPLACE FUNCTION awa.lane_key(p_queue text, p_priority integer, p_shard integer)

@@ -66,6 +66,10 @@ const inheritsCallerSettings: ReadonlyArray<readonly [RegExp, string]> = [
     "one slot's pick, a read called only inside claim, once per live slot and call (0063)"
   ],
   [
+    /^lane_heads_\d+$/,
+    "one slot's lane heads, a read called only inside claim's ranking, once per live slot and call (0066)"
+  ],
+  [
     /^(closures_of|ready_rows_of)_\d+$/,
     "one slot's reads of a batch, called only inside finalize_completions (0064)"
   ]

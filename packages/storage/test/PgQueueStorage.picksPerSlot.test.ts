@@ -12,6 +12,9 @@
  *   claimable head before it waits; the probe read the three parents without slot bounds (all
  *   forty-eight children locked; seen to fail on 0064: sixteen `ready` and sixteen
  *   `ready_tombstones` children). It reads the live slots, oldest first, and stops at the head.
+ * - migration 0066: a claim of a queue with several lanes ranks them by their heads; the ranking
+ *   read the heads through the `ready` and `ready_tombstones` parents (seen to fail on 0065: all
+ *   thirty-two children locked). A lane's head in an older live slot must still rank it.
  * - a lane whose rows lie in two live slots, a carried row sitting in the current slot before the
  *   older slot's rows: the slots' candidates must be merged in lane order and cut to the limit,
  *   or the claim takes later jobs first and its mark passes the carried ones.
@@ -100,6 +103,49 @@ describe("reads slot by slot (0063, 0064)", () => {
           )
           assert.deepStrictEqual(names(yield* storage.claim(claimOf(q, 10))), ["a", "b"])
         }).pipe(Effect.provide(eagerStorage(url, 2)))
+      })
+  )
+
+  it.live(
+    "a claim of several lanes ranks them by heads read in the live slots' children only, an older slot's head included",
+    () =>
+      Effect.gen(function* () {
+        const { url } = yield* TestDatabase.acquire()
+        const q = fresh("ranking")
+        yield* Effect.gen(function* () {
+          const storage = yield* QueueStorage
+          const sql = yield* SqlClient.SqlClient
+          // priority 2's head "a" in an older slot; then priority 1's "b" and priority 2's "c" in
+          // the current one
+          yield* storage.enqueueMany([{ ...job(q, "a"), priority: 2 }])
+          assert.strictEqual(yield* storage.rotate, "Rotated")
+          yield* storage.enqueueMany([
+            { ...job(q, "b"), priority: 1 },
+            { ...job(q, "c"), priority: 2 }
+          ])
+          const slots = yield* sql<{ slot: number }>`
+            SELECT DISTINCT slot FROM awa.ready WHERE queue = ${q} ORDER BY slot`
+          assert.strictEqual(slots.length, 2)
+          // aging of 1 ms: both lanes age to priority 1 and rank by their heads' run_at, so the
+          // lane of "a" (the oldest job) goes first, which only its head in the older slot shows
+          const { claimed, locked } = yield* sql.withTransaction(
+            Effect.gen(function* () {
+              const claimed = yield* sql<{ name: string }>`
+                SELECT args->>'name' AS name FROM awa.claim(${q}, 3, 0, 1)`
+              return { claimed, locked: yield* lockedChildren("^ready(_tombstones)?_[0-9]+$") }
+            })
+          )
+          assert.deepStrictEqual(
+            claimed.map((r) => r.name),
+            ["a", "c", "b"]
+          )
+          assert.deepStrictEqual(
+            locked,
+            slots
+              .flatMap(({ slot }) => [`ready_${slot}`, `ready_tombstones_${slot}`])
+              .sort((x, y) => (x < y ? -1 : x > y ? 1 : 0))
+          )
+        }).pipe(Effect.provide(eagerStorage(url, 1)))
       })
   )
 
