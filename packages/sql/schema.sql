@@ -1437,6 +1437,14 @@ DECLARE
   v_gated boolean := false;
   v_contended boolean := false;
   v_out ready[] := '{}'; -- 0041: the claimed rows of every lane, returned once at the end
+  v_s int; -- 0067: a live slot
+  v_cursors bigint[]; -- 0067: the lanes' cursors, beside v_prios and v_shards (the ranking)
+  v_heads ready[]; -- 0067: the lanes' first claimable rows, one per lane and live slot at most
+  v_probe_from bigint; -- 0067: a busy lane's cursor, as the probe read it
+  v_head boolean; -- 0067: the busy lane has a claimable head
+  v_picked ready[]; -- 0067: the lane's window rows, in lane order
+  v_part ready[]; -- 0067: one slot's candidates
+  v_merged boolean; -- 0067: more than one slot answered
 BEGIN
   -- READ COMMITTED only (0027, docs/adr/0021-server-defaults.md)
   IF current_setting('transaction_isolation') <> 'read committed' THEN
@@ -1470,33 +1478,36 @@ BEGIN
   -- The queue's lanes with a claimable head, in claim order; none when paused.
   SELECT s.lo1, s.hi1, s.lo2, s.hi2 INTO v_rlo1, v_rhi1, v_rlo2, v_rhi2 FROM queue_slot_ranges() s; -- 0042
   -- 0042: the cursors by a lateral read of claim_marks, not a lane_cursor call per lane (as claim)
-  WITH cur AS MATERIALIZED (
-    SELECT l.queue, l.priority, l.shard, coalesce(mk.c, 0) AS c -- 0042
-    FROM lanes l
-    LEFT JOIN LATERAL (SELECT m.next_lane_seq AS c FROM claim_marks m -- 0042
-                       WHERE m.queue = l.queue AND m.priority = l.priority AND m.shard = l.shard -- 0042
-                         AND (m.slot BETWEEN v_rlo1 AND v_rhi1 OR m.slot BETWEEN v_rlo2 AND v_rhi2) -- 0047
-                       ORDER BY m.next_lane_seq DESC LIMIT 1) mk ON true -- 0042
-    WHERE l.queue = p_queue
-      AND NOT EXISTS (SELECT 1 FROM queue_meta m WHERE m.queue = p_queue AND m.paused)
-  )
+  SELECT array_agg(l.priority), array_agg(l.shard), array_agg(coalesce(mk.c, 0)) -- 0067
+    INTO v_prios, v_shards, v_cursors -- 0067
+  FROM lanes l
+  LEFT JOIN LATERAL (SELECT m.next_lane_seq AS c FROM claim_marks m -- 0042
+                     WHERE m.queue = l.queue AND m.priority = l.priority AND m.shard = l.shard -- 0042
+                       AND (m.slot BETWEEN v_rlo1 AND v_rhi1 OR m.slot BETWEEN v_rlo2 AND v_rhi2) -- 0047
+                     ORDER BY m.next_lane_seq DESC LIMIT 1) mk ON true -- 0042
+  WHERE l.queue = p_queue
+    AND NOT EXISTS (SELECT 1 FROM queue_meta m WHERE m.queue = p_queue AND m.paused);
+  IF v_prios IS NULL THEN -- 0067
+    RETURN; -- 0067
+  END IF; -- 0067
+  -- 0067: each lane's first claimable row in each live slot, through that slot's own function
+  -- (lane_heads_<slot>, 0066); a lane's head is the first of them in lane order
+  v_heads := '{}'; -- 0067
+  FOR v_s IN v_rlo1 .. v_rhi1 LOOP -- 0067
+    v_heads := v_heads || lane_heads_in_slot(v_s, p_queue, v_prios, v_shards, v_cursors); -- 0067
+  END LOOP; -- 0067
+  FOR v_s IN v_rlo2 .. v_rhi2 LOOP -- 0067: empty when lo2 > hi2
+    v_heads := v_heads || lane_heads_in_slot(v_s, p_queue, v_prios, v_shards, v_cursors); -- 0067
+  END LOOP; -- 0067
   SELECT array_agg(o.priority ORDER BY o.n), array_agg(o.shard ORDER BY o.n) INTO v_prios, v_shards
   FROM (
-    SELECT cur.priority, cur.shard,
+    SELECT head.priority, head.shard,
            row_number() OVER (ORDER BY CASE WHEN p_aging_ms > 0
-                                            THEN greatest(1, cur.priority - floor(extract(epoch FROM (v_now - head.run_at)) * 1000 / p_aging_ms))
-                                            ELSE cur.priority END,
-                                       head.run_at, cur.priority, cur.shard) AS n
-    FROM cur
-    CROSS JOIN LATERAL (
-      SELECT r.run_at FROM ready r
-      WHERE r.queue = cur.queue AND r.priority = cur.priority AND r.shard = cur.shard AND r.lane_seq >= cur.c
-        AND (r.slot BETWEEN v_rlo1 AND v_rhi1 OR r.slot BETWEEN v_rlo2 AND v_rhi2) -- 0042: the live slots only
-        AND NOT EXISTS (SELECT 1 FROM ready_tombstones t
-                        WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard AND t.lane_seq = r.lane_seq
-                          AND (t.slot BETWEEN v_rlo1 AND v_rhi1 OR t.slot BETWEEN v_rlo2 AND v_rhi2)) -- 0042
-      ORDER BY r.lane_seq LIMIT 1
-    ) head
+                                            THEN greatest(1, head.priority - floor(extract(epoch FROM (v_now - head.run_at)) * 1000 / p_aging_ms))
+                                            ELSE head.priority END,
+                                       head.run_at, head.priority, head.shard) AS n
+    FROM (SELECT DISTINCT ON (h.priority, h.shard) h.priority, h.shard, h.run_at -- 0067
+          FROM unnest(v_heads) h ORDER BY h.priority, h.shard, h.lane_seq) head -- 0067
   ) o;
   IF v_prios IS NULL THEN
     RETURN;
@@ -1508,12 +1519,27 @@ BEGIN
     IF NOT pg_try_advisory_xact_lock(lock_ns('claim'),
                                      hashtext(p_queue || chr(31) || v_prios[v_k]::text || chr(31) || v_shards[v_k]::text)) THEN
       -- 0036: an unranked lane is contended only if it has a claimable head (else: idle), as claim
-      CONTINUE WHEN NOT v_ranked AND NOT EXISTS ( -- 0036
-        SELECT 1 FROM ready r -- 0036
-        WHERE r.queue = p_queue AND r.priority = v_prios[v_k] AND r.shard = v_shards[v_k] -- 0036
-          AND r.lane_seq >= lane_cursor(p_queue, v_prios[v_k], v_shards[v_k]) -- 0036
-          AND NOT EXISTS (SELECT 1 FROM ready_tombstones t -- 0036
-                          WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard AND t.lane_seq = r.lane_seq)); -- 0036
+      -- 0067: the probe reads the lane's cursor in the live slots and each slot through its own
+      -- function (lane_picks_<slot>, 0063), oldest first, as claim's (0065)
+      IF NOT v_ranked THEN -- 0067
+        IF v_rlo1 IS NULL THEN -- 0067
+          SELECT s.lo1, s.hi1, s.lo2, s.hi2 INTO v_rlo1, v_rhi1, v_rlo2, v_rhi2 FROM queue_slot_ranges() s; -- 0067
+        END IF; -- 0067
+        SELECT m.next_lane_seq INTO v_probe_from FROM claim_marks m -- 0067
+        WHERE m.queue = p_queue AND m.priority = v_prios[v_k] AND m.shard = v_shards[v_k] -- 0067
+          AND (m.slot BETWEEN v_rlo1 AND v_rhi1 OR m.slot BETWEEN v_rlo2 AND v_rhi2) -- 0067
+        ORDER BY m.next_lane_seq DESC LIMIT 1; -- 0067
+        v_head := false; -- 0067
+        FOR v_s IN v_rlo1 .. v_rhi1 LOOP -- 0067
+          v_head := coalesce(cardinality(lane_picks_in_slot(v_s, p_queue, v_prios[v_k], v_shards[v_k], coalesce(v_probe_from, 0), 1)), 0) > 0; -- 0067
+          EXIT WHEN v_head; -- 0067
+        END LOOP; -- 0067
+        FOR v_s IN v_rlo2 .. v_rhi2 LOOP -- 0067: empty when lo2 > hi2
+          EXIT WHEN v_head; -- 0067
+          v_head := coalesce(cardinality(lane_picks_in_slot(v_s, p_queue, v_prios[v_k], v_shards[v_k], coalesce(v_probe_from, 0), 1)), 0) > 0; -- 0067
+        END LOOP; -- 0067
+        CONTINUE WHEN NOT v_head; -- 0067
+      END IF; -- 0067
       v_contended := true;
       CONTINUE;
     END IF;
@@ -1541,25 +1567,37 @@ BEGIN
     END IF; -- 0047
     v_cursor := coalesce(v_cursor, 0);
     -- The window (claim's pick, without the writes).
+    -- 0067: the window's rows, slot by slot, through each live slot's own function
+    -- (lane_picks_<slot>, 0063: the tombstone probes and the parked barrier are its), merged in
+    -- lane order when more than one slot answers and cut to the call's limit, as claim's pick
+    -- (why separate reads see a gap-free run from the cursor: 0063's header, under this lane's
+    -- claim lock and the cursor statement's ACCESS SHARE on every claim_marks child)
+    v_picked := '{}'; -- 0067
+    v_merged := false; -- 0067
+    FOR v_s IN v_lo1 .. v_hi1 LOOP -- 0067
+      v_part := lane_picks_in_slot(v_s, p_queue, v_prios[v_k], v_shards[v_k], v_cursor, v_left); -- 0067
+      IF cardinality(v_part) > 0 THEN -- 0067
+        v_merged := v_merged OR cardinality(v_picked) > 0; -- 0067
+        v_picked := v_picked || v_part; -- 0067
+      END IF; -- 0067
+    END LOOP; -- 0067
+    FOR v_s IN v_lo2 .. v_hi2 LOOP -- 0067: empty when lo2 > hi2
+      v_part := lane_picks_in_slot(v_s, p_queue, v_prios[v_k], v_shards[v_k], v_cursor, v_left); -- 0067
+      IF cardinality(v_part) > 0 THEN -- 0067
+        v_merged := v_merged OR cardinality(v_picked) > 0; -- 0067
+        v_picked := v_picked || v_part; -- 0067
+      END IF; -- 0067
+    END LOOP; -- 0067
+    IF v_merged THEN -- 0067
+      v_picked := ARRAY(SELECT p FROM unnest(v_picked) p ORDER BY p.lane_seq LIMIT v_left); -- 0067
+    END IF; -- 0067
     WITH w AS MATERIALIZED (
       SELECT r AS rw, r.job_id, r.lane_seq, r.metadata ->> 'awa:concurrencyKey' AS ckey, -- 0036: rw
              (r.unique_key IS NOT NULL AND (r.unique_states & 6) = 4) AS at_claim
-      FROM ready r
-      WHERE r.queue = p_queue AND r.priority = v_prios[v_k] AND r.shard = v_shards[v_k] AND r.lane_seq >= v_cursor
-        AND (r.slot BETWEEN v_lo1 AND v_hi1 OR r.slot BETWEEN v_lo2 AND v_hi2)
-        -- 0052: per row only when the lane has a tombstone at or past the cursor (as claim's pick)
-        AND (NOT EXISTS (SELECT 1 FROM ready_tombstones t0 -- 0052
-                         WHERE t0.queue = p_queue AND t0.priority = v_prios[v_k] AND t0.shard = v_shards[v_k] -- 0052
-                           AND t0.lane_seq >= v_cursor -- 0052
-                           AND (t0.slot BETWEEN v_lo1 AND v_hi1 OR t0.slot BETWEEN v_lo2 AND v_hi2)) -- 0052
-             OR NOT EXISTS (SELECT 1 FROM ready_tombstones t
-                            WHERE t.queue = r.queue AND t.priority = r.priority AND t.shard = r.shard AND t.lane_seq = r.lane_seq
-                              AND (t.slot BETWEEN v_lo1 AND v_hi1 OR t.slot BETWEEN v_lo2 AND v_hi2))) -- 0052
-        AND NOT EXISTS (SELECT 1 FROM queue_meta m WHERE m.queue = p_queue AND m.paused)
-        AND r.lane_seq < coalesce((SELECT p.lane_seq FROM parked p
-                                   WHERE p.queue = p_queue AND p.priority = v_prios[v_k] AND p.shard = v_shards[v_k]
-                                   ORDER BY p.lane_seq LIMIT 1), 9223372036854775807)
-      ORDER BY r.lane_seq LIMIT v_left
+      FROM unnest(v_picked) r -- 0067
+      -- paused: checked once over the merged rows, in this statement's snapshot (0067: not in
+      -- the reads, so a pause cannot cut one slot's rows and not another's)
+      WHERE NOT EXISTS (SELECT 1 FROM queue_meta m WHERE m.queue = p_queue AND m.paused)
     )
     SELECT array_agg(w.job_id ORDER BY w.lane_seq), array_agg(w.lane_seq ORDER BY w.lane_seq),
            -- 0036: key_digest(w.ckey) written out: the function is not inlined (convert_to is

@@ -15,6 +15,8 @@
  * - migration 0066: a claim of a queue with several lanes ranks them by their heads; the ranking
  *   read the heads through the `ready` and `ready_tombstones` parents (seen to fail on 0065: all
  *   thirty-two children locked). A lane's head in an older live slot must still rank it.
+ * - migration 0067: claim_keyed's ranking, busy-lane probe and window read the same way (seen to
+ *   fail on 0066: all thirty-two children locked).
  * - a lane whose rows lie in two live slots, a carried row sitting in the current slot before the
  *   older slot's rows: the slots' candidates must be merged in lane order and cut to the limit,
  *   or the claim takes later jobs first and its mark passes the carried ones.
@@ -23,9 +25,18 @@ import { TestDatabase } from "@awa/testing"
 import { assert, describe, it } from "@effect/vitest"
 import { Deferred, Effect, Fiber } from "effect"
 import { SqlClient } from "effect/sql"
+import { KeyGrants } from "../src/KeyGrants.ts"
 import type { ClaimedJob } from "../src/QueueStorage.ts"
 import { QueueStorage } from "../src/QueueStorage.ts"
-import { claimOf, completeAll, eagerStorage, fresh, holdOpenUntil, keepNothing } from "./pgFixtures.ts"
+import {
+  claimOf,
+  completeAll,
+  eagerGrants,
+  eagerStorage,
+  fresh,
+  holdOpenUntil,
+  keepNothing
+} from "./pgFixtures.ts"
 
 const job = (queue: string, name: string) => ({ kind: "slots", queue, args: { name } })
 
@@ -147,6 +158,94 @@ describe("reads slot by slot (0063, 0064)", () => {
           )
         }).pipe(Effect.provide(eagerStorage(url, 1)))
       })
+  )
+
+  it.live(
+    "a keyed claim ranks, windows and merges its lanes from the live slots' children only, in lane order",
+    () =>
+      Effect.gen(function* () {
+        const { url } = yield* TestDatabase.acquire()
+        const q = fresh("keyed")
+        yield* Effect.gen(function* () {
+          const storage = yield* QueueStorage
+          const grants = yield* KeyGrants
+          const sql = yield* SqlClient.SqlClient
+          const policy = fresh("policy")
+          yield* grants.create({ id: policy, maxInFlight: 10 })
+          const keyed = (name: string, priority: number) => ({
+            ...job(q, name),
+            priority,
+            concurrencyKey: name
+          })
+          // priority 2's lane: a1, a2 in an older slot, a3 in the current one; priority 1's b there
+          yield* storage.enqueueMany([keyed("a1", 2), keyed("a2", 2)])
+          assert.strictEqual(yield* storage.rotate, "Rotated")
+          yield* storage.enqueueMany([keyed("b", 1), keyed("a3", 2)])
+          const slots = yield* sql<{ slot: number }>`
+            SELECT DISTINCT slot FROM awa.ready WHERE queue = ${q} ORDER BY slot`
+          assert.strictEqual(slots.length, 2)
+          // aging of 1 ms: the lanes rank by their heads' run_at, a1's lane first (its head is in
+          // the older slot); its window spans both slots
+          const { claimed, locked } = yield* sql.withTransaction(
+            Effect.gen(function* () {
+              const claimed = yield* sql<{ name: string }>`
+                SELECT args->>'name' AS name FROM awa.claim_keyed(${q}, ${policy}, 10, 0, 1) WHERE job_id IS NOT NULL`
+              return { claimed, locked: yield* lockedChildren("^ready(_tombstones)?_[0-9]+$") }
+            })
+          )
+          assert.deepStrictEqual(
+            claimed.map((r) => r.name),
+            ["a1", "a2", "a3", "b"]
+          )
+          assert.deepStrictEqual(
+            locked,
+            slots
+              .flatMap(({ slot }) => [`ready_${slot}`, `ready_tombstones_${slot}`])
+              .sort((x, y) => (x < y ? -1 : x > y ? 1 : 0))
+          )
+        }).pipe(Effect.provide(eagerGrants(url, 1)))
+      })
+  )
+
+  it.live("a keyed claim that finds its one lane busy probes the oldest live slot's children only", () =>
+    Effect.gen(function* () {
+      const { url } = yield* TestDatabase.acquire()
+      const q = fresh("keyed-probe")
+      yield* Effect.gen(function* () {
+        const storage = yield* QueueStorage
+        const grants = yield* KeyGrants
+        const sql = yield* SqlClient.SqlClient
+        const policy = fresh("policy")
+        yield* grants.create({ id: policy, maxInFlight: 10 })
+        yield* storage.enqueueMany([
+          { ...job(q, "a"), concurrencyKey: "a" },
+          { ...job(q, "b"), concurrencyKey: "b" }
+        ])
+        assert.strictEqual(yield* storage.rotate, "Rotated")
+        const [older] = yield* sql<{ slot: number }>`SELECT DISTINCT slot FROM awa.ready WHERE queue = ${q}`
+        const release = yield* Deferred.make<void>()
+        const holder = yield* holdOpenUntil(
+          url,
+          `SELECT pg_advisory_xact_lock(awa.lock_ns('claim'), awa.lane_key('${q}', 2, 0))`,
+          release
+        )
+        const { claimed, locked } = yield* sql.withTransaction(
+          Effect.gen(function* () {
+            const claimed = yield* sql<{ job_id: string | null; gate: string | null }>`
+              SELECT job_id, gate FROM awa.claim_keyed(${q}, ${policy}, 1, 0, 0)`
+            return { claimed, locked: yield* lockedChildren("^ready(_tombstones)?_[0-9]+$") }
+          })
+        )
+        yield* Deferred.succeed(release, undefined)
+        yield* Fiber.join(holder)
+        assert.deepStrictEqual(
+          claimed,
+          [{ job_id: null, gate: "keyLockContended" }],
+          "the probe saw the head in the older slot: the busy lane is reported contended, not idle"
+        )
+        assert.deepStrictEqual(locked, [`ready_${older!.slot}`, `ready_tombstones_${older!.slot}`])
+      }).pipe(Effect.provide(eagerGrants(url, 2)))
+    })
   )
 
   it.live(
