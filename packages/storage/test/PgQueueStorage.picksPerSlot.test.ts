@@ -52,7 +52,41 @@ const lockedChildren = (pattern: string) =>
       ORDER BY 1`
   ).pipe(Effect.map((rows) => rows.map((r) => r.relation)))
 
-describe("reads slot by slot (0063, 0064)", () => {
+const readyChildren = "^ready(_tombstones)?_[0-9]+$"
+
+/** `statement`'s rows in a transaction of their own, with the `ready` children it left locked. */
+const rowsAndReadyLocks = <A>(statement: Effect.Effect<ReadonlyArray<A>, unknown, SqlClient.SqlClient>) =>
+  Effect.flatMap(SqlClient.SqlClient, (sql) =>
+    sql.withTransaction(
+      Effect.gen(function* () {
+        const rows = yield* statement
+        return { rows, locked: yield* lockedChildren(readyChildren) }
+      })
+    )
+  )
+
+/** The `ready` and `ready_tombstones` children of `slots`, in the order `lockedChildren` gives. */
+const readyChildrenOf = (slots: ReadonlyArray<{ readonly slot: number }>) =>
+  slots
+    .flatMap(({ slot }) => [`ready_${slot}`, `ready_tombstones_${slot}`])
+    .sort((x, y) => (x < y ? -1 : x > y ? 1 : 0))
+
+/** `body` while another session holds lane `(queue, 2, 0)`'s claim lock, as a claim in flight does. */
+const whileLaneHeld = <A, E, R>(url: string, queue: string, body: Effect.Effect<A, E, R>) =>
+  Effect.gen(function* () {
+    const release = yield* Deferred.make<void>()
+    const holder = yield* holdOpenUntil(
+      url,
+      `SELECT pg_advisory_xact_lock(awa.lock_ns('claim'), awa.lane_key('${queue}', 2, 0))`,
+      release
+    )
+    const result = yield* body
+    yield* Deferred.succeed(release, undefined)
+    yield* Fiber.join(holder)
+    return result
+  })
+
+describe("reads slot by slot (0063 to 0067)", () => {
   it.live("a claim locks the ready and tombstone children of its live slot only", () =>
     Effect.gen(function* () {
       const { url } = yield* TestDatabase.acquire()
@@ -65,7 +99,7 @@ describe("reads slot by slot (0063, 0064)", () => {
           Effect.gen(function* () {
             const claimed = yield* sql<{ job_id: string }>`SELECT job_id FROM awa.claim(${q}, 1, 0, 0)`
             assert.strictEqual(claimed.length, 1)
-            return yield* lockedChildren("^ready(_tombstones)?_[0-9]+$")
+            return yield* lockedChildren(readyChildren)
           })
         )
         const [current] = yield* sql<{ slot: number }>`SELECT slot FROM awa.ring_current('queue')`
@@ -92,20 +126,11 @@ describe("reads slot by slot (0063, 0064)", () => {
           // another claimer holds the lane's claim lock to the end of the test: this claim probes,
           // waits its 100 ms and gives the lane up (claiming nothing, so the pick never runs and
           // what it locked is the probe's)
-          const release = yield* Deferred.make<void>()
-          const holder = yield* holdOpenUntil(
+          const { rows: claimed, locked } = yield* whileLaneHeld(
             url,
-            `SELECT pg_advisory_xact_lock(awa.lock_ns('claim'), awa.lane_key('${q}', 2, 0))`,
-            release
+            q,
+            rowsAndReadyLocks(sql<{ job_id: string }>`SELECT job_id FROM awa.claim(${q}, 1, 0, 0)`)
           )
-          const { claimed, locked } = yield* sql.withTransaction(
-            Effect.gen(function* () {
-              const claimed = yield* sql<{ job_id: string }>`SELECT job_id FROM awa.claim(${q}, 1, 0, 0)`
-              return { claimed, locked: yield* lockedChildren("^ready(_tombstones)?_[0-9]+$") }
-            })
-          )
-          yield* Deferred.succeed(release, undefined)
-          yield* Fiber.join(holder)
           assert.strictEqual(claimed.length, 0, "the lane stayed busy")
           assert.deepStrictEqual(
             locked,
@@ -139,23 +164,14 @@ describe("reads slot by slot (0063, 0064)", () => {
           assert.strictEqual(slots.length, 2)
           // aging of 1 ms: both lanes age to priority 1 and rank by their heads' run_at, so the
           // lane of "a" (the oldest job) goes first, which only its head in the older slot shows
-          const { claimed, locked } = yield* sql.withTransaction(
-            Effect.gen(function* () {
-              const claimed = yield* sql<{ name: string }>`
-                SELECT args->>'name' AS name FROM awa.claim(${q}, 3, 0, 1)`
-              return { claimed, locked: yield* lockedChildren("^ready(_tombstones)?_[0-9]+$") }
-            })
+          const { rows: claimed, locked } = yield* rowsAndReadyLocks(
+            sql<{ name: string }>`SELECT args->>'name' AS name FROM awa.claim(${q}, 3, 0, 1)`
           )
           assert.deepStrictEqual(
             claimed.map((r) => r.name),
             ["a", "c", "b"]
           )
-          assert.deepStrictEqual(
-            locked,
-            slots
-              .flatMap(({ slot }) => [`ready_${slot}`, `ready_tombstones_${slot}`])
-              .sort((x, y) => (x < y ? -1 : x > y ? 1 : 0))
-          )
+          assert.deepStrictEqual(locked, readyChildrenOf(slots))
         }).pipe(Effect.provide(eagerStorage(url, 1)))
       })
   )
@@ -186,23 +202,15 @@ describe("reads slot by slot (0063, 0064)", () => {
           assert.strictEqual(slots.length, 2)
           // aging of 1 ms: the lanes rank by their heads' run_at, a1's lane first (its head is in
           // the older slot); its window spans both slots
-          const { claimed, locked } = yield* sql.withTransaction(
-            Effect.gen(function* () {
-              const claimed = yield* sql<{ name: string }>`
-                SELECT args->>'name' AS name FROM awa.claim_keyed(${q}, ${policy}, 10, 0, 1) WHERE job_id IS NOT NULL`
-              return { claimed, locked: yield* lockedChildren("^ready(_tombstones)?_[0-9]+$") }
-            })
+          const { rows: claimed, locked } = yield* rowsAndReadyLocks(
+            sql<{ name: string }>`
+              SELECT args->>'name' AS name FROM awa.claim_keyed(${q}, ${policy}, 10, 0, 1) WHERE job_id IS NOT NULL`
           )
           assert.deepStrictEqual(
             claimed.map((r) => r.name),
             ["a1", "a2", "a3", "b"]
           )
-          assert.deepStrictEqual(
-            locked,
-            slots
-              .flatMap(({ slot }) => [`ready_${slot}`, `ready_tombstones_${slot}`])
-              .sort((x, y) => (x < y ? -1 : x > y ? 1 : 0))
-          )
+          assert.deepStrictEqual(locked, readyChildrenOf(slots))
         }).pipe(Effect.provide(eagerGrants(url, 1)))
       })
   )
@@ -223,21 +231,14 @@ describe("reads slot by slot (0063, 0064)", () => {
         ])
         assert.strictEqual(yield* storage.rotate, "Rotated")
         const [older] = yield* sql<{ slot: number }>`SELECT DISTINCT slot FROM awa.ready WHERE queue = ${q}`
-        const release = yield* Deferred.make<void>()
-        const holder = yield* holdOpenUntil(
+        const { rows: claimed, locked } = yield* whileLaneHeld(
           url,
-          `SELECT pg_advisory_xact_lock(awa.lock_ns('claim'), awa.lane_key('${q}', 2, 0))`,
-          release
-        )
-        const { claimed, locked } = yield* sql.withTransaction(
-          Effect.gen(function* () {
-            const claimed = yield* sql<{ job_id: string | null; gate: string | null }>`
+          q,
+          rowsAndReadyLocks(
+            sql<{ job_id: string | null; gate: string | null }>`
               SELECT job_id, gate FROM awa.claim_keyed(${q}, ${policy}, 1, 0, 0)`
-            return { claimed, locked: yield* lockedChildren("^ready(_tombstones)?_[0-9]+$") }
-          })
+          )
         )
-        yield* Deferred.succeed(release, undefined)
-        yield* Fiber.join(holder)
         assert.deepStrictEqual(
           claimed,
           [{ job_id: null, gate: "keyLockContended" }],
