@@ -50,8 +50,22 @@ export interface MaintenanceConfig {
 const statsKeepMs = 2 * 3_600_000
 
 /**
+ * Where a duty's tick may stop when its term ends (worker shutdown, lost leadership): between two
+ * of its statements. A tick is otherwise uninterruptible (see `every`); ticks that loop over
+ * batches pass here between batches, so a shutdown waits for one statement, not for the loop.
+ */
+const betweenStatements = Effect.interruptible(Effect.void)
+
+/**
  * Runs `task` every `intervalMs` for as long as the enclosing scope lives; failures are logged.
  * A duty whose first tick is `deferred` waits one interval first (see `duties`).
+ *
+ * A tick is not interrupted inside a statement: interrupting it cancels the statement on the
+ * server, which rolls back whatever it had written so far, and those rows stay behind as dead
+ * tuples on ring children (a prune's history copy of a whole slot, a promotion's ready rows, a
+ * rescue's closures) for work that is then done again. An ending term lets the statement in flight
+ * finish and stops the tick at its next `betweenStatements` (or its end), as the dispatcher's
+ * claims and the batcher's flushes do.
  */
 const every = (
   name: string,
@@ -63,6 +77,7 @@ const every = (
     // one span per tick (its queries as children); emitted only with `backgroundSpans`
     Effect.withSpan(`awa.maintenance ${name}`),
     Effect.catchCause((cause) => Effect.logWarning(`maintenance duty ${name} failed`, cause)),
+    Effect.uninterruptible,
     Effect.repeat(Schedule.spaced(intervalMs)),
     (ticks) => (first === "deferred" ? Effect.andThen(Effect.sleep(intervalMs), ticks) : ticks),
     Effect.annotateLogs({ module: "Leader", duty: name }),
@@ -80,8 +95,10 @@ export const duties = Effect.fnUntraced(function* (config: MaintenanceConfig) {
   )
   // Promotion drains in batches until a batch comes back short.
   const promote = Effect.gen(function* () {
-    for (let i = 0; i < 32; i++)
+    for (let i = 0; i < 32; i++) {
+      if (i > 0) yield* betweenStatements
       if ((yield* storage.promoteDue(config.promoteBatch)) < config.promoteBatch) return
+    }
   })
   const pruneParams =
     config.pruneCarryAfterMs === undefined
@@ -90,7 +107,10 @@ export const duties = Effect.fnUntraced(function* (config: MaintenanceConfig) {
   // Ledger retention (migration 0017): only after a prune, since only rotations and prunes add
   // ledger rows; the SQL side acts once a whole ring wrap has piled up, in batches of 5,000.
   const trimLedgers = Effect.gen(function* () {
-    for (let i = 0; i < 10; i++) if (!(yield* storage.trimLedgers(5000)).more) return
+    for (let i = 0; i < 10; i++) {
+      yield* betweenStatements
+      if (!(yield* storage.trimLedgers(5000)).more) return
+    }
   })
   // Prune cannot starve (ADR 0018): its NOWAIT lock fails under readers that never all let go at
   // once, so after 3 ticks blocked on the lock it queues for it (`forceLockTimeoutMs`): 200 ms,
@@ -142,12 +162,16 @@ export const duties = Effect.fnUntraced(function* (config: MaintenanceConfig) {
     tick++
     yield* storage.rotateWhenDue(config.rotate)
     let pruned = 0
-    for (; pruned < 16; pruned++) if (!(yield* pruneOnce)) break
+    for (; pruned < 16; pruned++) {
+      yield* betweenStatements
+      if (!(yield* pruneOnce)) break
+    }
     yield* recordPrune("queue", lastOutcome)
     if (pruned > 0) yield* trimLedgers
   })
   const history = Effect.gen(function* () {
     yield* storage.rotateHistory(historyRotateAgeMs)
+    yield* betweenStatements
     yield* recordPrune("history", yield* storage.pruneHistory(config.retention))
   })
   // Rates and series for the statistics (migration 0031): off the hot path, by the leader only.
@@ -201,7 +225,10 @@ export const duties = Effect.fnUntraced(function* (config: MaintenanceConfig) {
   yield* every("stats-sample", config.statsSampleIntervalMs, sample, "deferred")
   // DLQ retention: batches of 1,000 until a batch comes back short (at most 10 per tick).
   const dlqCleanup = Effect.gen(function* () {
-    for (let i = 0; i < 10; i++) if ((yield* storage.cleanupDlq(config.dlqRetentionMs, 1000)) < 1000) return
+    for (let i = 0; i < 10; i++) {
+      if (i > 0) yield* betweenStatements
+      if ((yield* storage.cleanupDlq(config.dlqRetentionMs, 1000)) < 1000) return
+    }
   })
   yield* every("dlq-retention", config.dlqCleanupIntervalMs, dlqCleanup, "deferred")
   // Cron: every stored schedule, whoever declared it (capability 9).
