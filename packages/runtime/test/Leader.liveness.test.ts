@@ -5,13 +5,14 @@
  * attempts go on every tick in between.
  */
 import { Job } from "@awa/core"
-import { CronStorage, type PruneOutcome, QueueStorage, SimQueueStorage } from "@awa/storage"
+import type { PruneOutcome } from "@awa/storage"
 import { assert, describe, it } from "@effect/vitest"
-import { Effect, Layer, Schema } from "effect"
+import { Effect, Schema } from "effect"
 import { TestClock } from "effect/testing"
 import { handler } from "../src/Handler.ts"
 import * as Leader from "../src/Leader.ts"
 import { resolveConfig } from "../src/Worker.ts"
+import { leaderStorage } from "./support.ts"
 
 const Tick = Job.define({ kind: "tick", args: Schema.Struct({ n: Schema.Number }), queue: "live" })
 const handlers = [handler(Tick, () => Effect.void)]
@@ -23,25 +24,19 @@ const handlers = [handler(Tick, () => Effect.void)]
 const blockedStorage = (forced: ReadonlyArray<"Pruned" | "Blocked">) => {
   const calls: Array<number | undefined> = []
   let next = 0
-  const storage = Layer.effect(
-    QueueStorage,
-    Effect.map(SimQueueStorage.make, (sim) =>
-      QueueStorage.of({
-        ...sim,
-        rotateWhenDue: () => Effect.succeed("Rotated" as const),
-        prune: (p) =>
-          Effect.sync((): PruneOutcome => {
-            calls.push(p.forceLockTimeoutMs)
-            const answer = p.forceLockTimeoutMs === undefined ? "Blocked" : (forced[next++] ?? "Blocked")
-            return answer === "Pruned"
-              ? { _tag: "Pruned", generation: 1n, carried: 0 }
-              : { _tag: "Blocked", reason: "lock" }
-          }),
-        trimLedgers: () => Effect.succeed({ deleted: 0, more: false })
-      })
-    )
-  )
-  return { calls, layer: Layer.provideMerge(CronStorage.layerSim, storage) }
+  const layer = leaderStorage(() => ({
+    rotateWhenDue: () => Effect.succeed("Rotated" as const),
+    prune: (p) =>
+      Effect.sync((): PruneOutcome => {
+        calls.push(p.forceLockTimeoutMs)
+        const answer = p.forceLockTimeoutMs === undefined ? "Blocked" : (forced[next++] ?? "Blocked")
+        return answer === "Pruned"
+          ? { _tag: "Pruned", generation: 1n, carried: 0 }
+          : { _tag: "Blocked", reason: "lock" }
+      }),
+    trimLedgers: () => Effect.succeed({ deleted: 0, more: false })
+  }))
+  return { calls, layer }
 }
 
 /** Runs the duties for `seconds` of test time at one rotate-prune tick per second. */

@@ -6,12 +6,13 @@
  * 15 as 0.16 dead history tuples per drained job), to be copied again by the next leader.
  */
 import { Job } from "@awa/core"
-import { CronStorage, type PruneOutcome, QueueStorage, SimQueueStorage } from "@awa/storage"
+import type { PruneOutcome } from "@awa/storage"
 import { assert, describe, it } from "@effect/vitest"
-import { Deferred, Effect, Exit, Fiber, Layer, Schema, Scope } from "effect"
+import { Deferred, Effect, Exit, Fiber, Schema, Scope } from "effect"
 import { handler } from "../src/Handler.ts"
 import * as Leader from "../src/Leader.ts"
 import { resolveConfig } from "../src/Worker.ts"
+import { leaderStorage } from "./support.ts"
 
 const Tick = Job.define({ kind: "tick", args: Schema.Struct({ n: Schema.Number }), queue: "live" })
 const handlers = [handler(Tick, () => Effect.void)]
@@ -24,31 +25,23 @@ const handlers = [handler(Tick, () => Effect.void)]
 const gatedStorage = (started: Deferred.Deferred<void>, gate: Deferred.Deferred<void>) => {
   const events: Array<string> = []
   let calls = 0
-  const storage = Layer.effect(
-    QueueStorage,
-    Effect.map(SimQueueStorage.make, (sim) =>
-      QueueStorage.of({
-        ...sim,
-        rotateWhenDue: () => Effect.succeed("Rotated" as const),
-        prune: () =>
-          Effect.suspend(() => {
-            const n = ++calls
-            events.push(`prune ${n} started`)
-            const statement =
-              n === 1
-                ? Effect.andThen(Deferred.succeed(started, undefined), Deferred.await(gate))
-                : Effect.void
-            return statement.pipe(
-              Effect.as<PruneOutcome>({ _tag: "Pruned", generation: BigInt(n), carried: 0 }),
-              Effect.tap(() => Effect.sync(() => events.push(`prune ${n} finished`))),
-              Effect.onInterrupt(() => Effect.sync(() => events.push(`prune ${n} interrupted`)))
-            )
-          }),
-        trimLedgers: () => Effect.succeed({ deleted: 0, more: false })
-      })
-    )
-  )
-  return { events, layer: Layer.provideMerge(CronStorage.layerSim, storage) }
+  const layer = leaderStorage(() => ({
+    rotateWhenDue: () => Effect.succeed("Rotated" as const),
+    prune: () =>
+      Effect.suspend(() => {
+        const n = ++calls
+        events.push(`prune ${n} started`)
+        const statement =
+          n === 1 ? Effect.andThen(Deferred.succeed(started, undefined), Deferred.await(gate)) : Effect.void
+        return statement.pipe(
+          Effect.as<PruneOutcome>({ _tag: "Pruned", generation: BigInt(n), carried: 0 }),
+          Effect.tap(() => Effect.sync(() => events.push(`prune ${n} finished`))),
+          Effect.onInterrupt(() => Effect.sync(() => events.push(`prune ${n} interrupted`)))
+        )
+      }),
+    trimLedgers: () => Effect.succeed({ deleted: 0, more: false })
+  }))
+  return { events, layer }
 }
 
 describe("Leader: a term's end and the statement in flight", () => {

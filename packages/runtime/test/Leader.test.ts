@@ -3,19 +3,14 @@
  * fields left to the storage layer), and a ledger trim only after a tick that pruned.
  */
 import { Job } from "@awa/core"
-import {
-  CronStorage,
-  type PruneOutcome,
-  QueueStorage,
-  type RotatePolicy,
-  SimQueueStorage
-} from "@awa/storage"
+import type { PruneOutcome, RotatePolicy } from "@awa/storage"
 import { assert, describe, it } from "@effect/vitest"
-import { Clock, Effect, Layer, Schema } from "effect"
+import { Clock, Effect, Schema } from "effect"
 import { TestClock } from "effect/testing"
 import { handler } from "../src/Handler.ts"
 import * as Leader from "../src/Leader.ts"
 import { resolveConfig } from "../src/Worker.ts"
+import { leaderStorage } from "./support.ts"
 
 const Tick = Job.define({ kind: "tick", args: Schema.Struct({ n: Schema.Number }), queue: "ledger" })
 const handlers = [handler(Tick, () => Effect.void)]
@@ -28,31 +23,25 @@ const recording = (prunes: ReadonlyArray<PruneOutcome["_tag"]>) => {
     | { readonly call: "trim" }
   > = []
   let next = 0
-  const storage = Layer.effect(
-    QueueStorage,
-    Effect.map(SimQueueStorage.make, (sim) =>
-      QueueStorage.of({
-        ...sim,
-        rotateWhenDue: (policy) =>
-          Effect.sync(() => {
-            calls.push({ call: "rotate", policy })
-            return "Rotated" as const
-          }),
-        prune: (p) =>
-          Effect.sync((): PruneOutcome => {
-            calls.push({ call: "prune", carryAfterMs: p.carryAfterMs })
-            const tag = prunes[next++] ?? "Noop"
-            return tag === "Pruned" ? { _tag: "Pruned", generation: 1n, carried: 0 } : { _tag: "Noop" }
-          }),
-        trimLedgers: () =>
-          Effect.sync(() => {
-            calls.push({ call: "trim" })
-            return { deleted: 0, more: false }
-          })
+  const layer = leaderStorage(() => ({
+    rotateWhenDue: (policy) =>
+      Effect.sync(() => {
+        calls.push({ call: "rotate", policy })
+        return "Rotated" as const
+      }),
+    prune: (p) =>
+      Effect.sync((): PruneOutcome => {
+        calls.push({ call: "prune", carryAfterMs: p.carryAfterMs })
+        const tag = prunes[next++] ?? "Noop"
+        return tag === "Pruned" ? { _tag: "Pruned", generation: 1n, carried: 0 } : { _tag: "Noop" }
+      }),
+    trimLedgers: () =>
+      Effect.sync(() => {
+        calls.push({ call: "trim" })
+        return { deleted: 0, more: false }
       })
-    )
-  )
-  return { calls, layer: Layer.provideMerge(CronStorage.layerSim, storage) }
+  }))
+  return { calls, layer }
 }
 
 /**
@@ -110,21 +99,15 @@ describe("Leader: a new term's first ticks", () => {
         const calls: Array<{ readonly duty: string; readonly at: number }> = []
         const record = (duty: string) =>
           Effect.flatMap(Clock.currentTimeMillis, (at) => Effect.sync(() => calls.push({ duty, at })))
-        const storage = Layer.effect(
-          QueueStorage,
-          Effect.map(SimQueueStorage.make, (sim) =>
-            QueueStorage.of({
-              ...sim,
-              promoteDue: (limit) => Effect.andThen(record("promote"), sim.promoteDue(limit)),
-              rescueDeadlines: (limit) => Effect.andThen(record("rescue"), sim.rescueDeadlines(limit)),
-              rotateWhenDue: (policy) => Effect.andThen(record("rotate"), sim.rotateWhenDue(policy)),
-              rotateHistory: (minAgeMs) => Effect.andThen(record("history"), sim.rotateHistory(minAgeMs)),
-              sampleQueueStats: (p) => Effect.andThen(record("sample"), sim.sampleQueueStats(p)),
-              cleanupDlq: (retentionMs, batch) =>
-                Effect.andThen(record("dlq"), sim.cleanupDlq(retentionMs, batch))
-            })
-          )
-        )
+        const storage = leaderStorage((sim) => ({
+          promoteDue: (limit) => Effect.andThen(record("promote"), sim.promoteDue(limit)),
+          rescueDeadlines: (limit) => Effect.andThen(record("rescue"), sim.rescueDeadlines(limit)),
+          rotateWhenDue: (policy) => Effect.andThen(record("rotate"), sim.rotateWhenDue(policy)),
+          rotateHistory: (minAgeMs) => Effect.andThen(record("history"), sim.rotateHistory(minAgeMs)),
+          sampleQueueStats: (p) => Effect.andThen(record("sample"), sim.sampleQueueStats(p)),
+          cleanupDlq: (retentionMs, batch) =>
+            Effect.andThen(record("dlq"), sim.cleanupDlq(retentionMs, batch))
+        }))
         const config = yield* resolveConfig({
           queues: { ledger: {} },
           handlers,
@@ -152,7 +135,7 @@ describe("Leader: a new term's first ticks", () => {
             )
             yield* TestClock.adjust("35 seconds")
           })
-        ).pipe(Effect.provide(Layer.provideMerge(CronStorage.layerSim, storage)))
+        ).pipe(Effect.provide(storage))
         assert.deepStrictEqual(
           ["promote", "rescue", "rotate", "sample", "history", "dlq"].map((d) => firstAt(d)! - start),
           [0, 0, 0, 10_000, 20_000, 30_000]

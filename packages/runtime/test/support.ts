@@ -4,6 +4,7 @@ import {
   FlowStorage,
   KeyGrants,
   LeaderLock,
+  QueueStorage,
   SimKeyGrants,
   SimQueueStorage,
   StorageSignals
@@ -103,3 +104,16 @@ export const keyedSimulation = (wrap: (grants: KeyGrants["Service"]) => KeyGrant
     )
     return { layer, send: (signal: StorageSignals.Signal) => Queue.offer(signals, signal) }
   })
+
+/**
+ * What `Leader.duties` needs: the simulated queue storage with some of its calls replaced
+ * (`replace` sees the simulation, to record a call and still make it), and simulated cron storage.
+ */
+export const leaderStorage = (replace: (sim: QueueStorage["Service"]) => Partial<QueueStorage["Service"]>) =>
+  Layer.provideMerge(
+    CronStorage.layerSim,
+    Layer.effect(
+      QueueStorage,
+      Effect.map(SimQueueStorage.make, (sim) => QueueStorage.of({ ...sim, ...replace(sim) }))
+    )
+  )
