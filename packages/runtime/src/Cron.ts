@@ -361,6 +361,13 @@ export interface FireReport {
  * fails is logged and the pass goes on; one whose stored expression or zone cannot be evaluated
  * here is logged once and skipped.
  */
+/**
+ * Where a pass may stop when its caller is interrupted: before each fire. The leader runs a pass
+ * uninterruptibly (`Leader.ts`, `every`: an interrupted statement is cancelled and rolled back),
+ * so without this a worker's stop would wait for a whole catch-up (up to 1,000 fires a schedule).
+ */
+const betweenFires = Effect.interruptible(Effect.void)
+
 export const evaluator = () => {
   const warned = new Set<string>()
   // croner needs a time-zone conversion (about 0.5 ms) per step: remember parsed expressions and
@@ -407,6 +414,7 @@ export const evaluator = () => {
       let expected = s.lastFireAt
       for (const tick of ticks) {
         const at = new Date(tick)
+        yield* betweenFires
         const result = yield* storage.fire(s.name, expected, at, CronStorage.toNewJob(s.job, at))
         reports.push({ name: s.name, tick: at, result })
         if (result._tag === "Skipped") {

@@ -5,7 +5,7 @@
 import { AwaConfigError, Job } from "@awa/core"
 import { CronStorage, LeaderLock, QueueStorage } from "@awa/storage"
 import { assert, describe, it } from "@effect/vitest"
-import { Context, Effect, Exit, Layer, Schema, Scope, SubscriptionRef } from "effect"
+import { Context, Deferred, Effect, Exit, Fiber, Layer, Schema, Scope, SubscriptionRef } from "effect"
 import { TestClock } from "effect/testing"
 import { reported, springForwardNight } from "../../../docs/examples/cron.ts"
 import * as Awa from "../src/Awa.ts"
@@ -78,6 +78,51 @@ const every15s = (name: string, args = { n: 1 }, missedFire?: Cron.MissedFireInp
   Cron.schedule({ name, cron: "*/15 * * * * *", job: Report, args, ...(missedFire ? { missedFire } : {}) })
 
 describe("Cron on the simulation layer", () => {
+  it.effect(
+    "an interrupted pass stops before its next fire, even run uninterruptibly as the leader does",
+    () =>
+      Effect.gen(function* () {
+        yield* TestClock.setTime(at("2026-06-01T12:00:05Z"))
+        const cron = yield* CronStorage.CronStorage
+        yield* cron.upsert(yield* Cron.check([every15s("k", { n: 1 }, { catchUp: { max: 100 } })]))
+        yield* Cron.evaluator()() // fires 12:00:00
+        yield* TestClock.adjust(150_000) // ten ticks missed: a catch-up of ten fires
+        const started = yield* Deferred.make<void>()
+        const gate = yield* Deferred.make<void>()
+        let fires = 0
+        // the first fire waits on the gate, as a statement in flight on the server would
+        const gated: CronStorage.CronStorage["Service"] = {
+          ...cron,
+          fire: (name, expected, tick, job) => {
+            const fire = cron.fire(name, expected, tick, job)
+            return ++fires === 1
+              ? Effect.andThen(
+                  Deferred.succeed(started, undefined),
+                  Effect.andThen(Deferred.await(gate), fire)
+                )
+              : fire
+          }
+        }
+        const pass = yield* Effect.forkChild(
+          Effect.uninterruptible(
+            Cron.evaluator()().pipe(Effect.provideService(CronStorage.CronStorage, gated))
+          ),
+          { startImmediately: true }
+        )
+        yield* Deferred.await(started)
+        // the term ends while the fire is in flight; the fire then completes
+        const stopping = yield* Effect.forkChild(Fiber.interrupt(pass), { startImmediately: true })
+        yield* Deferred.succeed(gate, undefined)
+        yield* Fiber.join(stopping)
+        assert.strictEqual(fires, 1)
+        // the fire in flight committed: 12:00:00 and the first missed tick
+        assert.deepStrictEqual(ticksOf(yield* fired()), [
+          "2026-06-01T12:00:00.000Z",
+          "2026-06-01T12:00:15.000Z"
+        ])
+      }).pipe(Effect.provide(Awa.layerSim()))
+  )
+
   it.effect(
     "an hourly New York schedule fires at the right instants across the spring-forward day (2026-03-08)",
     () =>
