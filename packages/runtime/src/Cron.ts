@@ -356,18 +356,18 @@ export interface FireReport {
 }
 
 /**
- * An evaluator: `evaluate(snapshot?)` runs one pass over every stored schedule (a fresh read
- * unless a snapshot is given) and fires what is due through `CronStorage.fire`. A schedule that
- * fails is logged and the pass goes on; one whose stored expression or zone cannot be evaluated
- * here is logged once and skipped.
- */
-/**
  * Where a pass may stop when its caller is interrupted: before each fire. The leader runs a pass
  * uninterruptibly (`Leader.ts`, `every`: an interrupted statement is cancelled and rolled back),
  * so without this a worker's stop would wait for a whole catch-up (up to 1,000 fires a schedule).
  */
 const betweenFires = Effect.interruptible(Effect.void)
 
+/**
+ * An evaluator: `evaluate(snapshot?)` runs one pass over every stored schedule (a fresh read
+ * unless a snapshot is given) and fires what is due through `CronStorage.fire`. A schedule that
+ * fails is logged and the pass goes on; one whose stored expression or zone cannot be evaluated
+ * here is logged once and skipped.
+ */
 export const evaluator = () => {
   const warned = new Set<string>()
   // croner needs a time-zone conversion (about 0.5 ms) per step: remember parsed expressions and
